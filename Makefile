@@ -1,0 +1,28 @@
+# `make run`: set everything up and train a small model on the embedded default.
+# `make test`: set everything up and run the whole test suite.
+# torch is pinned here (not in pyproject) to the CPU wheel these machines carry;
+# an unpinned torch would pull a multi-GB CUDA build onto a CPU-only machine.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+
+.PHONY: setup run test clean
+
+$(BIN)/mixit: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(BIN)/mixit
+
+setup: $(BIN)/mixit
+
+run: setup
+	$(BIN)/mixit train --task addition -p n_digits=5 --variant standard
+
+test: setup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests
+
+clean:
+	rm -rf $(VENV) runs

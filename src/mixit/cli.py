@@ -1,0 +1,194 @@
+"""`mixit <subcommand>`: train, eval, list.
+
+Bad input (an unknown task, a value out of range, a run directory holding
+another run, a corrupt checkpoint) is refused before any work with one line on
+stderr naming the problem and what is allowed, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
+
+from mixit import __version__
+from mixit.errors import UsageError
+
+# CLI flag -> RunConfig override name, for the options that map one to one.
+MODEL_FLAGS = {
+    "d_model": int, "n_layers": int, "n_heads": int, "d_mlp": int, "n_ctx": int,
+    "attention": str, "mixing_alpha": float, "seed": int,
+}
+TRAIN_FLAGS = {
+    "steps": int, "batch_size": int, "lr": float, "weight_decay": float, "warmup_steps": int,
+    "grad_clip": float, "eval_every": int, "checkpoint_every": int, "log_every": int,
+    "data_seed": int, "test_size": int,
+}
+FLAG_HELP = {
+    "d_model": "model width (task default)", "n_layers": "number of blocks (task default)",
+    "n_heads": "attention heads, must divide d_model (task default)", "d_mlp": "MLP hidden size (4 * d_model)",
+    "n_ctx": "longest sequence the model is built for (the task's input length)",
+    "attention": "attention kind: softmax or mixing (set by the variant; only 'random' may change it)",
+    "mixing_alpha": "MixiT scale of the centred random part (1.0)", "seed": "model initialisation seed (0)",
+    "steps": "optimizer steps (task default)", "batch_size": "examples per step (task default)",
+    "lr": "peak learning rate (task default)", "weight_decay": "AdamW weight decay on matrices (0.01)",
+    "warmup_steps": "linear warmup steps (min(100, steps/10))", "grad_clip": "global grad-norm clip, 0 = off (1.0)",
+    "eval_every": "evaluate on the test set every N steps (steps/10)",
+    "checkpoint_every": "checkpoint every N steps (steps/4)", "log_every": "log the training loss every N steps",
+    "data_seed": "seed of the test set and training stream (0)", "test_size": "test-set size (4000)",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports an error as one line and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _task_param(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. n_digits=5), got {text!r}")
+    return key.strip(), value.strip()
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="mixit", description="Train and compare transformers with frozen or random parts.")
+    parser.add_argument("--version", action="version", version=f"mixit {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    tr = sub.add_parser("train", help="train one model on one task",
+                        description="Train one variant on one task; writes a run directory.")
+    tr.add_argument("--task", help="task name (addition); see `mixit list`")
+    tr.add_argument("--variant", help="standard, frozen_qk, frozen_mlp, mixit or random (standard)")
+    tr.add_argument("-p", "--task-param", action="append", type=_task_param, default=[], metavar="KEY=VALUE",
+                    help="task parameter, repeatable (e.g. -p n_digits=5); see `mixit list`")
+    for name, kind in {**MODEL_FLAGS, **TRAIN_FLAGS}.items():
+        tr.add_argument("--" + name.replace("_", "-"), type=kind, help=FLAG_HELP[name])
+    tr.add_argument("--no-sink", dest="mixing_sink", action="store_const", const=False,
+                    help="MixiT without the reference's sink head (head 0 = 0.5 I + 0.5 on token 0)")
+    tr.add_argument("--shaped", action="store_true",
+                    help="signal-propagation settings: residual sqrt(1/2), shaped LeakyReLU, width scaling")
+    tr.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
+    tr.add_argument("--out", type=Path, help="run directory (runs/<task>-<variant>-<time>)")
+    tr.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    ev = sub.add_parser("eval", help="re-evaluate a run's checkpoint on its test set",
+                        description="Load RUN_DIR's latest checkpoint and evaluate it on the task's fixed test set.")
+    ev.add_argument("run_dir", type=Path)
+    ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    ev.add_argument("--batch-size", type=int, default=1000, help="examples per forward pass (1000)")
+
+    ls = sub.add_parser("list", help="list tasks, variants and their parameters")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out = {name: getattr(args, name) for name in {**MODEL_FLAGS, **TRAIN_FLAGS} if getattr(args, name) is not None}
+    if args.mixing_sink is not None:
+        out["mixing_sink"] = args.mixing_sink
+    if args.shaped:
+        from mixit.config import ModelConfig
+        out = {**ModelConfig.shaped(), **out}
+    return out
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mixit.train import checkpoint as ckpt
+    from mixit.train.loop import run_config, train
+
+    task_params = dict(args.task_param)
+    overrides = _overrides(args)
+    if args.resume:
+        if args.out is None:
+            raise UsageError("--resume needs --out RUN_DIR, the run to continue")
+        cfg = ckpt.load_config(args.out)
+        requested = run_config(args.task or cfg.task, args.variant or cfg.variant, {**cfg.task_params, **task_params},
+                               **{**_saved_overrides(cfg), **overrides})
+    else:
+        cfg = requested = run_config(args.task or "addition", args.variant or "standard", task_params, **overrides)
+    out = args.out or Path("runs") / f"{cfg.task}-{cfg.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
+    summary = train(requested, out, device=args.device, resume=args.resume, progress=not args.quiet)
+    print(_format_summary(summary))
+    return 0
+
+
+def _saved_overrides(cfg) -> dict[str, Any]:
+    """A saved RunConfig as run_config() overrides, so a resumed run rebuilds it exactly."""
+    d = cfg.to_dict()
+    model = {k: v for k, v in d["model"].items() if k != "vocab_size"}
+    return {**model, **d["train"], "data_seed": cfg.data_seed, "test_size": cfg.test_size}
+
+
+def _format_summary(summary: dict[str, Any]) -> str:
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in summary["test"].items() if isinstance(v, float))
+    return (f"{summary['task']} {summary['variant']}: after {summary['steps']} steps, test {metrics}\n"
+            f"run directory: {summary['run_dir']}")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from mixit.train import checkpoint as ckpt
+    from mixit.train.evaluate import evaluate
+    from mixit.train.loop import build, resolve_device
+
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be a positive integer, got {args.batch_size}")
+    if not args.run_dir.is_dir():
+        raise UsageError(f"run directory {args.run_dir} does not exist")
+    cfg = ckpt.load_config(args.run_dir)
+    last = ckpt.latest_checkpoint(args.run_dir)
+    if last is None:
+        raise UsageError(f"{args.run_dir} has no checkpoint yet")
+    device = resolve_device(args.device)
+    task, model, _ = build(cfg)
+    ckpt.load_model_state(last, model)
+    metrics = evaluate(model.to(device), task, device, args.batch_size)
+    print(json.dumps({"run_dir": str(args.run_dir), "checkpoint": last.name, "task": task.describe(),
+                      "variant": cfg.variant, "test": metrics}, indent=2))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from mixit.freezing import VARIANTS
+    from mixit.tasks import TASKS, task_parameters
+
+    tasks = {name: {"description": cls.description, "parameters": task_parameters(name),
+                    "train_defaults": cls.default_train} for name, cls in TASKS.items()}
+    variants = {name: {"attention": v.attention, "description": v.description} for name, v in VARIANTS.items()}
+    if args.json:
+        print(json.dumps({"tasks": tasks, "variants": variants}, indent=2))
+        return 0
+    print("tasks (pass parameters with -p KEY=VALUE):")
+    for name, info in tasks.items():
+        params = ", ".join(f"{k}={v}" for k, v in info["parameters"].items())
+        print(f"  {name:<17} {info['description']}\n  {'':<17} parameters: {params}")
+    print("variants (--variant):")
+    for name, info in variants.items():
+        print(f"  {name:<17} [{info['attention']}] {info['description']}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "list": cmd_list}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as e:
+        print(f"mixit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mixit: interrupted; a run continues from its last checkpoint with --resume --out RUN_DIR",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Decimal addition with reversed digits (../shared/spec/TASKS.md, "addition";
+the reference code calls it additionstream_N).
+
+An example for n_digits=3, 123 + 989 = 1112, reads (digits least-significant
+first, output digits shifted by 20)::
+
+    3 2 1 + 9 8 9 = 2 1 1 1 stop        ->  3 2 1 10 9 8 9 11 22 21 21 21 30
+
+padded with 12 to 3*n_digits + 4 tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixit.errors import UsageError
+from mixit.tasks.base import Task
+
+PLUS = 10
+EQUALS = 11
+PAD = 12
+OUT_DIGIT = 20  # output digit d is token 20 + d
+STOP = 30
+VOCAB = 31
+
+
+class Addition(Task):
+    """a + b for two n_digits-digit integers, answer digits least-significant first.
+
+    TASKS.md, "addition". Scored positions are the predictions of every answer
+    digit and of the stop token, i.e. the positions of '=' and of each answer
+    digit. ``reference_mask=True`` reproduces the reference code's mask (the
+    positions whose current token is an output digit or stop), which never
+    scores the first answer digit and scores the pad after stop instead; use it
+    only to compare with results of that code.
+    """
+
+    name = "addition"
+    description = "decimal addition of two n_digits numbers, digits least-significant first"
+    exact_match = True
+    default_train = {"steps": 2000, "batch_size": 256, "lr": 1e-3, "d_model": 128, "n_layers": 2, "n_heads": 4}
+
+    def __init__(self, n_digits: int = 10, reference_mask: bool = False, seed: int = 0, test_size: int = 4000):
+        super().__init__(seed=seed, test_size=test_size)
+        if not 1 <= n_digits <= 18:
+            raise UsageError(f"n_digits must be an integer in [1, 18], got {n_digits}")
+        self.n_digits = n_digits
+        self.reference_mask = reference_mask
+        self.vocab_size = VOCAB
+        self.seq_len = 3 * n_digits + 4
+
+    def params(self) -> dict[str, object]:
+        return {"n_digits": self.n_digits, "reference_mask": self.reference_mask}
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        d = self.n_digits
+        # Operand digits, least-significant first; the most significant digit is
+        # non-zero so both operands have exactly d digits.
+        digits = rng.integers(0, 10, size=(n, 2, d))  # (n, 2, d)
+        digits[:, :, d - 1] = rng.integers(1, 10, size=(n, 2))
+        return self.encode(digits[:, 0], digits[:, 1])
+
+    def encode(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Examples (seq (n, L), mask (n, L)) of the sums a + b, given the
+        operands' digits (n, n_digits), least-significant first."""
+        d = self.n_digits
+        n = a.shape[0]
+        # Schoolbook addition column by column: exact for any n_digits, where
+        # forming the integers could overflow int64.
+        total = np.empty((n, d), dtype=np.int64)
+        carry = np.zeros(n, dtype=np.int64)
+        for i in range(d):
+            column = a[:, i] + b[:, i] + carry
+            total[:, i] = column % 10
+            carry = column // 10
+        has_carry = carry == 1  # the sum has d+1 digits; its last digit is the carry, 1
+
+        seq = np.full((n, self.seq_len), PAD, dtype=np.int64)
+        seq[:, :d] = a
+        seq[:, d] = PLUS
+        seq[:, d + 1 : 2 * d + 1] = b
+        seq[:, 2 * d + 1] = EQUALS
+        seq[:, 2 * d + 2 : 3 * d + 2] = OUT_DIGIT + total
+        seq[:, 3 * d + 2] = np.where(has_carry, OUT_DIGIT + 1, STOP)
+        seq[:, 3 * d + 3] = np.where(has_carry, STOP, PAD)
+
+        mask = np.zeros((n, self.seq_len), dtype=bool)
+        if self.reference_mask:
+            mask[:, :-1] = seq[:, :-1] >= OUT_DIGIT
+        else:
+            # '=' and the d always-present answer digits predict the next answer
+            # token; the (d+1)-th digit, when there is one, predicts stop.
+            mask[:, 2 * d + 1 : 3 * d + 2] = True
+            mask[:, 3 * d + 2] = has_carry
+        return seq, mask

@@ -1,0 +1,184 @@
+"""What every synthetic task shares: the example format, the fixed test set,
+the seeded training stream that never repeats a test example, and scoring.
+
+A task produces whole token sequences ``seq`` (N, L) and a boolean loss mask
+``mask`` (N, L): ``mask[i, t]`` says the prediction made at position t (of
+token t+1) is trained and scored (../shared/spec/TASKS.md, "Common rules").
+The model never sees the last token, so a `Batch` holds
+
+    inputs  = seq[:, :-1]                                   # (N, L-1)
+    targets = seq[:, 1:] where mask[:, :-1] else IGNORE     # (N, L-1)
+
+and one loss (cross-entropy with ``ignore_index=IGNORE``) serves every task.
+
+Determinism: the test set comes from ``numpy.random.default_rng([seed, 0])``
+and training batch number ``step`` from ``default_rng([seed, 1, step])``. A
+batch therefore depends only on (seed, step), never on global RNG state or on
+how many batches came before, which is what makes ``--resume`` exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from mixit.errors import UsageError
+
+IGNORE = -100
+"""Target value of a position that is neither trained nor scored."""
+
+
+@dataclass
+class Batch:
+    """A batch of examples as the model and the loss see them."""
+
+    inputs: torch.Tensor  # (N, L-1) int64 token ids
+    targets: torch.Tensor  # (N, L-1) int64 next-token ids, IGNORE where not scored
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(self.inputs.to(device, non_blocking=True), self.targets.to(device, non_blocking=True))
+
+    def __getitem__(self, index: slice) -> "Batch":
+        return Batch(self.inputs[index], self.targets[index])
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """(N, L-1) bool: the scored positions."""
+        return self.targets != IGNORE
+
+
+def make_batch(seq: np.ndarray, mask: np.ndarray) -> Batch:
+    """Turn whole sequences (N, L) and their loss mask (N, L) into a `Batch`."""
+    seq_t = torch.from_numpy(np.ascontiguousarray(seq, dtype=np.int64))
+    mask_t = torch.from_numpy(np.ascontiguousarray(mask, dtype=bool))
+    targets = torch.where(mask_t[:, :-1], seq_t[:, 1:], torch.full_like(seq_t[:, 1:], IGNORE))
+    return Batch(inputs=seq_t[:, :-1].contiguous(), targets=targets.contiguous())
+
+
+def row_hashes(seq: np.ndarray) -> np.ndarray:
+    """A 64-bit hash per row (N, L) -> (N,), for test-set exclusion.
+
+    A polynomial hash with wrap-around arithmetic; a collision can only make the
+    stream reject an example it could have kept, never admit a test example.
+    """
+    h = np.zeros(seq.shape[0], dtype=np.uint64)
+    mult = np.uint64(1_000_003)
+    with np.errstate(over="ignore"):
+        for col in seq.T.astype(np.uint64):
+            h = h * mult + col + np.uint64(1)
+    return h
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts that some metrics (bits per parameter) divide by."""
+
+    trainable: int
+    total: int
+
+
+class Task:
+    """Base class of the synthetic tasks.
+
+    A subclass sets ``name``, ``vocab_size``, ``seq_len`` and implements
+    `sample`. Tasks with a finite example space that use fixed splits
+    (modular addition, memorization) override `test_examples` and
+    `train_examples` instead.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    vocab_size: int
+    seq_len: int  # whole sequence length L; the model reads L-1 tokens
+    exact_match: ClassVar[bool] = False  # report whole-answer accuracy (multi-token answers)
+    default_train: ClassVar[dict[str, Any]] = {}  # per-task training defaults (steps, lr, ...)
+
+    def __init__(self, seed: int = 0, test_size: int = 4000):
+        if test_size < 1:
+            raise UsageError(f"test_size must be a positive integer, got {test_size}")
+        self.seed = seed
+        self.test_size = test_size
+        self._test: tuple[np.ndarray, np.ndarray] | None = None
+        self._test_keys: np.ndarray | None = None
+
+    # -- to implement -------------------------------------------------------
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Draw n independent examples: (seq (n, L) int64, mask (n, L) bool)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement sample()")
+
+    def params(self) -> dict[str, Any]:
+        """The task's own parameters, as given to its constructor."""
+        return {}
+
+    # -- test set and training stream ---------------------------------------
+    def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fixed test set (seq, mask), drawn first from the test seed."""
+        if self._test is None:
+            self._test = self.sample(np.random.default_rng([self.seed, 0]), self.test_size)
+        return self._test
+
+    def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Training batch number `step`: n fresh examples, none equal to a test example."""
+        rng = np.random.default_rng([self.seed, 1, step])
+        if self._test_keys is None:
+            self._test_keys = np.sort(row_hashes(self.test_examples()[0]))
+        seqs, masks, have, drawn = [], [], 0, 0
+        while have < n:
+            if drawn > 100 * n + 10_000:
+                # Otherwise a test set covering the whole example space (e.g.
+                # addition with n_digits=1: 81 pairs) loops forever.
+                raise UsageError(
+                    f"{self.describe()}: nearly every example drawn is in the test set of"
+                    f" {self.test_size}; lower test_size or enlarge the task"
+                )
+            drawn += n - have
+            seq, mask = self.sample(rng, n - have)
+            keep = ~np.isin(row_hashes(seq), self._test_keys)
+            seqs.append(seq[keep])
+            masks.append(mask[keep])
+            have += int(keep.sum())
+        return np.concatenate(seqs), np.concatenate(masks)
+
+    def test_batch(self) -> Batch:
+        return make_batch(*self.test_examples())
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        return make_batch(*self.train_examples(step, batch_size))
+
+    # -- scoring --------------------------------------------------------------
+    def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
+        """Metrics of predictions `preds` (N, L-1) (argmax of the logits) on `batch`.
+
+        token_acc: fraction of scored positions predicted right.
+        exact_match (tasks with multi-token answers): fraction of examples whose
+        every scored position is right.
+        """
+        mask = batch.mask
+        right = (preds == batch.targets) & mask
+        n_scored = int(mask.sum())
+        out = {"token_acc": right.sum().item() / max(n_scored, 1)}
+        if self.exact_match:
+            all_right = (right | ~mask).all(dim=1)
+            out["exact_match"] = all_right.float().mean().item()
+        return out
+
+    def describe(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.params().items())
+        return f"{self.name}({args})"
+
+
+def bits_metrics(correct: int, n_labels: int, counts: ParamCounts | None) -> dict[str, float]:
+    """Capacity in bits (correct * log2 n_labels) and per trainable / total parameter."""
+    bits = correct * math.log2(n_labels)
+    out = {"bits": bits}
+    if counts is not None:
+        out["bits_per_trainable_param"] = bits / max(counts.trainable, 1)
+        out["bits_per_param"] = bits / max(counts.total, 1)
+    return out

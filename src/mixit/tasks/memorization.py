@@ -1,0 +1,79 @@
+"""Memorizing a random lookup table (../shared/spec/TASKS.md, "memorization";
+reference hdmemorize_512_2_1.0), the task behind the paper's capacity-in-bits
+measurements (Table 4).
+
+Every pair (x, y) in [0, n)^2 gets an independent uniform label z in [0, n),
+drawn from ``default_rng([seed, 2])`` for the whole table, so a pair's label
+does not depend on ``fraction``; the kept subset comes from
+``default_rng([seed, 3])``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from mixit.errors import UsageError
+from mixit.tasks.base import Batch, ParamCounts, Task, bits_metrics
+
+
+class Memorization(Task):
+    """[x, n + y, z]: recall the random label z of the pair (x, y).
+
+    TASKS.md, "memorization". There is no held-out set: `test_examples` is the
+    whole (kept) table, whatever ``test_size`` says, and training batches are
+    drawn uniformly with replacement from the same table.
+    """
+
+    name = "memorization"
+    description = "recall a random label in [0, n) for every pair (x, y) in [0, n)^2"
+    default_train = {"steps": 3000, "batch_size": 512, "lr": 1e-3, "d_model": 128, "n_layers": 2, "n_heads": 4}
+
+    def __init__(self, n: int = 512, fraction: float = 1.0, seed: int = 0, test_size: int = 4000):
+        super().__init__(seed=seed, test_size=test_size)
+        if n < 2:
+            raise UsageError(f"n must be an integer >= 2, got {n}")
+        if not 0 < fraction <= 1:
+            raise UsageError(f"fraction must be in (0, 1], got {fraction}")
+        self.n = n
+        self.fraction = fraction
+        self.vocab_size = 2 * n
+        self.seq_len = 3
+
+        x, y = np.divmod(np.arange(n * n), n)
+        z = np.random.default_rng([seed, 2]).integers(0, n, size=n * n)
+        table = np.stack([x, n + y, z], axis=1).astype(np.int64)  # (n*n, 3), ordered by (x, y)
+        if fraction < 1:
+            n_keep = max(1, math.floor(n * n * fraction))
+            keep = np.sort(np.random.default_rng([seed, 3]).permutation(n * n)[:n_keep])
+            table = table[keep]
+        self._table = table
+
+    def params(self) -> dict[str, object]:
+        return {"n": self.n, "fraction": self.fraction}
+
+    @staticmethod
+    def _mask(n_rows: int) -> np.ndarray:
+        mask = np.zeros((n_rows, 3), dtype=bool)
+        mask[:, 1] = True  # the prediction made at n + y is the label
+        return mask
+
+    def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
+        """The whole kept table (``test_size`` does not apply)."""
+        return self._table, self._mask(len(self._table))
+
+    def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """n rows drawn uniformly, with replacement, from the table."""
+        rng = np.random.default_rng([self.seed, 1, step])
+        rows = rng.integers(0, len(self._table), size=n)
+        return self._table[rows], self._mask(n)
+
+    def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
+        """token_acc plus capacity: bits = correct * log2(n), and bits per parameter."""
+        out = super().score(preds, batch, counts)
+        mask = batch.mask
+        correct = int(((preds == batch.targets) & mask).any(dim=1).sum())
+        out.update(bits_metrics(correct, self.n, counts))
+        return out

@@ -1,0 +1,71 @@
+"""Key-value retrieval, "needle in a haystack" (../shared/spec/TASKS.md,
+"retrieval"; reference condattendstream_K).
+
+With vocab V and max_pairs K, key j has marker token j + V/2 and query token
+j + K + V/2; values are tokens in [1, V/2 - 1]; 0 is padding. An example with
+k = 2 stored pairs, asking for the second key::
+
+    marker(3) 17 marker(0) 42 query(0) 42 0 0 ...
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixit.errors import UsageError
+from mixit.tasks.base import Task
+
+PAD = 0
+
+
+class Retrieval(Task):
+    """Recall the value stored after the marker of the queried key.
+
+    TASKS.md, "retrieval". Only the answer is scored: the prediction made at
+    the query token.
+    """
+
+    name = "retrieval"
+    description = "recall the value stored under a queried key among up to max_pairs pairs"
+    default_train = {"steps": 2000, "batch_size": 256, "lr": 1e-3, "d_model": 128, "n_layers": 2, "n_heads": 4}
+
+    def __init__(self, max_pairs: int = 30, vocab: int = 512, seed: int = 0, test_size: int = 4000):
+        super().__init__(seed=seed, test_size=test_size)
+        if max_pairs < 1:
+            raise UsageError(f"max_pairs must be an integer >= 1, got {max_pairs}")
+        # Markers and queries take the 2*max_pairs tokens from vocab/2 up, and
+        # values need at least one token in [1, vocab/2 - 1].
+        min_vocab = max(4, 4 * max_pairs)
+        if vocab % 2 or vocab < min_vocab:
+            raise UsageError(f"vocab must be an even integer >= {min_vocab} (4 * max_pairs, at least 4), got {vocab}")
+        self.max_pairs = max_pairs
+        self.vocab = vocab
+        self.vocab_size = vocab
+        self.seq_len = 2 * max_pairs + 3
+
+    def params(self) -> dict[str, object]:
+        return {"max_pairs": self.max_pairs, "vocab": self.vocab}
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        max_pairs, half = self.max_pairs, self.vocab // 2
+        k = rng.integers(1, max_pairs + 1, size=n)  # (n,) pairs per example
+        # A random permutation of the keys per row; the first k are stored.
+        keys = np.argsort(rng.random((n, max_pairs)), axis=1)  # (n, max_pairs)
+        values = rng.integers(1, half, size=(n, max_pairs))  # (n, max_pairs)
+        asked = rng.integers(0, k)  # (n,) which stored pair is queried
+
+        stored = np.arange(max_pairs)[None, :] < k[:, None]  # (n, max_pairs)
+        # marker, value, marker, value, ...
+        pairs = np.stack([keys + half, values], axis=2).reshape(n, 2 * max_pairs)  # (n, 2*max_pairs)
+        pairs[~np.repeat(stored, 2, axis=1)] = PAD
+
+        rows = np.arange(n)
+        seq = np.full((n, self.seq_len), PAD, dtype=np.int64)
+        seq[:, : 2 * max_pairs] = pairs
+        query_at = 2 * k  # (n,) position of the query token
+        seq[rows, query_at] = keys[rows, asked] + max_pairs + half
+        seq[rows, query_at + 1] = values[rows, asked]
+
+        mask = np.zeros((n, self.seq_len), dtype=bool)
+        mask[rows, query_at] = True
+        return seq, mask

@@ -1,0 +1,1 @@
+"""Training: the loop, the optimizer and schedule, evaluation, checkpoints."""

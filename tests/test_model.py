@@ -1,0 +1,181 @@
+"""The decoder and its attention kinds: MixiT matrices, hooks, lengths, RoPE, configs."""
+
+import math
+
+import pytest
+import torch
+
+from mixit.config import ModelConfig
+from mixit.errors import UsageError
+from mixit.models import Transformer, capture_patterns, mixit_matrices
+from mixit.models.attention import apply_rope, layer_generator, rope_tables
+from mixit.models.mlp import ShapedLeakyReLU
+
+
+def tiny(attention="softmax", **kw):
+    return ModelConfig(**{"vocab_size": 13, "n_ctx": 16, "d_model": 32, "n_layers": 2, "n_heads": 4,
+                          "attention": attention, **kw})
+
+
+def matrices(sink=True, alpha=1.0, T=12, H=3, seed=0):
+    return mixit_matrices(H, T, 8, torch.Generator().manual_seed(seed), alpha=alpha, sink=sink)
+
+
+@pytest.mark.parametrize("sink", [True, False])
+def test_mixit_rows_sum_to_one_and_are_causal(sink):
+    a = matrices(sink=sink)
+    assert a.shape == (3, 12, 12)
+    torch.testing.assert_close(a.sum(-1), torch.ones(3, 12), atol=1e-6, rtol=0)
+    assert torch.all(a.triu(diagonal=1) == 0)
+    torch.testing.assert_close(a[:, 0], torch.eye(12)[0].expand(3, 12))
+
+
+def test_mixit_centring_has_zero_mean_over_causal_support():
+    # A - I restricted to row i is alpha * (W_i - mean(W_i[:i+1])): zero mean over j <= i.
+    a = matrices(sink=False, alpha=0.7).double()
+    centred = a - torch.eye(12, dtype=torch.float64)
+    for i in range(12):
+        assert abs(centred[:, i, : i + 1].mean(-1)).max() < 1e-6
+    assert centred.abs().max() > 1e-3  # the random part is really there
+
+
+def test_mixit_alpha_zero_is_identity():
+    torch.testing.assert_close(matrices(sink=False, alpha=0.0), torch.eye(12).expand(3, 12, 12))
+
+
+def test_sink_head_is_half_identity_half_first_token():
+    a = matrices(sink=True)
+    expected = 0.5 * torch.eye(12)
+    expected[:, 0] += 0.5
+    torch.testing.assert_close(a[0], expected)
+    # Only head 0 is replaced: the other heads are the same with or without the sink.
+    torch.testing.assert_close(a[1:], matrices(sink=False)[1:])
+    assert not torch.allclose(matrices(sink=False)[0], expected)
+
+
+def test_mixit_sigma_range_per_head():
+    # Row T-1 has T random entries with std sigma_h in [1/sqrt(T d_head), 1/sqrt(T)].
+    T, d_head = 256, 16
+    a = mixit_matrices(8, T, d_head, torch.Generator().manual_seed(1), sink=False)
+    lower = torch.tril(a - torch.eye(T), diagonal=-1)
+    n = T * (T - 1) / 2
+    std = (lower.pow(2).sum((-1, -2)) / n).sqrt()
+    assert torch.all(std > 0.8 / math.sqrt(T * d_head)) and torch.all(std < 1.2 / math.sqrt(T))
+
+
+def test_mixit_buffers_are_seeded_and_differ_by_layer():
+    m1, m2 = Transformer(tiny("mixing")), Transformer(tiny("mixing"))
+    b = [blk.attn.mixing for blk in m1.blocks]
+    assert torch.equal(b[0], m2.blocks[0].attn.mixing)
+    assert not torch.equal(b[0], b[1])
+    assert not torch.equal(b[0], Transformer(tiny("mixing", seed=1)).blocks[0].attn.mixing)
+    assert "blocks.0.attn.mixing" in m1.state_dict()  # saved with the model
+
+
+def test_layer_generator_is_deterministic():
+    g1, g2 = layer_generator(3, 1), layer_generator(3, 1)
+    assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
+
+
+@pytest.mark.parametrize("attention", ["softmax", "mixing"])
+def test_shorter_input_equals_prefix_and_right_padding_is_harmless(attention):
+    torch.manual_seed(0)
+    model = Transformer(tiny(attention)).eval()
+    x = torch.randint(0, 13, (3, 16))
+    full = model(x)
+    for t in (1, 5, 11):
+        torch.testing.assert_close(model(x[:, :t]), full[:, :t], atol=1e-5, rtol=1e-5)
+    padded = x.clone()
+    padded[:, 9:] = 12  # right padding with a pad token
+    torch.testing.assert_close(model(padded)[:, :9], full[:, :9], atol=1e-5, rtol=1e-5)
+
+
+def test_short_sequence_uses_top_left_block_of_mixing_matrix():
+    model = Transformer(tiny("mixing")).eval()
+    with capture_patterns(model) as patterns:
+        model(torch.zeros(2, 7, dtype=torch.long))
+    p = patterns["blocks.1.attn.hook_pattern"]
+    assert p.shape == (2, 4, 7, 7)
+    torch.testing.assert_close(p[1], model.blocks[1].attn.mixing[:, :7, :7])
+
+
+@pytest.mark.parametrize("attention", ["softmax", "mixing"])
+def test_pattern_hook_path_matches_fast_path(attention):
+    model = Transformer(tiny(attention)).eval()
+    x = torch.randint(0, 13, (2, 16))
+    fast = model(x)
+    with capture_patterns(model) as patterns:
+        hooked = model(x)
+    torch.testing.assert_close(hooked, fast, atol=1e-5, rtol=1e-5)
+    assert sorted(patterns) == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    for p in patterns.values():
+        assert p.shape == (2, 4, 16, 16)
+        torch.testing.assert_close(p.sum(-1), torch.ones(2, 4, 16), atol=1e-5, rtol=0)
+        assert torch.all(p.triu(diagonal=1) == 0)
+    assert not model.blocks[0].attn.hook_pattern.active  # hooks removed afterwards
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    cos, sin = rope_tables(32, 8, 10000.0)
+    q, k = torch.randn(8), torch.randn(8)
+
+    def score(i, j):
+        qi = apply_rope(q.expand(1, 1, 32, 8), cos, sin)[0, 0, i]
+        kj = apply_rope(k.expand(1, 1, 32, 8), cos, sin)[0, 0, j]
+        return (qi * kj).sum()
+
+    torch.testing.assert_close(score(5, 2), score(20, 17), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(score(5, 2), score(5, 4))
+
+
+def test_positions_follow_attention_kind():
+    assert Transformer(tiny("softmax")).pos_embed is None
+    mixing = Transformer(tiny("mixing"))
+    assert mixing.pos_embed.weight.shape == (16, 32)
+    assert not hasattr(mixing.blocks[0].attn, "q") and not hasattr(mixing.blocks[0].attn, "k")
+
+
+def test_initialisation_follows_the_spec():
+    model = Transformer(ModelConfig(vocab_size=50, n_ctx=8, d_model=256, n_layers=1, n_heads=4))
+    w = model.blocks[0].mlp.up.weight
+    assert abs(w.std().item() - 0.02) < 0.001
+    assert torch.all(model.blocks[0].attn.q.bias == 0)
+    assert torch.all(model.blocks[0].norm1.weight == 1)
+    assert torch.equal(model.embed.weight, Transformer(model.cfg).embed.weight)  # seeded
+
+
+def test_too_long_input_is_refused():
+    with pytest.raises(ValueError, match="exceeds the model's n_ctx=16"):
+        Transformer(tiny()).forward(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_shaped_settings():
+    cfg = tiny("mixing", **ModelConfig.shaped())
+    assert cfg.skip_scale == pytest.approx(math.sqrt(0.5)) and cfg.branch_scale == pytest.approx(math.sqrt(0.5))
+    model = Transformer(cfg)
+    assert model.blocks[0].mlp.down.multiplier == pytest.approx(math.sqrt(512 / 128))
+    assert model.blocks[0].attn.v.multiplier == pytest.approx(math.sqrt(512 / 32))
+    # Effective weight variance 1/fan_in.
+    w = model.blocks[0].mlp.gate.weight * model.blocks[0].mlp.gate.multiplier
+    assert abs(w.var().item() * 32 - 1) < 0.1
+    act = ShapedLeakyReLU(d_model=64, c=-1.0)
+    assert act.slope == pytest.approx(1 - 1 / 8)
+    x = torch.randn(200_000, generator=torch.Generator().manual_seed(0))
+    assert act(x).pow(2).mean().item() == pytest.approx(1.0, abs=0.02)
+    assert torch.isfinite(model(torch.zeros(1, 16, dtype=torch.long))).all()
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"n_heads": 5}, "n_heads must divide d_model"),
+    ({"attention": "linear"}, "unknown attention 'linear'; allowed: softmax, mixing"),
+    ({"d_model": -4}, "d_model must be a positive integer"),
+    ({"activation": "gelu"}, "unknown activation"),
+])
+def test_bad_model_config(bad, message):
+    with pytest.raises(UsageError, match=message):
+        tiny(**bad)
+
+
+def test_unknown_config_key_is_an_error():
+    with pytest.raises(UsageError, match="unknown model config key"):
+        ModelConfig.from_dict({"vocab_size": 3, "n_ctx": 4, "d_modle": 8})

@@ -1,0 +1,151 @@
+"""Training: schedule, a short run that learns, checkpoints, exact resumption, run-directory guards."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from mixit.config import TrainConfig
+from mixit.errors import UsageError
+from mixit.train import checkpoint as ckpt
+from mixit.train.loop import build, run_config, train
+from mixit.train.optim import lr_at
+
+
+def tiny_cfg(**kw):
+    base = dict(task_params={"n_digits": 2}, d_model=32, n_heads=2, n_layers=1, steps=30, batch_size=32,
+                test_size=200, eval_every=10, checkpoint_every=10, log_every=5)
+    base.update(kw)
+    params = base.pop("task_params")
+    task = base.pop("task", "addition")
+    variant = base.pop("variant", "standard")
+    return run_config(task, variant, params, **base)
+
+
+def test_lr_schedule_warmup_then_cosine_to_floor():
+    cfg = TrainConfig(steps=110, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1)
+    assert lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(10, cfg) == pytest.approx(1.0)
+    assert lr_at(59.5, cfg) == pytest.approx(0.55)  # halfway through the cosine
+    assert lr_at(109, cfg) == pytest.approx(0.1)
+
+
+def test_run_config_uses_task_defaults_and_overrides():
+    cfg = run_config("addition", "mixit", {"n_digits": 5}, lr=0.002)
+    assert cfg.model.attention == "mixing"
+    assert cfg.model.vocab_size == 31 and cfg.model.n_ctx == 3 * 5 + 4 - 1
+    assert cfg.train.lr == 0.002
+    with pytest.raises(UsageError, match="unknown option"):
+        run_config("addition", "standard", None, learning_rate=1.0)
+
+
+def test_short_run_learns_memorization(tmp_path):
+    # 64 (x, y) -> label pairs; a 1-layer model memorises them in 150 steps.
+    cfg = run_config("memorization", "standard", {"n": 8}, d_model=64, n_heads=2, n_layers=1, steps=150,
+                     batch_size=64, lr=1e-2, eval_every=150)
+    summary = train(cfg, tmp_path / "run", progress=False)
+    assert summary["test"]["token_acc"] >= 0.95
+    assert summary["test"]["bits"] == pytest.approx(summary["test"]["token_acc"] * 64 * math.log2(8))
+
+
+def test_short_run_learns_two_digit_addition(tmp_path):
+    cfg = run_config("addition", "standard", {"n_digits": 2}, d_model=64, n_heads=4, n_layers=2, steps=400,
+                     batch_size=128, lr=3e-3, test_size=500, eval_every=400)
+    summary = train(cfg, tmp_path / "run", progress=False)
+    assert summary["test"]["exact_match"] >= 0.9, summary["test"]
+
+
+def test_run_directory_contents(tmp_path):
+    cfg = tiny_cfg()
+    train(cfg, tmp_path / "run", progress=False)
+    run = tmp_path / "run"
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["config"] == cfg.to_dict() and saved["mixit_version"]
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "eval"] == [10, 20, 30]
+    assert events[0]["event"] == "freeze"
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_0000030"
+    assert [p.name for p in (run / "checkpoints").iterdir() if p.is_dir()] == ["step_0000030"]
+    summary = json.loads((run / "summary.json").read_text())
+    last_eval = [e for e in events if e["event"] == "eval"][-1]
+    assert summary["test"] == {k: v for k, v in last_eval.items() if k not in ("step", "event")}
+    assert summary["steps"] == 30
+
+
+def test_checkpoint_reload_gives_identical_logits(tmp_path):
+    cfg = tiny_cfg(variant="mixit", steps=10, checkpoint_every=10)
+    train(cfg, tmp_path / "run", progress=False)
+    task, trained, _ = build(cfg)
+    ckpt.load_model_state(ckpt.latest_checkpoint(tmp_path / "run"), trained)
+    # A model built with another seed has other weights and other MixiT buffers; loading restores both.
+    other_cfg = run_config("addition", "mixit", {"n_digits": 2}, d_model=32, n_heads=2, n_layers=1, seed=7)
+    _, other, _ = build(other_cfg)
+    assert not torch.equal(other.blocks[0].attn.mixing, trained.blocks[0].attn.mixing)
+    ckpt.load_model_state(ckpt.latest_checkpoint(tmp_path / "run"), other)
+    x = task.test_batch().inputs[:16]
+    assert torch.equal(other.eval()(x), trained.eval()(x))
+    assert torch.equal(other.blocks[0].attn.mixing, trained.blocks[0].attn.mixing)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_resume_continues_from_saved_step_and_matches_uninterrupted_run(tmp_path):
+    cfg = tiny_cfg(steps=30, checkpoint_every=10)
+    full = train(cfg, tmp_path / "full", progress=False)
+
+    def stop_at_25(step, loss):
+        if step == 25:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(cfg, tmp_path / "cut", progress=False, on_step=stop_at_25)
+    assert (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip() == "step_0000020"
+    resumed = train(cfg, tmp_path / "cut", resume=True, progress=False)
+    assert resumed["resumed_from"] == 20
+    assert resumed["test"] == full["test"]
+    a = ckpt._load_tensors(ckpt.latest_checkpoint(tmp_path / "full") / "model.safetensors")
+    b = ckpt._load_tensors(ckpt.latest_checkpoint(tmp_path / "cut") / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["event"] == "train"]
+    assert steps == sorted(set(steps)) and steps[-1] == 30  # no step logged twice
+
+
+def test_guards_on_the_run_directory(tmp_path):
+    cfg = tiny_cfg(steps=10)
+    train(cfg, tmp_path / "run", progress=False)
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    with pytest.raises(UsageError, match="already holds a run"):
+        train(cfg, tmp_path / "run", progress=False)
+    with pytest.raises(UsageError, match="holds a different run.*d_model: 32 != 64"):
+        train(tiny_cfg(steps=10, d_model=64), tmp_path / "run", resume=True, progress=False)
+    after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    assert before == after
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not empty and holds no mixit run"):
+        train(cfg, foreign, progress=False)
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+    with pytest.raises(UsageError, match="cannot resume"):
+        train(cfg, tmp_path / "nothing", resume=True, progress=False)
+
+
+def test_corrupt_checkpoint_is_a_usage_error(tmp_path):
+    cfg = tiny_cfg(steps=10)
+    train(cfg, tmp_path / "run", progress=False)
+    path = ckpt.latest_checkpoint(tmp_path / "run")
+    (path / "model.safetensors").write_bytes(b"not a safetensors file")
+    _, model, _ = build(cfg)
+    with pytest.raises(UsageError, match="corrupt or unreadable"):
+        ckpt.load_model_state(path, model)
+
+
+def test_sequence_longer_than_n_ctx_is_refused(tmp_path):
+    with pytest.raises(UsageError, match="longer than n_ctx=5"):
+        build(tiny_cfg(n_ctx=5))
