@@ -178,7 +178,10 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "list": cmd_list}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a parse error already reported on one line
+        return int(e.code or 0)
     try:
         return COMMANDS[args.command](args)
     except UsageError as e:

@@ -38,7 +38,7 @@ class Addition(Task):
     name = "addition"
     description = "decimal addition of two n_digits numbers, digits least-significant first"
     exact_match = True
-    default_train = {"steps": 2000, "batch_size": 256, "lr": 1e-3, "d_model": 128, "n_layers": 2, "n_heads": 4}
+    default_train = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
     def __init__(self, n_digits: int = 10, reference_mask: bool = False, seed: int = 0, test_size: int = 4000):
         super().__init__(seed=seed, test_size=test_size)

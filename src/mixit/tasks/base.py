@@ -174,6 +174,33 @@ class Task:
         return f"{self.name}({args})"
 
 
+class FixedSplitTask(Task):
+    """A task over a finite table of examples with a fixed train/test split.
+
+    Subclasses fill ``self.train_table`` and ``self.test_table`` (rows of
+    whole sequences) in their constructor; only the last token of each row is
+    scored. Training batches are drawn uniformly with replacement from the
+    train table; the test set is the whole test table (``test_size`` does not
+    apply).
+    """
+
+    train_table: np.ndarray
+    test_table: np.ndarray
+
+    def _last_token_mask(self, n_rows: int) -> np.ndarray:
+        mask = np.zeros((n_rows, self.seq_len), dtype=bool)
+        mask[:, -2] = True  # the prediction of the last token
+        return mask
+
+    def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.test_table, self._last_token_mask(len(self.test_table))
+
+    def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([self.seed, 1, step])
+        rows = rng.integers(0, len(self.train_table), size=n)
+        return self.train_table[rows], self._last_token_mask(n)
+
+
 def bits_metrics(correct: int, n_labels: int, counts: ParamCounts | None) -> dict[str, float]:
     """Capacity in bits (correct * log2 n_labels) and per trainable / total parameter."""
     bits = correct * math.log2(n_labels)

@@ -84,7 +84,7 @@ class Dyck(Task):
 
     name = "dyck"
     description = "say whether a string of up to 2*max_pairs parentheses is balanced"
-    default_train = {"steps": 2000, "batch_size": 256, "lr": 1e-3, "d_model": 128, "n_layers": 2, "n_heads": 4}
+    default_train = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
     def __init__(self, max_pairs: int = 30, seed: int = 0, test_size: int = 4000):
         super().__init__(seed=seed, test_size=test_size)

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from mixit.errors import UsageError
-from mixit.tasks.base import Batch, ParamCounts, Task, bits_metrics
+from mixit.tasks.base import Batch, FixedSplitTask, ParamCounts, bits_metrics
 
 
-class Memorization(Task):
+class Memorization(FixedSplitTask):
     """[x, n + y, z]: recall the random label z of the pair (x, y).
 
     TASKS.md, "memorization". There is no held-out set: `test_examples` is the
@@ -29,7 +29,7 @@ class Memorization(Task):
 
     name = "memorization"
     description = "recall a random label in [0, n) for every pair (x, y) in [0, n)^2"
-    default_train = {"steps": 3000, "batch_size": 512, "lr": 1e-3, "d_model": 128, "n_layers": 2, "n_heads": 4}
+    default_train = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
     def __init__(self, n: int = 512, fraction: float = 1.0, seed: int = 0, test_size: int = 4000):
         super().__init__(seed=seed, test_size=test_size)
@@ -49,26 +49,11 @@ class Memorization(Task):
             n_keep = max(1, math.floor(n * n * fraction))
             keep = np.sort(np.random.default_rng([seed, 3]).permutation(n * n)[:n_keep])
             table = table[keep]
-        self._table = table
+        # No held-out part: the model is trained and scored on the whole table.
+        self.train_table = self.test_table = table
 
     def params(self) -> dict[str, object]:
         return {"n": self.n, "fraction": self.fraction}
-
-    @staticmethod
-    def _mask(n_rows: int) -> np.ndarray:
-        mask = np.zeros((n_rows, 3), dtype=bool)
-        mask[:, 1] = True  # the prediction made at n + y is the label
-        return mask
-
-    def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        """The whole kept table (``test_size`` does not apply)."""
-        return self._table, self._mask(len(self._table))
-
-    def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """n rows drawn uniformly, with replacement, from the table."""
-        rng = np.random.default_rng([self.seed, 1, step])
-        rows = rng.integers(0, len(self._table), size=n)
-        return self._table[rows], self._mask(n)
 
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
         """token_acc plus capacity: bits = correct * log2(n), and bits per parameter."""

@@ -13,10 +13,10 @@ import math
 import numpy as np
 
 from mixit.errors import UsageError
-from mixit.tasks.base import Task
+from mixit.tasks.base import FixedSplitTask
 
 
-class ModularAddition(Task):
+class ModularAddition(FixedSplitTask):
     """[a, b, (a + b) mod p] with a, b in [0, p); only the sum is scored.
 
     TASKS.md, "modular_addition". ``test_size`` is ignored: the test set is the
@@ -25,7 +25,7 @@ class ModularAddition(Task):
 
     name = "modular_addition"
     description = "(a + b) mod p on a fixed train/test split of all p*p pairs"
-    default_train = {"steps": 3000, "batch_size": 512, "lr": 1e-3, "d_model": 128, "n_layers": 2, "n_heads": 4}
+    default_train = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
     def __init__(self, p: int = 599, train_fraction: float = 0.95, seed: int = 0, test_size: int = 4000):
         super().__init__(seed=seed, test_size=test_size)
@@ -47,24 +47,8 @@ class ModularAddition(Task):
         order = np.random.default_rng([seed, 2]).permutation(p * p)
         a, b = np.divmod(order, p)
         table = np.stack([a, b, (a + b) % p], axis=1).astype(np.int64)  # (p*p, 3), shuffled
-        self._train_seq = table[:n_train]
-        self._test_seq = table[n_train:]
+        self.train_table = table[:n_train]
+        self.test_table = table[n_train:]
 
     def params(self) -> dict[str, object]:
         return {"p": self.p, "train_fraction": self.train_fraction}
-
-    @staticmethod
-    def _mask(n: int) -> np.ndarray:
-        mask = np.zeros((n, 3), dtype=bool)
-        mask[:, 1] = True  # the prediction made at b is the sum
-        return mask
-
-    def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        """The whole test part of the split (``test_size`` does not apply)."""
-        return self._test_seq, self._mask(len(self._test_seq))
-
-    def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """n rows drawn uniformly, with replacement, from the train part."""
-        rng = np.random.default_rng([self.seed, 1, step])
-        rows = rng.integers(0, len(self._train_seq), size=n)
-        return self._train_seq[rows], self._mask(n)

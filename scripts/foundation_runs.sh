@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The foundation issue's comparison: the four main variants on 5-digit addition
+# and on retrieval with 10 pairs, each with the task's default budget
+# (1000 steps, batch 128, lr 3e-3, d_model 128, 2 layers, 4 heads).
+# Usage: scripts/foundation_runs.sh [OUT_DIR]   (default runs/foundation)
+set -euo pipefail
+out=${1:-runs/foundation}
+mixit=${MIXIT:-mixit}
+for variant in standard mixit frozen_qk frozen_mlp; do
+  $mixit train --task addition -p n_digits=5 --variant "$variant" --out "$out/addition5-$variant" --quiet
+  $mixit train --task retrieval -p max_pairs=10 --variant "$variant" --out "$out/retrieval10-$variant" --quiet
+done

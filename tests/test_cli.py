@@ -1,0 +1,115 @@
+"""The command line: train, eval, list, and one-line refusals of bad input with exit status 2."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mixit.cli import main
+
+TINY = ["--task", "addition", "-p", "n_digits=2", "--d-model", "32", "--n-heads", "2", "--n-layers", "1",
+        "--steps", "6", "--batch-size", "16", "--test-size", "50", "--quiet"]
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_then_eval_reproduces_the_test_metrics(tmp_path, capsys):
+    code, out, _ = run_cli(["train", *TINY, "--variant", "mixit", "--out", str(tmp_path / "run")], capsys)
+    assert code == 0
+    assert "addition(n_digits=2, reference_mask=False) mixit: after 6 steps, test loss" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    code, out, _ = run_cli(["eval", str(tmp_path / "run")], capsys)
+    assert code == 0
+    evaluated = json.loads(out)
+    assert evaluated["checkpoint"] == "step_0000006"
+    assert evaluated["test"] == pytest.approx(summary["test"])
+
+
+def test_resume_from_the_command_line(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    assert run_cli(["train", *TINY, "--out", run], capsys)[0] == 0
+    code, out, _ = run_cli(["train", "--resume", "--out", run, "--quiet"], capsys)
+    assert code == 0 and "after 6 steps" in out  # complete run: resume reports it, trains nothing
+    code, _, err = run_cli(["train", "--resume", "--out", run, "--lr", "0.5"], capsys)
+    assert code == 2 and "holds a different run" in err and "train.lr" in err
+
+
+def test_list_names_every_task_and_variant(capsys):
+    code, out, _ = run_cli(["list", "--json"], capsys)
+    listing = json.loads(out)
+    assert set(listing["tasks"]) == {"addition", "modular_addition", "dyck", "memorization", "retrieval"}
+    assert set(listing["variants"]) == {"standard", "frozen_qk", "frozen_mlp", "mixit", "random"}
+    assert listing["tasks"]["addition"]["parameters"] == {"n_digits": 10, "reference_mask": False}
+    code, out, _ = run_cli(["list"], capsys)
+    assert code == 0 and "n_digits=10" in out and "frozen_qk" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--task", "sorting"], "unknown task 'sorting'; choose one of: addition, modular_addition"),
+    (["train", "--variant", "frozen_v"], "unknown variant 'frozen_v'; allowed: standard, frozen_qk"),
+    (["train", "--d-model", "30", "--n-heads", "4"], "n_heads must divide d_model"),
+    (["train", "--n-ctx", "10"], "longer than n_ctx=10"),
+    (["train", "--steps", "-5"], "steps must be a positive integer, got -5"),
+    (["train", "--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
+    (["train", "-p", "n_digits"], "expected KEY=VALUE"),
+    (["train", "-p", "digits=3"], "unknown parameter 'digits' for task addition; allowed: n_digits=10"),
+    (["train", "-p", "n_digits=many"], "n_digits must be an integer, got 'many'"),
+    (["train", "--variant", "frozen_qk", "--attention", "mixing"], "variant 'frozen_qk' uses softmax attention"),
+    (["train", "--device", "tpu"], "unknown device 'tpu'; allowed: auto, cpu, cuda, cuda:N"),
+    (["train", "--resume"], "--resume needs --out RUN_DIR"),
+    (["eval", "does/not/exist"], "run directory does/not/exist does not exist"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()  # refused before any work
+
+
+def test_cuda_requested_without_gpu(capsys, tmp_path, monkeypatch):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present, so --device cuda is valid here")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--device", "cuda"]) == 2
+    assert "no CUDA GPU is available" in capsys.readouterr().err
+
+
+def test_existing_run_is_not_overwritten(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert run_cli(["train", *TINY, "--out", str(run)], capsys)[0] == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    code, _, err = run_cli(["train", *TINY, "--out", str(run)], capsys)
+    assert code == 2 and "already holds a run" in err
+    assert before == {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+
+
+def test_corrupt_checkpoint_and_config(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert run_cli(["train", *TINY, "--out", str(run)], capsys)[0] == 0
+    weights = run / "checkpoints" / "step_0000006" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    code, _, err = run_cli(["eval", str(run)], capsys)
+    assert code == 2 and "corrupt or unreadable" in err and len(err.strip().splitlines()) == 1
+    (run / "config.json").write_text("{not json")
+    code, _, err = run_cli(["eval", str(run)], capsys)
+    assert code == 2 and "config.json is corrupt" in err
+
+
+def test_real_process_exit_status_and_no_traceback(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "mixit.cli", "train", "--n-heads", "3"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("mixit train: error: n_heads must divide d_model: "
+                                   "d_model=128 is not a multiple of n_heads=3")
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
