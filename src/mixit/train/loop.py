@@ -219,7 +219,8 @@ def train(cfg: RunConfig, run_dir: str | Path, device: str = "auto", resume: boo
     summary = {
         "task": task.describe(), "variant": cfg.variant, "steps": tc.steps, "resumed_from": start if resume else None,
         "test": metrics, "n_params": report.n_trainable + report.n_frozen, "n_trainable": report.n_trainable,
-        "train_seconds_this_session": round(train_time, 2), "device": str(dev),
+        "train_seconds_this_session": round(train_time, 2),
+        "wall_seconds_this_session": round(time.perf_counter() - t0, 2), "device": str(dev),
         "run_dir": str(run_dir),
     }
     ckpt.write_json(run_dir / ckpt.SUMMARY, summary)
