@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The foundation issue's comparison: the four main variants on 5-digit addition
-# and on retrieval with 10 pairs, each with the task's default budget
-# (1000 steps, batch 128, lr 3e-3, d_model 128, 2 layers, 4 heads).
+# and on retrieval with 10 pairs, each variant with the task's default budget:
+# 1000 steps of batch 128, d_model 128, 2 layers, 4 heads; peak lr 3e-3 for
+# addition and 1e-3 for retrieval. Then two extra MixiT runs on addition.
 # Usage: scripts/foundation_runs.sh [OUT_DIR]   (default runs/foundation)
 set -euo pipefail
 out=${1:-runs/foundation}
@@ -10,3 +11,5 @@ for variant in standard mixit frozen_qk frozen_mlp; do
   $mixit train --task addition -p n_digits=5 --variant "$variant" --out "$out/addition5-$variant" --quiet
   $mixit train --task retrieval -p max_pairs=10 --variant "$variant" --out "$out/retrieval10-$variant" --quiet
 done
+$mixit train --task addition -p n_digits=5 --variant mixit --shaped --out "$out/extra-addition5-mixit-shaped" --quiet
+$mixit train --task addition -p n_digits=5 --variant mixit --n-heads 32 --out "$out/extra-addition5-mixit-32heads" --quiet

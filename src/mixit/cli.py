@@ -28,8 +28,8 @@ TRAIN_FLAGS = {
     "data_seed": int, "test_size": int,
 }
 FLAG_HELP = {
-    "d_model": "model width (task default)", "n_layers": "number of blocks (task default)",
-    "n_heads": "attention heads, must divide d_model (task default)", "d_mlp": "MLP hidden size (4 * d_model)",
+    "d_model": "model width (128)", "n_layers": "number of blocks (2)",
+    "n_heads": "attention heads, must divide d_model (4)", "d_mlp": "MLP hidden size (4 * d_model)",
     "n_ctx": "longest sequence the model is built for (the task's input length)",
     "attention": "attention kind: softmax or mixing (set by the variant; only 'random' may change it)",
     "mixing_alpha": "MixiT scale of the centred random part (1.0)", "seed": "model initialisation seed (0)",

@@ -27,7 +27,7 @@ class Retrieval(Task):
 
     name = "retrieval"
     description = "recall the value stored under a queried key among up to max_pairs pairs"
-    default_train = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
+    default_train = {"steps": 1000, "batch_size": 128, "lr": 1e-3}
 
     def __init__(self, max_pairs: int = 30, vocab: int = 512, seed: int = 0, test_size: int = 4000):
         super().__init__(seed=seed, test_size=test_size)
