@@ -146,11 +146,21 @@ class Task:
             have += int(keep.sum())
         return np.concatenate(seqs), np.concatenate(masks)
 
+    @property
+    def input_len(self) -> int:
+        """Length of the sequences the model reads (n_ctx must be at least this)."""
+        return self.seq_len - 1
+
+    def to_batch(self, seq: np.ndarray, mask: np.ndarray) -> Batch:
+        """Examples as the model sees them; next-token prediction unless a task
+        with per-position labels (induction) says otherwise."""
+        return make_batch(seq, mask)
+
     def test_batch(self) -> Batch:
-        return make_batch(*self.test_examples())
+        return self.to_batch(*self.test_examples())
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        return make_batch(*self.train_examples(step, batch_size))
+        return self.to_batch(*self.train_examples(step, batch_size))
 
     # -- scoring --------------------------------------------------------------
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:

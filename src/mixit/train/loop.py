@@ -41,7 +41,7 @@ def run_config(task: str, variant: str = "standard", task_params: dict[str, Any]
     Start from ModelConfig/TrainConfig defaults, then the task's own training
     defaults (``Task.default_train``), then `overrides` (any ModelConfig or
     TrainConfig field, data_seed, test_size). The model's vocabulary and n_ctx
-    come from the task (n_ctx = sequence length - 1, what the model reads),
+    come from the task (n_ctx = the length of what the model reads),
     and its attention kind from the variant unless `attention` is given.
     """
     unknown = sorted(set(overrides) - MODEL_KEYS - TRAIN_KEYS - RUN_KEYS)
@@ -61,7 +61,7 @@ def run_config(task: str, variant: str = "standard", task_params: dict[str, Any]
     train_kw.setdefault("log_every", max(min(50, steps // 20), 1))
     model_kw = {k: merged[k] for k in MODEL_KEYS if k in merged}
     model_kw.setdefault("attention", v.attention)
-    model_kw.setdefault("n_ctx", t.seq_len - 1)
+    model_kw.setdefault("n_ctx", t.input_len)
     return RunConfig(task=task, variant=variant, model=ModelConfig(vocab_size=t.vocab_size, **model_kw),
                      train=TrainConfig(**train_kw), task_params=t.params(), **run_kw)
 
@@ -71,9 +71,9 @@ def build(cfg: RunConfig) -> tuple[Task, Transformer, FreezeReport]:
     task = make_task(cfg.task, cfg.task_params, seed=cfg.data_seed, test_size=cfg.test_size)
     if cfg.model.vocab_size != task.vocab_size:
         raise UsageError(f"model vocab_size={cfg.model.vocab_size} but task {cfg.task} needs {task.vocab_size}")
-    if task.seq_len - 1 > cfg.model.n_ctx:
-        raise UsageError(f"task {task.describe()} feeds sequences of length {task.seq_len - 1}, "
-                         f"longer than n_ctx={cfg.model.n_ctx}; n_ctx must be >= {task.seq_len - 1}")
+    if task.input_len > cfg.model.n_ctx:
+        raise UsageError(f"task {task.describe()} feeds sequences of length {task.input_len}, "
+                         f"longer than n_ctx={cfg.model.n_ctx}; n_ctx must be >= {task.input_len}")
     variant = get_variant(cfg.variant)
     check_attention(variant, cfg.model.attention)
     model = Transformer(cfg.model)
