@@ -1,4 +1,4 @@
-"""`mixit <subcommand>`: train, eval, list.
+"""`mixit <subcommand>`: train, eval, analyze, signal, list.
 
 Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
@@ -56,6 +56,17 @@ def _task_param(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _name_list(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="mixit", description="Train and compare transformers with frozen or random parts.")
     parser.add_argument("--version", action="version", version=f"mixit {__version__}")
@@ -83,6 +94,32 @@ def build_parser() -> Parser:
     ev.add_argument("run_dir", type=Path)
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     ev.add_argument("--batch-size", type=int, default=1000, help="examples per forward pass (1000)")
+
+    an = sub.add_parser("analyze", help="head scores, attention maps and signal propagation of a trained run",
+                        description="Write RUN_DIR/analysis/: head scores (previous-token, induction, "
+                                    "duplicate-token), the in-context gap, attention maps, the MixiT matrices, "
+                                    "token similarity per layer, and a summary.md.")
+    an.add_argument("run_dir", type=Path)
+    an.add_argument("--example", type=int, default=0, help="test example whose attention maps are drawn (0)")
+    an.add_argument("--tokens", type=_int_list, help="draw the attention maps of these token ids instead, "
+                                                       "comma-separated (e.g. 3,2,1,10,9)")
+    an.add_argument("--batch", type=int, default=64, help="repeated random sequences for the head scores (64)")
+    an.add_argument("--seed", type=int, default=0, help="seed of those sequences (0)")
+    an.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+
+    sg = sub.add_parser("signal", help="token similarity against depth at initialisation (rank collapse)",
+                        description="Measure, for freshly initialised models, the mean cosine similarity and "
+                                    "covariance between token representations after each layer, for several "
+                                    "variants and depths; write signal.json and signal.png.")
+    sg.add_argument("--variants", type=_name_list, default=["standard", "mixit", "random"],
+                    help="comma-separated variants (standard,mixit,random)")
+    sg.add_argument("--depths", type=_int_list, default=[2, 4, 8, 16, 32], help="comma-separated depths (2,4,8,16,32)")
+    sg.add_argument("--d-model", type=int, default=128, help="width (128)")
+    sg.add_argument("--n-heads", type=int, default=4, help="heads (4)")
+    sg.add_argument("--n-ctx", type=int, default=64, help="sequence length of the random inputs (64)")
+    sg.add_argument("--seeds", type=int, default=3, help="initialisations averaged per point (3)")
+    sg.add_argument("--shaped", action="store_true", help="use the signal-propagation settings")
+    sg.add_argument("--out", type=Path, default=Path("signal"), help="output directory (./signal)")
 
     ls = sub.add_parser("list", help="list tasks, variants and their parameters")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
@@ -174,7 +211,39 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "list": cmd_list}
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from mixit.analysis.report import analyze_run
+
+    if args.batch < 1:
+        raise UsageError(f"--batch must be a positive integer, got {args.batch}")
+    analyze_run(args.run_dir, device=args.device, example=args.example, tokens=args.tokens,
+                           batch=args.batch, seed=args.seed)
+    print((args.run_dir / "analysis" / "summary.md").read_text().strip())
+    print(f"\nwritten to {args.run_dir / 'analysis'}")
+    return 0
+
+
+def cmd_signal(args: argparse.Namespace) -> int:
+    from mixit.analysis.signal import plot_signal, signal_propagation
+
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {args.out} exists and is not a directory")
+    for name in ("signal.json", "signal.png"):
+        if (args.out / name).exists():
+            raise UsageError(f"{args.out / name} already exists; choose another --out")
+    result = signal_propagation(args.variants, args.depths, d_model=args.d_model, n_heads=args.n_heads,
+                                n_ctx=args.n_ctx, seeds=tuple(range(args.seeds)), shaped=args.shaped)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "signal.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot_signal(result, args.out / "signal.png")
+    print("variant      " + "".join(f"{d:>9}" for d in args.depths) + "   (mean token cosine after the last layer)")
+    for variant, by_depth in result["results"].items():
+        print(f"{variant:<12} " + "".join(f"{by_depth[str(d)]['cosine']:>9.4f}" for d in args.depths))
+    print(f"written to {args.out / 'signal.json'} and {args.out / 'signal.png'}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "analyze": cmd_analyze, "signal": cmd_signal, "list": cmd_list}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -82,6 +82,7 @@ class SoftmaxAttention(nn.Module):
     """Causal multi-head softmax attention with RoPE on Q and K."""
 
     learned_positions = False
+    fixed_pattern = None  # the pattern depends on the input
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -130,6 +131,11 @@ class MixingAttention(nn.Module):
                                 alpha=cfg.mixing_alpha, sink=cfg.mixing_sink)
         self.register_buffer("mixing", mixing)  # (H, n_ctx, n_ctx), saved with the model
         self.hook_pattern = HookPoint()
+
+    @property
+    def fixed_pattern(self) -> torch.Tensor:
+        """The input-independent pattern (H, n_ctx, n_ctx): the MixiT matrices."""
+        return self.mixing
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d_model)
         B, T, D = x.shape

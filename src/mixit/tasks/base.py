@@ -151,6 +151,11 @@ class Task:
         """Length of the sequences the model reads (n_ctx must be at least this)."""
         return self.seq_len - 1
 
+    def analysis_tokens(self) -> range:
+        """Token ids that probes of the trained model (repeated random sequences)
+        draw from: the whole vocabulary unless a task says otherwise."""
+        return range(self.vocab_size)
+
     def to_batch(self, seq: np.ndarray, mask: np.ndarray) -> Batch:
         """Examples as the model sees them; next-token prediction unless a task
         with per-position labels (induction) says otherwise."""

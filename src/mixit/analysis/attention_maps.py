@@ -1,0 +1,108 @@
+"""Attention maps: every layer's and head's pattern on one input, as arrays and a PNG grid.
+
+Patterns come through the model's pattern hook (`capture_patterns`), so a
+softmax head and a MixiT head are drawn by the same code. Models whose attention
+has an input-independent pattern (MixiT) also expose it as
+``attn.fixed_pattern``; `fixed_patterns` collects those matrices at full n_ctx.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from mixit.models.hooks import capture_patterns
+
+
+@torch.no_grad()
+def attention_patterns(model: nn.Module, tokens: torch.Tensor) -> np.ndarray:
+    """Patterns of one input `tokens` (T,) -> array (n_layers, n_heads, T, T)."""
+    was_training = model.training
+    model.eval()
+    with capture_patterns(model) as patterns:
+        model(tokens.reshape(1, -1).to(next(model.parameters()).device))
+    model.train(was_training)
+    names = sorted(patterns, key=lambda n: int(n.split(".")[1]))
+    return np.stack([patterns[n][0].float().cpu().numpy() for n in names])
+
+
+def fixed_patterns(model: nn.Module) -> np.ndarray | None:
+    """The input-independent patterns (n_layers, n_heads, n_ctx, n_ctx), or None
+    if the model's attention depends on its input."""
+    mats = [block.attn.fixed_pattern for block in model.blocks]
+    if any(m is None for m in mats):
+        return None
+    return np.stack([m.float().cpu().numpy() for m in mats])
+
+
+def plot_pattern_grid(patterns: np.ndarray, path: str | Path, title: str,
+                      labels: Sequence[str] | None = None) -> None:
+    """A layers x heads grid of (T, T) patterns with one shared colour bar.
+
+    Non-negative patterns (softmax) use a sequential map on [0, 1]; patterns
+    with negative weights (MixiT) a diverging map centred on 0.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_layers, n_heads, T, _ = patterns.shape
+    signed = bool((patterns < -1e-6).any())
+    if signed:
+        vmax = float(np.abs(patterns).max())
+        kwargs = {"cmap": "RdBu_r", "vmin": -vmax, "vmax": vmax}
+    else:
+        kwargs = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0}
+    cell = 2.6 if T <= 40 else 2.2
+    fig, axes = plt.subplots(n_layers, n_heads, figsize=(cell * n_heads + 1.2, cell * n_layers + 0.8),
+                             squeeze=False, constrained_layout=True)
+    image = None
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            ax = axes[layer, head]
+            image = ax.imshow(patterns[layer, head], interpolation="nearest", **kwargs)
+            ax.set_title(f"L{layer} H{head}", fontsize=9)
+            if labels is not None and T <= 40:
+                ax.set_xticks(range(T), labels, fontsize=5, rotation=90)
+                ax.set_yticks(range(T), labels, fontsize=5)
+            else:
+                ax.tick_params(labelsize=6)
+            if head == 0:
+                ax.set_ylabel("query position", fontsize=8)
+            if layer == n_layers - 1:
+                ax.set_xlabel("key position", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_score_tables(scores: dict[str, list[list[float]]], path: str | Path, title: str) -> None:
+    """Heatmaps (layers x heads) of the head scores, values written in the cells."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ["previous_token", "induction", "duplicate_token"]
+    n_layers, n_heads = len(scores[keys[0]]), len(scores[keys[0]][0])
+    fig, axes = plt.subplots(1, 3, figsize=(3 * (0.6 * n_heads + 1.6), 0.55 * n_layers + 1.8),
+                             squeeze=False, constrained_layout=True)
+    for ax, key in zip(axes[0], keys):
+        table = np.asarray(scores[key])
+        image = ax.imshow(table, cmap="magma", vmin=min(0.0, float(table.min())), vmax=1.0)
+        for (layer, head), value in np.ndenumerate(table):
+            ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if value < 0.6 else "black")
+        ax.set_title(key.replace("_", " "), fontsize=10)
+        ax.set_xticks(range(n_heads))
+        ax.set_yticks(range(n_layers))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="mean attention on target")
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

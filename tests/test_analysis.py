@@ -1,0 +1,176 @@
+"""Head scores on hand-built patterns and on a hand-built induction model; maps; `mixit analyze`."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mixit.analysis.attention_maps import attention_patterns, fixed_patterns
+from mixit.analysis.induction import head_scores, icl_gap, repeated_sequences, score_patterns
+from mixit.cli import main
+from mixit.config import ModelConfig
+from mixit.models import Transformer
+
+M = 6  # copy length: sequences r r of length 12
+
+
+def causal_uniform(T):
+    return torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]
+
+
+def hand_patterns():
+    """(1, 4, 12, 12): previous-token, induction, duplicate-token and uniform heads."""
+    T = 2 * M
+    prev, ind, dup = (torch.zeros(T, T) for _ in range(3))
+    prev[0, 0] = 1
+    prev[torch.arange(1, T), torch.arange(T - 1)] = 1
+    ind[:M] = causal_uniform(T)[:M]
+    dup[:M] = causal_uniform(T)[:M]
+    second = torch.arange(M, T)
+    ind[second, second - M + 1] = 1
+    dup[second, second - M] = 1
+    return torch.stack([prev, ind, dup, causal_uniform(T)])[None]
+
+
+def test_scores_of_hand_built_patterns():
+    s = score_patterns(hand_patterns(), M)
+    T = 2 * M
+    uniform_prev = np.mean([1 / (i + 1) for i in range(1, T)])
+    uniform_second = np.mean([1 / (i + 1) for i in range(M, T)])
+    assert s["previous_token"][0].item() == pytest.approx(1.0)
+    torch.testing.assert_close(s["induction"], torch.tensor([0.0, 1.0, 0.0, uniform_second], dtype=torch.float32))
+    torch.testing.assert_close(s["duplicate_token"], torch.tensor([0.0, 0.0, 1.0, uniform_second], dtype=torch.float32))
+    assert s["previous_token"][3].item() == pytest.approx(uniform_prev)
+    # The induction head's second-copy rows look one step back from the duplicate: offset m - 1.
+    assert s["previous_token"][1].item() == pytest.approx(np.mean(
+        [1 / (i + 1) for i in range(1, M)] + [0.0] * M), abs=1e-6)
+
+
+def test_repeated_sequences_are_two_copies_of_distinct_tokens():
+    x = repeated_sequences(range(10, 30), m=8, batch=5, seed=1)
+    assert x.shape == (5, 16)
+    assert torch.equal(x[:, :8], x[:, 8:])
+    assert all(len(set(row[:8].tolist())) == 8 for row in x)
+    assert x.min() >= 10 and x.max() < 30
+    assert torch.equal(x, repeated_sequences(range(10, 30), m=8, batch=5, seed=1))
+
+
+def test_icl_gap_on_hand_made_logits():
+    x = repeated_sequences(range(8), m=4, batch=2)
+    logits = torch.zeros(2, 8, 8)
+    # Perfect on the second copy (positions 4..6 predict x[5..7]), uniform elsewhere.
+    logits[:, 4:7] = 20 * torch.nn.functional.one_hot(x[:, 5:8], 8).float()
+    gap = icl_gap(logits, x, m=4)
+    assert gap["acc_second_copy"] == 1.0
+    assert gap["loss_first_copy"] == pytest.approx(np.log(8), abs=1e-5)
+    assert gap["loss_gap"] > 2.0
+
+
+def induction_model(vocab=8):
+    """A 2-layer, 1-head softmax model that implements an induction head by hand.
+
+    Residual stream (d_model 64): slot A (dims 1..8) holds the current token,
+    slot B (dims 9..16) the previous token, slot C (dims 17..24) the output.
+    Layer 0 attends to the previous position using only RoPE's frequency-1 pair
+    (dims 0 and 32): constant q and k biases at a relative angle of 1 radian,
+    so the score peaks at offset 1; its value/output copy slot A into slot B.
+    Layer 1 matches query slot A against key slot B (RoPE base 1e300 makes
+    these dims' rotation negligible) and copies the key's slot A into slot C,
+    which the LM head reads. MLPs are zero.
+    """
+    cfg = ModelConfig(vocab_size=vocab, n_ctx=16, d_model=64, n_layers=2, n_heads=1, rope_base=1e300)
+    model = Transformer(cfg)
+    A, B, C = (torch.arange(vocab) + o for o in (1, 9, 17))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for norm in (model.norm_f, *[n for b in model.blocks for n in (b.norm1, b.norm2)]):
+            norm.weight.fill_(1.0)
+        model.embed.weight[torch.arange(vocab), A] = 1.0
+        a0, a1 = model.blocks[0].attn, model.blocks[1].attn
+        s = 60.0
+        a0.q.bias[0] = s
+        a0.k.bias[0], a0.k.bias[32] = s * np.cos(1.0), s * np.sin(1.0)
+        a0.v.weight[B, A] = 1.0
+        a0.o.weight[:] = torch.eye(64)
+        a1.q.weight[A, A] = 10.0
+        a1.k.weight[A, B] = 10.0
+        a1.v.weight[C, A] = 1.0
+        a1.o.weight[:] = torch.eye(64)
+        model.lm_head.weight[torch.arange(vocab), C] = 50.0
+    return model.eval()
+
+
+def test_hand_built_induction_model_scores():
+    model = induction_model()
+    scores = head_scores(model, range(8), m=M, batch=32)
+    assert scores["previous_token"][0][0] == pytest.approx(1.0, abs=1e-3)
+    # Row m's query (token x_0) matches key 1 (after x_0) and key 0, whose "previous
+    # token" slot holds x_0 itself (position 0 attends to itself): half weight each.
+    assert scores["induction"][1][0] == pytest.approx((M - 0.5) / M, abs=1e-3)
+    assert scores["induction"][0][0] < 0.01
+    # Layer 1 finds no match in the first copy, so it attends uniformly there.
+    first_copy_uniform = sum(1 / (i + 1) for i in range(1, M)) / (2 * M - 1)
+    assert scores["previous_token"][1][0] == pytest.approx(first_copy_uniform, abs=1e-3)
+    icl = scores["icl"]
+    assert icl["acc_second_copy"] >= (M - 2) / (M - 1) - 1e-6  # every position but the tied one
+    assert icl["loss_gap"] > 1.0
+
+
+def test_mixit_scores_read_the_fixed_matrices():
+    cfg = ModelConfig(vocab_size=20, n_ctx=12, d_model=16, n_layers=2, n_heads=2, attention="mixing")
+    model = Transformer(cfg).eval()
+    scores = head_scores(model, range(20), m=M, batch=4)
+    fixed = fixed_patterns(model)
+    assert fixed.shape == (2, 2, 12, 12)
+    direct = score_patterns(torch.from_numpy(fixed)[1][None], M)
+    assert scores["induction"][1] == pytest.approx(direct["induction"].tolist(), abs=1e-6)
+    # The sink head (0.5 I + 0.5 on token 0) looks one back only from position 1.
+    assert scores["previous_token"][0][0] == pytest.approx(0.5 / (2 * M - 1), abs=1e-6)
+    x = torch.arange(7)
+    np.testing.assert_allclose(attention_patterns(model, x)[1], fixed[1, :, :7, :7], atol=1e-6)
+    assert fixed_patterns(Transformer(ModelConfig(vocab_size=20, n_ctx=12, d_model=16, n_heads=2))) is None
+
+
+TINY = ["--task", "addition", "-p", "n_digits=2", "--d-model", "32", "--n-heads", "2", "--n-layers", "2",
+        "--steps", "4", "--batch-size", "16", "--test-size", "40", "--quiet"]
+
+
+@pytest.mark.parametrize("variant", ["standard", "mixit"])
+def test_analyze_command_writes_every_artifact(variant, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--variant", variant, "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(run), "--batch", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "Strongest induction head: layer" in out
+    files = {p.name for p in (run / "analysis").iterdir()}
+    expected = {"head_scores.json", "head_scores.png", "attention.npz", "attention.png", "signal.json", "summary.md"}
+    if variant == "mixit":
+        expected |= {"fixed_patterns.npz", "fixed_patterns.png"}
+    assert files == expected
+    for png in (run / "analysis").glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    scores = json.loads((run / "analysis" / "head_scores.json").read_text())
+    assert np.asarray(scores["induction"]).shape == (2, 2)
+    arrays = np.load(run / "analysis" / "attention.npz")
+    assert arrays["patterns"].shape == (2, 2, 7, 7) and arrays["tokens"].shape == (7,)
+    signal = json.loads((run / "analysis" / "signal.json").read_text())
+    assert len(signal["trained"]["cosine"]) == 3  # embedding + 2 layers
+
+
+@pytest.mark.parametrize("args, message", [
+    (["analyze", "nowhere"], "run directory nowhere does not exist"),
+    (["analyze", "RUN", "--example", "99999"], "example must be in [0, 40)"),
+    (["analyze", "RUN", "--tokens", "1,2,99"], "out-of-range ids [99]"),
+    (["analyze", "RUN", "--tokens", "1,x"], "expected comma-separated integers"),
+])
+def test_analyze_bad_input(args, message, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main([a.replace("RUN", str(run)) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (run / "analysis").exists()
