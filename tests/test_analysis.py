@@ -155,7 +155,8 @@ def test_analyze_command_writes_every_artifact(variant, tmp_path, capsys):
     scores = json.loads((run / "analysis" / "head_scores.json").read_text())
     assert np.asarray(scores["induction"]).shape == (2, 2)
     arrays = np.load(run / "analysis" / "attention.npz")
-    assert arrays["patterns"].shape == (2, 2, 7, 7) and arrays["tokens"].shape == (7,)
+    n = 3 * 2 + 3  # a 2-digit addition example read by the model: its sequence without the last token
+    assert arrays["patterns"].shape == (2, 2, n, n) and arrays["tokens"].shape == (n,)
     signal = json.loads((run / "analysis" / "signal.json").read_text())
     assert len(signal["trained"]["cosine"]) == 3  # embedding + 2 layers
 

@@ -22,6 +22,7 @@ SMALL = {
     "dyck": {"max_pairs": 6},
     "memorization": {"n": 16},
     "retrieval": {"max_pairs": 5, "vocab": 64},
+    "induction": {"alphabet": 4, "length": 12},
 }
 
 
@@ -40,7 +41,7 @@ def perfect_preds(batch) -> torch.Tensor:
 # -- every task ------------------------------------------------------------------
 
 
-def test_registry_has_the_five_tasks():
+def test_registry_has_every_task():
     assert set(TASKS) == set(SMALL)
     for name, cls in TASKS.items():
         assert cls.name == name
@@ -57,6 +58,7 @@ def test_registry_has_the_five_tasks():
         ("dyck", 63, 4),
         ("memorization", 3, 1024),
         ("retrieval", 63, 512),
+        ("induction", 128, 17),
     ],
 )
 def test_default_sizes(name, seq_len, vocab_size):

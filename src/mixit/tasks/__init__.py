@@ -17,6 +17,7 @@ from mixit.errors import UsageError
 from mixit.tasks.addition import Addition
 from mixit.tasks.base import IGNORE, Batch, ParamCounts, Task, make_batch
 from mixit.tasks.dyck import Dyck
+from mixit.tasks.induction import Induction
 from mixit.tasks.memorization import Memorization
 from mixit.tasks.modular_addition import ModularAddition
 from mixit.tasks.retrieval import Retrieval
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (Addition, ModularAddition, Dyck, Memorization, Retrieval)
+    cls.name: cls for cls in (Addition, ModularAddition, Dyck, Memorization, Retrieval, Induction)
 }
 """CLI name -> task class."""
 

@@ -1,0 +1,243 @@
+"""Signal propagation at initialisation: do token representations collapse with depth?
+
+The paper's depth experiment (MODEL.md, "Paper results", depth) reports that
+the covariance between token representations of the random transformer rises
+from 0.0022 at 2 layers to 0.054 at 32 while MixiT's stays flat: rank
+collapse, the residual stream of every token drifting towards one shared
+vector. This module measures that for freshly initialised models:
+
+    pairwise_stats(h)          cosine, covariance and RMS of one residual stream (B, T, d)
+    token_similarity(model, x) those statistics after the embedding and after every block
+    signal_propagation(...)    the same for fresh models over variants x depths x seeds
+    plot_signal(result, path)  cosine and covariance against depth, one line per variant
+
+Rank collapse shows as cosine -> 1 (and covariance -> 1) as depth grows.
+The paper does not give its normalisation of the covariance; ours is defined
+in `pairwise_stats`, so only the trend, not the values, compares with it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+import mixit
+from mixit.config import ModelConfig
+from mixit.errors import UsageError
+from mixit.freezing import VARIANTS
+from mixit.models import Transformer
+
+# Random inputs are drawn from a generator of their own, so they do not share a
+# stream with the parameter initialisation that uses `seed` directly.
+TOKEN_SEED_OFFSET = 7919
+# Set by signal_propagation itself; refused in its model_overrides.
+_OWN_KEYS = ("vocab_size", "n_ctx", "d_model", "n_heads", "n_layers", "attention", "seed")
+
+
+def pairwise_stats(h: torch.Tensor) -> dict[str, float]:
+    """Similarity between the T token representations of each sequence, averaged over the batch.
+
+    h: (B, T, d) with T >= 2. For one sequence X (T, d):
+      cosine      mean over pairs i != j of cos(X_i, X_j) (a zero row counts as cosine 0);
+      covariance  mean over i != j of C_ij, where C = Xn Xn^T / d and Xn = X / rms(X),
+                  rms(X) = sqrt(mean of X^2 over all T*d entries). So the mean diagonal
+                  of C is exactly 1, and the value is comparable across depths however
+                  the residual stream grows or shrinks. Without the RMS division it would
+                  be the mean pairwise dot product / d. This normalisation is ours: the
+                  paper's is not known. Features are not centred, as in a Gram matrix.
+      norm        rms(X), showing whether the residual stream explodes or vanishes.
+    Identical rows give cosine 1 and covariance 1; orthogonal rows give 0 and 0.
+    """
+    if h.dim() != 3 or h.shape[1] < 2:
+        raise UsageError(f"pairwise_stats needs h of shape (B, T, d) with T >= 2, got {tuple(h.shape)}")
+    h = h.detach().double()
+    B, T, d = h.shape
+    off = ~torch.eye(T, dtype=torch.bool, device=h.device)  # (T, T) off-diagonal pairs
+    unit = h / h.norm(dim=-1, keepdim=True).clamp_min(1e-30)  # (B, T, d)
+    cosine = (unit @ unit.transpose(1, 2))[:, off].mean(dim=1)  # (B,)
+    rms = h.pow(2).mean(dim=(1, 2)).sqrt()  # (B,)
+    xn = h / rms.clamp_min(1e-30)[:, None, None]  # (B, T, d)
+    covariance = (xn @ xn.transpose(1, 2) / d)[:, off].mean(dim=1)  # (B,)
+    return {"cosine": cosine.mean().item(), "covariance": covariance.mean().item(), "norm": rms.mean().item()}
+
+
+@torch.no_grad()
+def token_similarity(model: nn.Module, tokens: torch.Tensor) -> dict[str, list[float]]:
+    """`pairwise_stats` of the residual stream after the embedding and after each block.
+
+    model: a `Transformer`; tokens: (B, T) ids with 2 <= T <= n_ctx. Runs in eval
+    mode without gradients and restores the model's mode. Returns lists of
+    n_layers + 1 floats under "cosine", "covariance" and "norm": entry 0 is the
+    embedding (plus position embedding where the model has one), entry l the
+    stream after block l. The final norm and the LM head are not included.
+    """
+    if tokens.dim() != 2 or not 2 <= tokens.shape[1] <= model.cfg.n_ctx:
+        raise UsageError(f"tokens must have shape (B, T) with 2 <= T <= n_ctx={model.cfg.n_ctx}, "
+                         f"got {tuple(tokens.shape)}")
+    was_training = model.training
+    model.eval()
+    try:
+        tokens = tokens.to(next(model.parameters()).device)
+        T = tokens.shape[1]
+        # The embedding part of Transformer.forward, repeated here to read the stream between blocks.
+        h = model.embed(tokens)  # (B, T, d_model)
+        if model.pos_embed is not None:
+            h = h + model.pos_embed.weight[:T]
+        per_layer = [pairwise_stats(h)]
+        for block in model.blocks:
+            h = block(h)  # (B, T, d_model)
+            per_layer.append(pairwise_stats(h))
+    finally:
+        model.train(was_training)
+    return {key: [stats[key] for stats in per_layer] for key in ("cosine", "covariance", "norm")}
+
+
+def _check_inputs(variants: Sequence[str], depths: Sequence[int], seeds: Sequence[int], batch: int,
+                  n_ctx: int, shaped: bool, model_overrides: dict[str, Any]) -> None:
+    if not variants:
+        raise UsageError(f"variants must be a non-empty list of names; allowed: {', '.join(VARIANTS)}")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise UsageError(f"unknown variant(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(VARIANTS)}")
+    if len(set(variants)) != len(variants):
+        raise UsageError(f"variants must not repeat, got {list(variants)}")
+    if not depths or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in depths):
+        raise UsageError(f"depths must be a non-empty list of positive integers, got {list(depths)!r}")
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise UsageError(f"seeds must be a non-empty list of integers, got {list(seeds)!r}")
+    if not (isinstance(batch, int) and batch > 0):
+        raise UsageError(f"batch must be a positive integer, got {batch!r}")
+    if not (isinstance(n_ctx, int) and n_ctx >= 2):
+        raise UsageError(f"n_ctx must be an integer >= 2 (similarity needs two tokens), got {n_ctx!r}")
+    if not isinstance(shaped, bool):
+        raise UsageError(f"shaped must be True or False, got {shaped!r}")
+    taken = sorted(set(model_overrides) & set(_OWN_KEYS))
+    if taken:
+        raise UsageError(f"model_overrides may not set {', '.join(taken)}: they are arguments of signal_propagation")
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    a = np.asarray(values, dtype=np.float64)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def signal_propagation(variants: Sequence[str], depths: Sequence[int], d_model: int = 128, n_heads: int = 4,
+                       n_ctx: int = 64, vocab_size: int = 64, batch: int = 16, seeds: Sequence[int] = (0, 1, 2),
+                       shaped: bool = False, model_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Token similarity of freshly initialised models, for every variant x depth, averaged over seeds.
+
+    For each (variant, depth, seed) a new `Transformer` is built with
+    ModelConfig(attention=VARIANTS[variant].attention, n_layers=depth, seed=seed, ...)
+    and `token_similarity` is measured on `batch` random sequences of n_ctx
+    uniformly random ids (drawn from seed + TOKEN_SEED_OFFSET, so every variant
+    of one seed sees the same inputs). A variant matters here only through its
+    attention kind: freezing decides what training may change and leaves the
+    forward pass at initialisation untouched, so "standard" and "random" (the
+    paper's random transformer: a softmax model of which only the embeddings
+    and head are trained) give identical numbers.
+
+    shaped: False builds the standard settings of MODEL.md for every variant,
+        True the signal-propagation settings (`ModelConfig.shaped()`) for every
+        variant. Nothing is chosen per attention kind; run both to compare.
+    model_overrides: further ModelConfig fields applied to every model (for
+        instance {"init_std": 0.2}); unknown keys, and keys this function sets
+        itself, are refused.
+
+    Returns a JSON-serialisable dict:
+        {"config": {every argument, the resulting model settings, mixit version},
+         "results": {variant: {str(depth): {
+             "cosine", "cosine_std", "covariance", "covariance_std", "norm", "norm_std":
+                 after the last block, mean and sample std over seeds;
+             "per_layer_cosine", "per_layer_covariance", "per_layer_norm":
+                 depth + 1 values (embedding, then each block), means over seeds}}}}
+    """
+    if isinstance(variants, str):
+        raise UsageError(f"variants must be a non-empty list of names, got the string {variants!r}")
+    model_overrides = dict(model_overrides or {})
+    variants, depths, seeds = list(variants), list(depths), list(seeds)
+    _check_inputs(variants, depths, seeds, batch, n_ctx, shaped, model_overrides)
+    settings = {**(ModelConfig.shaped() if shaped else {}), **model_overrides}
+
+    def config(attention: str, depth: int, seed: int) -> ModelConfig:
+        return ModelConfig.from_dict({"vocab_size": vocab_size, "n_ctx": n_ctx, "d_model": d_model,
+                                      "n_heads": n_heads, "n_layers": depth, "attention": attention,
+                                      "seed": seed, **settings})
+
+    # Validate the model settings of every attention kind before any work.
+    example = {v: config(VARIANTS[v].attention, depths[0], seeds[0]) for v in variants}
+    inputs = {s: torch.randint(vocab_size, (batch, n_ctx),  # (batch, n_ctx)
+                               generator=torch.Generator().manual_seed(s + TOKEN_SEED_OFFSET))
+              for s in seeds}
+
+    results: dict[str, dict[str, Any]] = {}
+    for variant in variants:
+        attention = VARIANTS[variant].attention
+        results[variant] = {}
+        for depth in depths:
+            runs = [token_similarity(Transformer(config(attention, depth, s)), inputs[s]) for s in seeds]
+            entry: dict[str, Any] = {}
+            for key in ("cosine", "covariance", "norm"):
+                entry[key], entry[f"{key}_std"] = _mean_std([r[key][-1] for r in runs])
+            for key in ("cosine", "covariance", "norm"):
+                entry[f"per_layer_{key}"] = np.mean([r[key] for r in runs], axis=0).tolist()
+            results[variant][str(depth)] = entry
+
+    model = {k: v for k, v in vars(next(iter(example.values()))).items() if k not in _OWN_KEYS}
+    return {
+        "config": {"variants": variants, "depths": depths, "d_model": d_model, "n_heads": n_heads, "n_ctx": n_ctx,
+                   "vocab_size": vocab_size, "batch": batch, "seeds": seeds, "shaped": shaped,
+                   "model_overrides": model_overrides,
+                   "attention": {v: VARIANTS[v].attention for v in variants},
+                   "model": model, "mixit_version": mixit.__version__},
+        "results": results,
+    }
+
+
+def plot_signal(result: dict[str, Any], path: str | Path) -> None:
+    """Two panels from a `signal_propagation` result: last-layer cosine and covariance against depth.
+
+    One line per variant with error bars of one seed standard deviation; depth
+    on a log2 axis. Variants that coincide at initialisation (standard and
+    random) would hide each other, so later lines get smaller markers and
+    thinner lines, and the legend names the variant a line repeats.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg = result["config"]
+    depths = cfg["depths"]
+    markers, dashes = "osD^vx*P", ["-", "--", ":", "-."]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), constrained_layout=True)
+    panels = [("cosine", "mean cosine similarity between tokens"),
+              ("covariance", "mean off-diagonal token covariance\n(RMS-normalised Gram / d)")]
+    results = list(result["results"].items())
+    labels = []
+    for i, (variant, by_depth) in enumerate(results):
+        same = [other for other, earlier in results[:i] if earlier == by_depth]
+        labels.append(f"{variant} ({cfg['attention'][variant]} attention"
+                      + (f"; identical to {same[0]})" if same else ")"))
+    for ax, (key, label) in zip(axes, panels):
+        for i, (variant, by_depth) in enumerate(results):
+            mean = [by_depth[str(d)][key] for d in depths]
+            std = [by_depth[str(d)][f"{key}_std"] for d in depths]
+            ax.errorbar(depths, mean, yerr=std, marker=markers[i % len(markers)],
+                        linestyle=dashes[i % len(dashes)], capsize=3, markersize=max(9 - 2.5 * i, 3),
+                        linewidth=max(2.2 - 0.6 * i, 0.8), label=labels[i])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(depths, [str(d) for d in depths])
+        ax.set_xlabel("depth (number of blocks)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    settings = "shaped (signal-propagation) settings" if cfg["shaped"] else "standard settings"
+    extra = f", {cfg['model_overrides']}" if cfg.get("model_overrides") else ""
+    fig.suptitle(f"Token similarity after the last block at initialisation: d_model={cfg['d_model']}, "
+                 f"n_ctx={cfg['n_ctx']}, {settings}{extra}, {len(cfg['seeds'])} seeds", fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,137 @@
+"""k-hop induction heads (../shared/spec/TASKS.md, "induction"; Sanford, Hsu &
+Telgarsky 2024; the paper's "5-layer, 16-hop" row of Table 1). Not in the
+public reference code.
+
+On a sequence x_1..x_N (1-based here, as in the definition):
+
+    find(i)   = the largest j <= i with x_{j-1} = x_i, or 0 (none)
+    hop_k(x)_i = x_{find^k(i)}, or NONE where some application of find is 0
+
+find(i) is the position right after the most recent earlier occurrence of x_i
+(j = i is allowed: x_{i-1} = x_i gives find(i) = i). k = 1 is the classic
+induction head: predict the token that followed the previous occurrence of the
+current token. For instance, with k = 1::
+
+    x       0 1 2 0 1 3 3 2 0
+    hop_1   - - - 1 2 - 3 0 1      (- = NONE)
+
+This is not next-token prediction: the model reads x (N tokens) and at every
+position i outputs hop_k(x)_i. An example is stored as one row
+``[x, hop_k(x)]`` of length 2N, so the shared test-set exclusion (row hashes)
+works unchanged, and `to_batch` splits it into inputs x and targets hop_k(x).
+
+Distribution: x_i i.i.d. uniform over the alphabet 0..alphabet-1; NONE =
+alphabet is only ever a target. Every position is scored, NONE being a
+legitimate answer; `score` also reports the accuracy on the positions that
+have an answer and the fraction that do not. Measured fraction of positions
+with an answer (alphabet=16, length=64, 100k sequences): 0.754 for k=1
+(its expectation is 1 - (1 - (15/16)^64) / 4 = 0.754), 0.541 for k=2, 0.231 for k=4,
+0.062 for k=16. A smaller alphabet raises it: alphabet=4 gives 0.94, 0.89,
+0.80, 0.30.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mixit.errors import UsageError
+from mixit.tasks.base import IGNORE, Batch, ParamCounts, Task
+
+
+def find_positions(x: np.ndarray) -> np.ndarray:
+    """find for every position of every row, 0-based: (n, N) -> (n, N) int64,
+    -1 where there is none.
+
+    In 0-based indices find(p) = q + 1, q the previous position holding the
+    token x[p] (q < p). A stable sort by token lists each token's positions in
+    increasing order, so each entry's previous occurrence is its left
+    neighbour in the sorted row when both hold the same token.
+    """
+    n, length = x.shape
+    order = np.argsort(x, axis=1, kind="stable")  # (n, N) positions grouped by token
+    tokens = np.take_along_axis(x, order, axis=1)  # (n, N) sorted tokens
+    same = tokens[:, 1:] == tokens[:, :-1]  # (n, N-1)
+    found = np.full((n, length), -1, dtype=np.int64)
+    rows = np.arange(n)[:, None]
+    found[rows, order[:, 1:]] = np.where(same, order[:, :-1] + 1, -1)
+    return found
+
+
+def hop_labels(x: np.ndarray, k: int, none: int) -> np.ndarray:
+    """hop_k(x) for every row: (n, N) -> (n, N) int64, `none` where undefined."""
+    found = find_positions(x)  # (n, N)
+    at = np.broadcast_to(np.arange(x.shape[1]), x.shape).copy()  # (n, N) find^0 = identity
+    for _ in range(k):
+        # -1 stays -1: once a hop has no answer, neither has any later one.
+        at = np.where(at >= 0, np.take_along_axis(found, np.maximum(at, 0), axis=1), -1)
+    return np.where(at >= 0, np.take_along_axis(x, np.maximum(at, 0), axis=1), none)
+
+
+class Induction(Task):
+    """At every position, the token k induction hops back (hop_k(x)_i).
+
+    TASKS.md, "induction". Rows are ``[x, hop_k(x)]``; the model reads x and
+    every one of its positions is scored. `score` adds answered_acc (accuracy
+    where the answer is not NONE) and none_fraction.
+    """
+
+    name = "induction"
+    description = "at every position, output the token reached by k induction hops (find^k) back"
+    default_train = {"steps": 1000, "batch_size": 64, "lr": 1e-3}
+
+    def __init__(self, k: int = 1, alphabet: int = 16, length: int = 64, seed: int = 0, test_size: int = 4000):
+        super().__init__(seed=seed, test_size=test_size)
+        if k < 1:
+            raise UsageError(f"k must be an integer >= 1, got {k}")
+        if alphabet < 2:
+            raise UsageError(f"alphabet must be an integer >= 2, got {alphabet}")
+        if length < 2:
+            raise UsageError(f"length must be an integer >= 2, got {length}")
+        self.k = k
+        self.alphabet = alphabet
+        self.length = length
+        self.none = alphabet  # the answer where find^k is undefined
+        self.vocab_size = alphabet + 1
+        self.seq_len = 2 * length  # [x, hop_k(x)]
+
+    def params(self) -> dict[str, object]:
+        return {"k": self.k, "alphabet": self.alphabet, "length": self.length}
+
+    @property
+    def input_len(self) -> int:
+        return self.length
+
+    def analysis_tokens(self) -> range:
+        """NONE is never an input token."""
+        return range(self.alphabet)
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        x = rng.integers(0, self.alphabet, size=(n, self.length), dtype=np.int64)  # (n, N)
+        seq = np.concatenate([x, hop_labels(x, self.k, self.none)], axis=1)  # (n, 2N)
+        mask = np.zeros((n, self.seq_len), dtype=bool)
+        mask[:, : self.length] = True  # every position of x is scored
+        return seq, mask
+
+    def to_batch(self, seq: np.ndarray, mask: np.ndarray) -> Batch:
+        """inputs x = seq[:, :N], targets hop_k(x) = seq[:, N:] where scored."""
+        seq_t = torch.from_numpy(np.ascontiguousarray(seq, dtype=np.int64))
+        mask_t = torch.from_numpy(np.ascontiguousarray(mask, dtype=bool))
+        n = self.length
+        labels = seq_t[:, n:]  # (B, N)
+        targets = torch.where(mask_t[:, :n], labels, torch.full_like(labels, IGNORE))
+        return Batch(inputs=seq_t[:, :n].contiguous(), targets=targets.contiguous())
+
+    def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
+        """token_acc over every position, plus answered_acc: accuracy over the
+        positions whose answer is not NONE, and none_fraction: the fraction of
+        scored positions whose answer is NONE (the token_acc of always
+        answering NONE)."""
+        out = super().score(preds, batch, counts)
+        mask = batch.mask
+        answered = mask & (batch.targets != self.none)
+        n_scored, n_answered = int(mask.sum()), int(answered.sum())
+        right = int(((preds == batch.targets) & answered).sum())
+        out["answered_acc"] = right / max(n_answered, 1)
+        out["none_fraction"] = (n_scored - n_answered) / max(n_scored, 1)
+        return out

@@ -1,0 +1,142 @@
+"""Signal propagation: the metric on hand-built streams, a model that collapses by construction, the sweep."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from mixit.analysis.signal import pairwise_stats, plot_signal, signal_propagation, token_similarity
+from mixit.config import ModelConfig
+from mixit.errors import UsageError
+from mixit.models import Transformer
+
+TINY = dict(d_model=16, n_heads=2, n_ctx=8, vocab_size=16, batch=2)
+
+
+def test_identical_rows_have_cosine_and_covariance_one():
+    h = torch.tensor([1.0, -2.0, 3.0]).expand(1, 5, 3)  # (1, 5, 3): five copies of one token
+    s = pairwise_stats(h)
+    assert s["cosine"] == pytest.approx(1.0)
+    assert s["covariance"] == pytest.approx(1.0)
+    assert s["norm"] == pytest.approx(math.sqrt(14 / 3))
+
+
+def test_orthogonal_rows_have_cosine_and_covariance_zero():
+    s = pairwise_stats(3.0 * torch.eye(4)[None])  # (1, 4, 4)
+    assert s["cosine"] == pytest.approx(0.0)
+    assert s["covariance"] == pytest.approx(0.0)
+    assert s["norm"] == pytest.approx(1.5)  # sqrt(4 * 9 / 16)
+
+
+def test_two_tokens_by_hand():
+    # X = [[1, 0], [1, 1]]: cos = 1/sqrt(2); rms^2 = 3/4, so C_01 = (X_0 . X_1) / rms^2 / d = 1 / (3/4) / 2 = 2/3.
+    s = pairwise_stats(torch.tensor([[[1.0, 0.0], [1.0, 1.0]]]))
+    assert s["cosine"] == pytest.approx(1 / math.sqrt(2))
+    assert s["covariance"] == pytest.approx(2 / 3)
+    assert s["norm"] == pytest.approx(math.sqrt(3) / 2)
+
+
+def test_batch_mean_and_scale_invariance():
+    same = torch.ones(1, 4, 4)
+    orthogonal = torch.eye(4)[None]
+    s = pairwise_stats(torch.cat([same, orthogonal]))  # (2, 4, 4)
+    assert s["cosine"] == pytest.approx(0.5)
+    assert s["covariance"] == pytest.approx(0.5)
+    h = torch.randn(3, 6, 5, generator=torch.Generator().manual_seed(0))
+    a, b = pairwise_stats(h), pairwise_stats(100.0 * h)
+    assert b["cosine"] == pytest.approx(a["cosine"])
+    assert b["covariance"] == pytest.approx(a["covariance"])
+    assert b["norm"] == pytest.approx(100.0 * a["norm"])
+
+
+def test_one_token_is_refused():
+    with pytest.raises(UsageError, match="T >= 2"):
+        pairwise_stats(torch.ones(2, 1, 4))
+
+
+def copy_token_zero_model(n_layers=2):
+    """A MixiT model in which every block makes all tokens identical.
+
+    Each mixing matrix sends every position to token 0, and skip_scale 0 drops the
+    residual, so after a block every token holds f(token 0): cosine and covariance 1.
+    """
+    model = Transformer(ModelConfig(vocab_size=16, n_ctx=8, d_model=16, n_heads=2, n_layers=n_layers,
+                                    attention="mixing", skip_scale=0.0))
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.mixing.zero_()
+            block.attn.mixing[:, :, 0] = 1.0
+    return model
+
+
+def test_token_similarity_of_a_model_that_collapses_by_construction():
+    model = copy_token_zero_model(n_layers=2)
+    tokens = torch.randint(16, (3, 8), generator=torch.Generator().manual_seed(0))
+    s = token_similarity(model, tokens)
+    assert [len(s[k]) for k in ("cosine", "covariance", "norm")] == [3, 3, 3]  # embedding + 2 blocks
+    assert s["cosine"][0] < 0.9
+    assert s["cosine"][1:] == pytest.approx([1.0, 1.0])
+    assert s["covariance"][1:] == pytest.approx([1.0, 1.0])
+    assert model.training  # mode restored
+
+
+def test_token_similarity_reads_the_stream_the_forward_pass_uses():
+    model = Transformer(ModelConfig(vocab_size=16, n_ctx=8, d_model=16, n_heads=2, n_layers=3))
+    tokens = torch.randint(16, (2, 8), generator=torch.Generator().manual_seed(1))
+    seen = []
+    handle = model.norm_f.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    with torch.no_grad():
+        model(tokens)
+    handle.remove()
+    s = token_similarity(model, tokens)
+    assert len(s["cosine"]) == 4
+    expected = pairwise_stats(seen[0])
+    assert s["cosine"][-1] == pytest.approx(expected["cosine"])
+    assert s["norm"][-1] == pytest.approx(expected["norm"])
+    assert s["cosine"][0] == pytest.approx(pairwise_stats(model.embed(tokens))["cosine"])
+
+
+def test_signal_propagation_shape_determinism_and_json():
+    a = signal_propagation(["standard", "mixit", "random"], [1, 2], seeds=(0, 1), **TINY)
+    b = signal_propagation(["standard", "mixit", "random"], [1, 2], seeds=(0, 1), **TINY)
+    assert json.dumps(a) == json.dumps(b)
+    assert set(a["results"]) == {"standard", "mixit", "random"}
+    for by_depth in a["results"].values():
+        assert set(by_depth) == {"1", "2"}
+        for depth, entry in by_depth.items():
+            for key in ("cosine", "covariance", "norm"):
+                assert len(entry[f"per_layer_{key}"]) == int(depth) + 1
+                assert entry[key] == pytest.approx(entry[f"per_layer_{key}"][-1])
+                assert entry[f"{key}_std"] >= 0
+    # At initialisation a variant matters only through its attention kind.
+    assert a["results"]["random"] == a["results"]["standard"]
+    assert a["config"]["attention"] == {"standard": "softmax", "mixit": "mixing", "random": "softmax"}
+    shaped = signal_propagation(["mixit"], [1], seeds=(0,), shaped=True, **TINY)
+    assert shaped["config"]["model"]["activation"] == "shaped_leaky_relu"
+    assert shaped["results"]["mixit"]["1"]["cosine_std"] == 0.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"variants": ["mixit", "nope"]}, "unknown variant.*'nope'.*allowed: standard, frozen_qk"),
+    ({"variants": "mixit"}, "variants must be a non-empty list"),
+    ({"depths": [2, 0]}, "depths must be a non-empty list of positive integers"),
+    ({"depths": [2.5]}, "depths must be"),
+    ({"depths": []}, "depths must be"),
+    ({"shaped": None}, "shaped must be True or False"),
+    ({"model_overrides": {"n_layers": 3}}, "may not set n_layers"),
+    ({"model_overrides": {"init_sd": 0.1}}, "unknown model config key"),
+])
+def test_bad_inputs_are_refused(kwargs, message):
+    args = {"variants": ["standard"], "depths": [1], "seeds": (0,), **TINY, **kwargs}
+    with pytest.raises(UsageError, match=message):
+        signal_propagation(**args)
+
+
+def test_plot_signal_writes_a_png(tmp_path):
+    result = signal_propagation(["standard", "mixit"], [1, 2], seeds=(0, 1), **TINY)
+    path = tmp_path / "signal.png"
+    plot_signal(result, path)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 1000
