@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mixit.analysis.signal import pairwise_stats, plot_signal, signal_propagation, token_similarity
+from mixit.cli import main
 from mixit.config import ModelConfig
 from mixit.errors import UsageError
 from mixit.models import Transformer
@@ -140,3 +141,32 @@ def test_plot_signal_writes_a_png(tmp_path):
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 1000
+
+
+SMALL_CLI = ["signal", "--variants", "standard,mixit", "--depths", "1,2", "--d-model", "16", "--n-heads", "2",
+             "--n-ctx", "8", "--seeds", "1"]
+
+
+def test_signal_command_writes_json_and_png_and_never_overwrites(tmp_path, capsys):
+    out = tmp_path / "sig"
+    assert main([*SMALL_CLI, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[1].startswith("standard") and printed.splitlines()[2].startswith("mixit")
+    result = json.loads((out / "signal.json").read_text())
+    assert result["config"]["model"]["mixing_sink"] is True
+    assert (out / "signal.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    before = (out / "signal.json").read_bytes()
+    assert main([*SMALL_CLI, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already exists; choose another --out" in err and len(err.strip().splitlines()) == 1
+    assert (out / "signal.json").read_bytes() == before
+
+
+def test_signal_command_no_sink_changes_only_mixit(tmp_path, capsys):
+    assert main([*SMALL_CLI, "--out", str(tmp_path / "a")]) == 0
+    assert main([*SMALL_CLI, "--no-sink", "--out", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    a, b = (json.loads((tmp_path / d / "signal.json").read_text()) for d in ("a", "b"))
+    assert b["config"]["model"]["mixing_sink"] is False
+    assert a["results"]["standard"] == b["results"]["standard"]
+    assert a["results"]["mixit"]["2"]["cosine"] != pytest.approx(b["results"]["mixit"]["2"]["cosine"])

@@ -119,6 +119,8 @@ def build_parser() -> Parser:
     sg.add_argument("--n-ctx", type=int, default=64, help="sequence length of the random inputs (64)")
     sg.add_argument("--seeds", type=int, default=3, help="initialisations averaged per point (3)")
     sg.add_argument("--shaped", action="store_true", help="use the signal-propagation settings")
+    sg.add_argument("--no-sink", action="store_true",
+                    help="MixiT without the reference's sink head (head 0 = 0.5 I + 0.5 on token 0)")
     sg.add_argument("--out", type=Path, default=Path("signal"), help="output directory (./signal)")
 
     ls = sub.add_parser("list", help="list tasks, variants and their parameters")
@@ -232,7 +234,8 @@ def cmd_signal(args: argparse.Namespace) -> int:
         if (args.out / name).exists():
             raise UsageError(f"{args.out / name} already exists; choose another --out")
     result = signal_propagation(args.variants, args.depths, d_model=args.d_model, n_heads=args.n_heads,
-                                n_ctx=args.n_ctx, seeds=tuple(range(args.seeds)), shaped=args.shaped)
+                                n_ctx=args.n_ctx, seeds=tuple(range(args.seeds)), shaped=args.shaped,
+                                model_overrides={"mixing_sink": False} if args.no_sink else None)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "signal.json").write_text(json.dumps(result, indent=2) + "\n")
     plot_signal(result, args.out / "signal.png")
