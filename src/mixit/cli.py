@@ -20,7 +20,7 @@ from mixit.errors import UsageError
 # CLI flag -> RunConfig override name, for the options that map one to one.
 MODEL_FLAGS = {
     "d_model": int, "n_layers": int, "n_heads": int, "d_mlp": int, "n_ctx": int,
-    "attention": str, "mixing_alpha": float, "seed": int,
+    "attention": str, "mixing_alpha": float, "init_std": float, "seed": int,
 }
 TRAIN_FLAGS = {
     "steps": int, "batch_size": int, "lr": float, "weight_decay": float, "warmup_steps": int,
@@ -32,7 +32,8 @@ FLAG_HELP = {
     "n_heads": "attention heads, must divide d_model (4)", "d_mlp": "MLP hidden size (4 * d_model)",
     "n_ctx": "longest sequence the model is built for (the task's input length)",
     "attention": "attention kind: softmax or mixing (set by the variant; only 'random' may change it)",
-    "mixing_alpha": "MixiT scale of the centred random part (1.0)", "seed": "model initialisation seed (0)",
+    "mixing_alpha": "MixiT scale of the centred random part (1.0)",
+    "init_std": "std of the normal initialisation of weights and embeddings (0.02)", "seed": "model initialisation seed (0)",
     "steps": "optimizer steps (task default)", "batch_size": "examples per step (task default)",
     "lr": "peak learning rate (task default)", "weight_decay": "AdamW weight decay on matrices (0.01)",
     "warmup_steps": "linear warmup steps (min(100, steps/10))", "grad_clip": "global grad-norm clip, 0 = off (1.0)",
