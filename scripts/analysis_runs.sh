@@ -5,13 +5,20 @@
 # sequences), each analysed with `mixit analyze`; then signal propagation at
 # initialisation, with the standard settings, without MixiT's sink head, and
 # with the signal-propagation (shaped) settings.
-# Usage: scripts/analysis_runs.sh [OUT_DIR]   (default runs/analysis; about 15 minutes on 2 cores)
+# Usage: scripts/analysis_runs.sh [OUT_DIR]   (default runs/analysis; about 40 minutes on 2 cores)
 set -euo pipefail
 out=${1:-runs/analysis}
 mixit=${MIXIT:-mixit}
 for variant in standard frozen_qk mixit; do
   $mixit train --task induction --variant "$variant" --test-size 1000 --out "$out/induction-$variant" --quiet
   $mixit analyze "$out/induction-$variant"
+done
+# Attempts to get frozen_qk to form induction heads (none did; docs/analysis.md).
+$mixit train --task induction --variant frozen_qk --steps 4000 --test-size 1000 --out "$out/induction-frozen_qk-4000steps" --quiet
+$mixit train --task induction --variant frozen_qk --lr 3e-3 --test-size 1000 --out "$out/induction-frozen_qk-lr3e-3" --quiet
+$mixit train --task induction --variant frozen_qk --init-std 0.05 --test-size 1000 --out "$out/induction-frozen_qk-init0.05" --quiet
+for run in induction-frozen_qk-4000steps induction-frozen_qk-lr3e-3 induction-frozen_qk-init0.05; do
+  $mixit analyze "$out/$run"
 done
 $mixit signal --variants standard,mixit,random --depths 2,4,8,16,32 --out "$out/signal"
 $mixit signal --variants standard,mixit,random --depths 2,4,8,16,32 --no-sink --out "$out/signal-no-sink"
