@@ -1,4 +1,4 @@
-"""`mixit <subcommand>`: train, eval, analyze, signal, list.
+"""`mixit <subcommand>`: train, eval, analyze, signal, bench, list.
 
 Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
@@ -16,6 +16,9 @@ from typing import Any, NoReturn, Sequence
 
 from mixit import __version__
 from mixit.errors import UsageError
+from mixit.freezing import VARIANTS
+
+VARIANT_NAMES = tuple(VARIANTS)
 
 # CLI flag -> RunConfig override name, for the options that map one to one.
 MODEL_FLAGS = {
@@ -89,6 +92,7 @@ def build_parser() -> Parser:
     tr.add_argument("--out", type=Path, help="run directory (runs/<task>-<variant>-<time>)")
     tr.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.add_argument("--compile", action="store_true", help="torch.compile the training forward pass")
 
     ev = sub.add_parser("eval", help="re-evaluate a run's checkpoint on its test set",
                         description="Load RUN_DIR's latest checkpoint and evaluate it on the task's fixed test set.")
@@ -124,6 +128,32 @@ def build_parser() -> Parser:
                     help="MixiT without the reference's sink head (head 0 = 0.5 I + 0.5 on token 0)")
     sg.add_argument("--out", type=Path, default=Path("signal"), help="output directory (./signal)")
 
+    bn = sub.add_parser("bench", help="training throughput, memory and MFU per variant, beside HF Llama",
+                        description="Time training steps of every variant at one model shape (median of "
+                                    "repeats after warm-up), with tokens/s, peak memory and model FLOPs "
+                                    "utilisation against this device's measured matmul peak, beside a Hugging "
+                                    "Face Llama of the same shape; print a table and write JSON.")
+    bn.add_argument("--variants", type=_name_list, default=list(VARIANT_NAMES),
+                    help=f"comma-separated variants ({','.join(VARIANT_NAMES)})")
+    bn.add_argument("--d-model", type=int, default=256, help="width (256)")
+    bn.add_argument("--n-layers", type=int, default=4, help="blocks (4)")
+    bn.add_argument("--n-heads", type=int, default=4, help="heads (4)")
+    bn.add_argument("--vocab-size", type=int, help="vocabulary (512, or the task's)")
+    bn.add_argument("--seq-len", type=int, help="tokens per sequence (128, or what the task's model reads)")
+    bn.add_argument("--batch-size", type=int, default=64, help="sequences per step (64)")
+    bn.add_argument("--task", help="take vocabulary and sequence length from this task and measure how long "
+                                   "one of its training batches takes to generate")
+    bn.add_argument("-p", "--task-param", action="append", type=_task_param, default=[], metavar="KEY=VALUE",
+                    help="task parameter, repeatable (with --task)")
+    bn.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    bn.add_argument("--dtype", default="fp32", help="fp32, or bf16 (autocast; cuda only)")
+    bn.add_argument("--compile", action="store_true", help="torch.compile the models")
+    bn.add_argument("--warmup", type=int, default=3, help="untimed steps first (3)")
+    bn.add_argument("--steps", type=int, default=5, help="steps per timed block (5)")
+    bn.add_argument("--repeats", type=int, default=5, help="timed blocks; the median is reported (5)")
+    bn.add_argument("--no-baseline", action="store_true", help="skip the Hugging Face Llama row")
+    bn.add_argument("--out", type=Path, help="JSON file to write (runs/bench-<time>.json); never overwritten")
+
     ls = sub.add_parser("list", help="list tasks, variants and their parameters")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
@@ -154,7 +184,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = requested = run_config(args.task or "addition", args.variant or "standard", task_params, **overrides)
     out = args.out or Path("runs") / f"{cfg.task}-{cfg.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
-    summary = train(requested, out, device=args.device, resume=args.resume, progress=not args.quiet)
+    summary = train(requested, out, device=args.device, resume=args.resume, progress=not args.quiet,
+                    compile=args.compile)
     print(_format_summary(summary))
     return 0
 
@@ -247,7 +278,34 @@ def cmd_signal(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "analyze": cmd_analyze, "signal": cmd_signal, "list": cmd_list}
+def cmd_bench(args: argparse.Namespace) -> int:
+    from mixit.bench import Shape, format_table, run_bench
+    from mixit.tasks import make_task
+
+    out = args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    if out.exists():
+        raise UsageError(f"{out} already exists; choose another --out")
+    if args.task_param and args.task is None:
+        raise UsageError("-p/--task-param needs --task")
+    seq_len, vocab_size = 128, 512
+    if args.task is not None:
+        task = make_task(args.task, dict(args.task_param))
+        seq_len, vocab_size = task.input_len, task.vocab_size
+    shape = Shape(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
+                  vocab_size=args.vocab_size or vocab_size, seq_len=args.seq_len or seq_len,
+                  batch_size=args.batch_size)
+    result = run_bench(shape, args.variants, device=args.device, dtype=args.dtype, warmup=args.warmup,
+                       steps=args.steps, repeats=args.repeats, compile=args.compile, baseline=not args.no_baseline,
+                       task=args.task, task_params=dict(args.task_param),
+                       progress=lambda message: print(f"... {message}", file=sys.stderr, flush=True))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(format_table(result))
+    print(f"written to {out}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "bench": cmd_bench, "eval": cmd_eval, "analyze": cmd_analyze, "signal": cmd_signal, "list": cmd_list}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

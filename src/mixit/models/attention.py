@@ -97,6 +97,12 @@ class SoftmaxAttention(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.hook_pattern = HookPoint()
 
+    def matmul_flops(self, batch: int, seq: int) -> int:
+        """FLOPs of one training step's products between activations (the
+        projections are counted as linear layers): Q K^T and A V over the
+        T(T+1)/2 causal pairs, 2 products forward and 4 backward."""
+        return 12 * batch * (seq * (seq + 1) // 2) * self.n_heads * self.d_head
+
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
@@ -131,6 +137,11 @@ class MixingAttention(nn.Module):
                                 alpha=cfg.mixing_alpha, sink=cfg.mixing_sink)
         self.register_buffer("mixing", mixing)  # (H, n_ctx, n_ctx), saved with the model
         self.hook_pattern = HookPoint()
+
+    def matmul_flops(self, batch: int, seq: int) -> int:
+        """FLOPs of one training step's A V over the T(T+1)/2 causal pairs:
+        forward, and the gradient for V only (A is fixed)."""
+        return 4 * batch * (seq * (seq + 1) // 2) * self.n_heads * self.d_head
 
     @property
     def fixed_pattern(self) -> torch.Tensor:

@@ -151,11 +151,28 @@ class MetricsLog:
         self._file.close()
 
 
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
+               targets: torch.Tensor, trainable: list[torch.nn.Parameter], grad_clip: float) -> torch.Tensor:
+    """One optimizer step: forward, the task loss, backward, global-norm clipping
+    (grad_clip > 0), AdamW. Returns the loss tensor without synchronising on it.
+    The training loop and `mixit bench` both run exactly this."""
+    loss = loss_fn(model(inputs), targets)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
+    optimizer.step()
+    return loss
+
+
 def train(cfg: RunConfig, run_dir: str | Path, device: str = "auto", resume: bool = False,
-          progress: bool = True, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+          progress: bool = True, on_step: Callable[[int, float], None] | None = None,
+          compile: bool = False) -> dict[str, Any]:
     """Train `cfg` into `run_dir` and return the summary (also written to summary.json).
 
     on_step(step, loss) is called after each optimizer step (steps count from 1).
+    compile: run the training forward pass through torch.compile (evaluation
+    and checkpoints use the same weights uncompiled).
     """
     run_dir = Path(run_dir)
     dev = resolve_device(device)
@@ -176,6 +193,7 @@ def train(cfg: RunConfig, run_dir: str | Path, device: str = "auto", resume: boo
     if not resume:
         log.write({"step": 0, "event": "freeze", **report.to_dict()})
     trainable = [p for p in model.parameters() if p.requires_grad]
+    forward = torch.compile(model) if compile else model
     # Redraw at most every 10 s when stderr is a log file rather than a terminal.
     bar = tqdm(total=tc.steps, initial=start, disable=not progress, desc=f"{cfg.task}/{cfg.variant}",
                dynamic_ncols=True, mininterval=0.1 if sys.stderr.isatty() else 10.0)
@@ -189,12 +207,7 @@ def train(cfg: RunConfig, run_dir: str | Path, device: str = "auto", resume: boo
             for group in optimizer.param_groups:
                 group["lr"] = lr
             tick = time.perf_counter()
-            loss = loss_fn(model(batch.inputs), batch.targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if tc.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(trainable, tc.grad_clip)
-            optimizer.step()
+            loss = train_step(forward, optimizer, batch.inputs, batch.targets, trainable, tc.grad_clip)
             train_time += time.perf_counter() - tick
             done = step + 1
             if done % tc.log_every == 0 or done == tc.steps:

@@ -1,0 +1,376 @@
+"""`mixit bench`: training throughput, peak memory and model FLOPs utilisation.
+
+For one model shape (width, depth, heads, vocabulary, sequence length, batch)
+on one device, every requested variant is trained for a few steps with the
+training loop's own step (`train_step`: forward, loss, backward, clipping,
+AdamW) on a fixed random batch, and timed after warm-up:
+
+    step time      median over `repeats` timed blocks of `steps` steps each
+    tokens/s       batch * seq / step time (every position is a prediction)
+    model FLOPs    the matmul FLOPs one step needs (`step_flops`)
+    MFU            model FLOPs / step time / the device's measured matmul peak
+    peak memory    CUDA: the allocator's peak; CPU: the process's peak resident
+                   set (Linux), both reset before each row
+
+The peak is measured by the same command (`matmul_peak`: square matmuls in the
+dtype in use, the best of several), so MFU compares against what this machine
+does, not a datasheet. A Hugging Face `LlamaForCausalLM` of the same shape,
+trained with the same loss and a plain `torch.optim.AdamW` step, is timed in the
+same run where `transformers` is installed (the `bench` extra); otherwise its row
+is skipped with a note. With a task, the time to generate one training batch is
+measured as well, so data generation can be compared with the step it feeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+import mixit
+from mixit.config import ModelConfig, TrainConfig
+from mixit.errors import UsageError
+from mixit.freezing import VARIANTS, apply_variant
+from mixit.models import Transformer
+from mixit.tasks import make_task
+from mixit.train.loop import resolve_device, train_step
+from mixit.train.optim import build_optimizer
+
+HF_NAME = "hf_llama"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What is benchmarked: model size and the batch one step trains on."""
+
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    vocab_size: int = 512
+    seq_len: int = 128
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        for name, value in dataclasses.asdict(self).items():
+            if not (isinstance(value, int) and value > 0):
+                raise UsageError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise UsageError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
+        if (self.d_model // self.n_heads) % 2:
+            raise UsageError(f"d_model / n_heads must be even for RoPE, got {self.d_model // self.n_heads}")
+        if self.seq_len < 2:
+            raise UsageError(f"seq_len must be at least 2, got {self.seq_len}")
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_size * self.seq_len
+
+
+# -- FLOPs and the hardware limit ---------------------------------------------------
+
+
+def linear_flops(model: nn.Module, tokens: int) -> int:
+    """Matmul FLOPs of one training step through every nn.Linear of `model`.
+
+    A layer with an (out, in) weight costs 2*tokens*in*out forward, the same
+    again for the gradient of its input (always needed: the embeddings are
+    trained in every variant), and the same again for the gradient of its
+    weight only if the weight is trained. Biases, norms, activations and
+    embedding lookups are not counted.
+    """
+    total = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            per_pass = 2 * tokens * module.in_features * module.out_features
+            total += per_pass * (3 if module.weight.requires_grad else 2)
+    return total
+
+
+def step_flops(model: nn.Module, shape: Shape) -> int:
+    """Model FLOPs of one training step of a mixit `Transformer`: its linear
+    layers (`linear_flops`) plus each attention's products between
+    activations (`matmul_flops` of the attention module, causal pairs only)."""
+    attention = sum(block.attn.matmul_flops(shape.batch_size, shape.seq_len) for block in model.blocks)
+    return linear_flops(model, shape.tokens) + attention
+
+
+def hf_step_flops(model: nn.Module, shape: Shape) -> int:
+    """The same count for the Hugging Face Llama baseline (every weight trained;
+    softmax attention over the causal pairs)."""
+    pairs = shape.seq_len * (shape.seq_len + 1) // 2
+    attention = 12 * shape.batch_size * pairs * shape.d_model * shape.n_layers
+    return linear_flops(model, shape.tokens) + attention
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32, n: int | None = None,
+                repeats: int = 10) -> dict[str, float]:
+    """Dense matmul throughput of `device` in `dtype`: the best and the median
+    FLOP/s over `repeats` products of two n x n matrices (n = 2048 on CPU,
+    8192 on CUDA) after one untimed product."""
+    n = n or (8192 if device.type == "cuda" else 2048)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    a @ b
+    _sync(device)
+    rates = []
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        a @ b
+        _sync(device)
+        rates.append(2 * n**3 / (time.perf_counter() - tick))
+    return {"n": n, "best_flops_per_s": max(rates), "median_flops_per_s": statistics.median(rates)}
+
+
+# -- memory ---------------------------------------------------------------------------
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux: writing 5 resets the peak resident set size (VmHWM) of this process
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _peak_memory_mb(device: torch.device) -> float | None:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+# -- timing ---------------------------------------------------------------------------
+
+
+def time_steps(step: Callable[[], Any], device: torch.device, warmup: int, steps: int,
+               repeats: int) -> list[float]:
+    """Seconds per step of each of `repeats` timed blocks of `steps` calls,
+    after `warmup` untimed calls."""
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    per_step = []
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        for _ in range(steps):
+            step()
+        _sync(device)
+        per_step.append((time.perf_counter() - tick) / steps)
+    return per_step
+
+
+def _row(name: str, shape: Shape, flops: int, per_step: list[float], peak: float, memory: float | None,
+         n_trainable: int, n_params: int) -> dict[str, Any]:
+    step_s = statistics.median(per_step)
+    return {
+        "name": name, "n_trainable": n_trainable, "n_params": n_params,
+        "step_ms": 1e3 * step_s, "step_ms_all": [1e3 * t for t in per_step],
+        "steps_per_s": 1 / step_s, "samples_per_s": shape.batch_size / step_s,
+        "tokens_per_s": shape.tokens / step_s, "model_flops_per_step": flops,
+        "achieved_flops_per_s": flops / step_s, "mfu": flops / step_s / peak, "peak_memory_mb": memory,
+    }
+
+
+def _batch(shape: Shape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(shape.vocab_size, (shape.batch_size, shape.seq_len), generator=g)  # (B, T)
+    y = torch.randint(shape.vocab_size, (shape.batch_size, shape.seq_len), generator=g)  # (B, T)
+    return x.to(device), y.to(device)
+
+
+def _autocast(device: torch.device, dtype: torch.dtype):
+    if dtype == torch.float32:
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def bench_variant(variant: str, shape: Shape, device: torch.device, dtype: torch.dtype, peak: float,
+                  warmup: int, steps: int, repeats: int, compile: bool = False) -> dict[str, Any]:
+    """One row: `variant` at `shape`, trained with mixit's own step."""
+    cfg = ModelConfig(vocab_size=shape.vocab_size, n_ctx=shape.seq_len, d_model=shape.d_model,
+                      n_layers=shape.n_layers, n_heads=shape.n_heads, attention=VARIANTS[variant].attention)
+    model = Transformer(cfg)
+    report = apply_variant(model, variant)
+    model.to(device).train()
+    flops = step_flops(model, shape)
+    optimizer = build_optimizer(model, TrainConfig(), device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    forward = torch.compile(model) if compile else model
+    x, y = _batch(shape, device)
+
+    def step() -> None:
+        with _autocast(device, dtype):
+            train_step(forward, optimizer, x, y, trainable, TrainConfig.grad_clip)
+
+    _reset_peak_memory(device)
+    per_step = time_steps(step, device, warmup, steps, repeats)
+    return _row(variant, shape, flops, per_step, peak, _peak_memory_mb(device),
+                report.n_trainable, report.n_trainable + report.n_frozen)
+
+
+def hf_llama(shape: Shape) -> nn.Module | None:
+    """A Hugging Face LlamaForCausalLM of `shape` (biases on, untied head, SDPA
+    attention, as mixit's standard model), or None without `transformers`."""
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return None
+    config = LlamaConfig(vocab_size=shape.vocab_size, hidden_size=shape.d_model,
+                         intermediate_size=4 * shape.d_model, num_hidden_layers=shape.n_layers,
+                         num_attention_heads=shape.n_heads, num_key_value_heads=shape.n_heads,
+                         max_position_embeddings=shape.seq_len, attention_bias=True, mlp_bias=True,
+                         tie_word_embeddings=False, use_cache=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def bench_hf(shape: Shape, device: torch.device, dtype: torch.dtype, peak: float, warmup: int, steps: int,
+             repeats: int, compile: bool = False) -> dict[str, Any] | None:
+    """The baseline row: the Llama model, the same loss on its logits, and a
+    plain torch.optim.AdamW step (same hyperparameters as mixit's)."""
+    from mixit.train.evaluate import loss_fn
+
+    model = hf_llama(shape)
+    if model is None:
+        return None
+    model.to(device).train()
+    flops = hf_step_flops(model, shape)
+    tc = TrainConfig()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(tc.beta1, tc.beta2),
+                                  weight_decay=tc.weight_decay)
+    params = list(model.parameters())
+    forward = torch.compile(model) if compile else model
+    x, y = _batch(shape, device)
+
+    def step() -> None:
+        with _autocast(device, dtype):
+            loss = loss_fn(forward(input_ids=x).logits, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+        optimizer.step()
+
+    _reset_peak_memory(device)
+    per_step = time_steps(step, device, warmup, steps, repeats)
+    n = sum(p.numel() for p in params)
+    return _row(HF_NAME, shape, flops, per_step, peak, _peak_memory_mb(device), n, n)
+
+
+def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int, batches: int = 10) -> float:
+    """Median seconds to generate one training batch of `task_name` (as the
+    training loop does: numpy generation, test-set exclusion, tensors)."""
+    task = make_task(task_name, task_params)
+    task.train_batch(0, batch_size)
+    times = []
+    for step in range(1, batches + 1):
+        tick = time.perf_counter()
+        task.train_batch(step, batch_size)
+        times.append(time.perf_counter() - tick)
+    return statistics.median(times)
+
+
+def run_bench(shape: Shape, variants: Sequence[str] = tuple(VARIANTS), device: str = "auto", dtype: str = "fp32",
+              warmup: int = 3, steps: int = 5, repeats: int = 5, compile: bool = False, baseline: bool = True,
+              task: str | None = None, task_params: dict[str, Any] | None = None,
+              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Benchmark `variants` (and the Hugging Face baseline) at `shape`; return a
+    JSON-serialisable dict with the environment, the measured peak, one row per
+    variant and, with `task`, the data-generation time per batch."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise UsageError(f"unknown variant(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
+                         f"allowed: {', '.join(VARIANTS)}")
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    for name, value in {"warmup": warmup, "steps": steps, "repeats": repeats}.items():
+        if not (isinstance(value, int) and value >= (0 if name == "warmup" else 1)):
+            raise UsageError(f"{name} must be an integer >= {0 if name == 'warmup' else 1}, got {value!r}")
+    dev = resolve_device(device)
+    if dtype == "bf16" and dev.type != "cuda":
+        raise UsageError("dtype bf16 (autocast) is offered on cuda only; on CPU fp32 is many times faster")
+    data_s = data_seconds(task, task_params or {}, shape.batch_size) if task is not None else None
+    say = progress or (lambda message: None)
+    torch_dtype = DTYPES[dtype]
+
+    say("measuring the matmul peak")
+    peak = matmul_peak(dev, torch_dtype)
+    rows, notes = [], []
+    for variant in variants:
+        say(f"timing {variant}")
+        rows.append(bench_variant(variant, shape, dev, torch_dtype, peak["best_flops_per_s"], warmup, steps,
+                                  repeats, compile))
+    if baseline:
+        say("timing the Hugging Face Llama baseline")
+        hf = bench_hf(shape, dev, torch_dtype, peak["best_flops_per_s"], warmup, steps, repeats, compile)
+        if hf is None:
+            notes.append("transformers is not installed: no Hugging Face baseline row "
+                         "(pip install 'mixit[bench]' to add it)")
+        else:
+            rows.append(hf)
+            for row in rows[:-1]:
+                row["speedup_vs_hf"] = row["tokens_per_s"] / hf["tokens_per_s"]
+    if data_s is not None:
+        for row in rows:
+            row["data_fraction"] = data_s / (data_s + row["step_ms"] / 1e3)
+    return {
+        "shape": dataclasses.asdict(shape), "device": str(dev), "device_name": _device_name(dev),
+        "dtype": dtype, "threads": torch.get_num_threads(), "compile": compile,
+        "torch": torch.__version__, "mixit": mixit.__version__,
+        "timing": {"warmup": warmup, "steps": steps, "repeats": repeats},
+        "peak": peak, "task": task, "task_params": task_params or {},
+        "data_ms_per_batch": None if data_s is None else 1e3 * data_s,
+        "rows": rows, "notes": notes,
+    }
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads"
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The result as a fixed-width text table with a header line."""
+    peak = result["peak"]["best_flops_per_s"]
+    s = result["shape"]
+    lines = [f"mixit bench: d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads, vocab "
+             f"{s['vocab_size']}, seq {s['seq_len']}, batch {s['batch_size']}; {result['device_name']}, "
+             f"{result['dtype']}{', compiled' if result['compile'] else ''}; matmul peak {peak / 1e9:.1f} GFLOP/s"]
+    has_hf = any("speedup_vs_hf" in row for row in result["rows"])
+    header = f"{'variant':<11} {'trainable':>10} {'step ms':>9} {'tokens/s':>10} {'samples/s':>10} " \
+             f"{'GFLOP/step':>10} {'GFLOP/s':>8} {'MFU':>6} {'peak MB':>8}" + (f" {'vs HF':>6}" if has_hf else "")
+    lines.append(header)
+    for row in result["rows"]:
+        memory = "-" if row["peak_memory_mb"] is None else f"{row['peak_memory_mb']:.0f}"
+        line = (f"{row['name']:<11} {row['n_trainable']:>10,} {row['step_ms']:>9.1f} {row['tokens_per_s']:>10,.0f} "
+                f"{row['samples_per_s']:>10,.1f} {row['model_flops_per_step'] / 1e9:>10.2f} "
+                f"{row['achieved_flops_per_s'] / 1e9:>8.1f} {100 * row['mfu']:>5.1f}% {memory:>8}")
+        if has_hf:
+            line += f" {row['speedup_vs_hf']:>5.2f}x" if "speedup_vs_hf" in row else f" {'1.00x':>6}"
+        lines.append(line)
+    if result["data_ms_per_batch"] is not None:
+        lines.append(f"data: {result['data_ms_per_batch']:.2f} ms to generate one batch of {result['task']} "
+                     f"({100 * max(r['data_fraction'] for r in result['rows']):.1f}% of a step at most)")
+    lines += [f"note: {note}" for note in result["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,151 @@
+"""`mixit bench`: the FLOP counts by hand, the rows it reports, the command and its bad input.
+
+No assertion here is about speed: throughput targets are checked with
+`mixit bench` itself (docs/performance.md), never in timed tests.
+"""
+
+import json
+
+import pytest
+import torch
+
+from mixit.bench import Shape, format_table, hf_llama, hf_step_flops, run_bench, step_flops
+from mixit.cli import main
+from mixit.config import ModelConfig
+from mixit.errors import UsageError
+from mixit.freezing import VARIANTS, apply_variant
+from mixit.models import Transformer
+
+# d 8, 1 layer, 2 heads (d_head 4), vocab 10, 2 sequences of 4 tokens: 8 tokens, 10 causal pairs.
+TINY = Shape(d_model=8, n_layers=1, n_heads=2, vocab_size=10, seq_len=4, batch_size=2)
+# in*out of each linear: q, k, v, o 64 each; gate, up 8*32; down 32*8; LM head 8*10.
+QK, VO, MLP, HEAD = 128, 128, 768, 80
+
+
+def tiny_model(variant: str) -> Transformer:
+    model = Transformer(ModelConfig(vocab_size=10, n_ctx=4, d_model=8, n_layers=1, n_heads=2,
+                                    attention=VARIANTS[variant].attention))
+    apply_variant(model, variant)
+    return model
+
+
+@pytest.mark.parametrize("variant, expected", [
+    # 2 FLOPs per multiply-add * 8 tokens * in*out, times 3 (forward, input grad, weight grad) if trained,
+    # else 2; softmax attention 12 * batch * pairs * d (Q K^T and A V, forward and backward);
+    # mixing 4 * batch * pairs * d (A V forward, grad of V).
+    ("standard", 16 * 3 * (QK + VO + MLP + HEAD) + 12 * 2 * 10 * 8),
+    ("frozen_qk", 16 * 2 * QK + 16 * 3 * (VO + MLP + HEAD) + 12 * 2 * 10 * 8),
+    ("frozen_mlp", 16 * 2 * MLP + 16 * 3 * (QK + VO + HEAD) + 12 * 2 * 10 * 8),
+    ("mixit", 16 * 3 * (VO + MLP + HEAD) + 4 * 2 * 10 * 8),
+    ("random", 16 * 2 * (QK + VO + MLP) + 16 * 3 * HEAD + 12 * 2 * 10 * 8),
+])
+def test_step_flops_by_hand(variant, expected):
+    assert step_flops(tiny_model(variant), TINY) == expected
+
+
+def test_hf_baseline_has_the_standard_models_matmuls():
+    pytest.importorskip("transformers", reason="the Hugging Face baseline needs the bench extra")
+    llama = hf_llama(TINY)
+    assert hf_step_flops(llama, TINY) == step_flops(tiny_model("standard"), TINY)
+    n_mixit = sum(p.numel() for p in tiny_model("standard").parameters())
+    assert sum(p.numel() for p in llama.parameters()) == n_mixit
+
+
+def test_run_bench_rows_are_consistent():
+    result = run_bench(TINY, device="cpu", warmup=1, steps=1, repeats=2, task="addition",
+                       task_params={"n_digits": 2})
+    names = [row["name"] for row in result["rows"]]
+    assert names[:5] == list(VARIANTS)
+    peak = result["peak"]["best_flops_per_s"]
+    assert peak >= result["peak"]["median_flops_per_s"] > 0
+    for row in result["rows"]:
+        step_s = row["step_ms"] / 1e3
+        assert len(row["step_ms_all"]) == 2 and min(row["step_ms_all"]) <= row["step_ms"] <= max(row["step_ms_all"])
+        assert row["tokens_per_s"] == pytest.approx(TINY.tokens / step_s)
+        assert row["samples_per_s"] == pytest.approx(TINY.batch_size / step_s)
+        assert row["mfu"] == pytest.approx(row["model_flops_per_step"] / step_s / peak)
+        assert 0 < row["data_fraction"] < 1
+    assert result["data_ms_per_batch"] > 0
+    rows = {row["name"]: row for row in result["rows"]}
+    assert rows["mixit"]["n_trainable"] == rows["mixit"]["n_params"]
+    assert rows["frozen_qk"]["n_trainable"] == rows["standard"]["n_trainable"] - (QK + 2 * 8)  # q, k weights and biases
+    if "hf_llama" in rows:
+        for name in VARIANTS:
+            assert rows[name]["speedup_vs_hf"] == pytest.approx(rows[name]["tokens_per_s"]
+                                                                / rows["hf_llama"]["tokens_per_s"])
+    else:
+        assert "transformers is not installed" in result["notes"][0]
+    table = format_table(result)
+    assert all(name in table for name in names) and "matmul peak" in table
+    json.dumps(result)
+
+
+def test_bench_step_trains_the_model():
+    """The benchmarked step is the training step: the loss on the fixed batch falls."""
+    from mixit.bench import _batch
+    from mixit.config import TrainConfig
+    from mixit.train.evaluate import loss_fn
+    from mixit.train.loop import train_step
+    from mixit.train.optim import build_optimizer
+
+    model = tiny_model("mixit")
+    x, y = _batch(TINY, torch.device("cpu"))
+    optimizer = build_optimizer(model, TrainConfig(lr=1e-2), torch.device("cpu"))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    before = loss_fn(model(x), y).item()
+    for _ in range(20):
+        train_step(model, optimizer, x, y, trainable, 1.0)
+    assert loss_fn(model(x), y).item() < before - 0.1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"variants": ["nope"]}, "unknown variant.*'nope'"),
+    ({"dtype": "fp16"}, "unknown dtype 'fp16'; allowed: fp32, bf16"),
+    ({"dtype": "bf16", "device": "cpu"}, "bf16 .* cuda only"),
+    ({"repeats": 0}, "repeats must be an integer >= 1"),
+    ({"warmup": -1}, "warmup must be an integer >= 0"),
+])
+def test_run_bench_bad_input(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        run_bench(TINY, **{"device": "cpu", **kwargs})
+
+
+def test_shape_bad_input():
+    with pytest.raises(UsageError, match="n_heads=3 must divide d_model=8"):
+        Shape(d_model=8, n_heads=3)
+    with pytest.raises(UsageError, match="batch_size must be a positive integer"):
+        Shape(batch_size=0)
+
+
+SMALL = ["bench", "--d-model", "8", "--n-layers", "1", "--n-heads", "2", "--batch-size", "2", "--warmup", "0",
+         "--steps", "1", "--repeats", "1", "--no-baseline", "--variants", "standard,mixit"]
+
+
+def test_bench_command_prints_a_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main([*SMALL, "--task", "addition", "-p", "n_digits=2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "standard" in printed and "mixit" in printed and "MFU" in printed and "data:" in printed
+    result = json.loads(out.read_text())
+    assert result["shape"]["seq_len"] == 9 and result["shape"]["vocab_size"] == 31  # 2-digit addition
+    assert [row["name"] for row in result["rows"]] == ["standard", "mixit"]
+    before = out.read_bytes()
+    assert main([*SMALL, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already exists; choose another --out" in err and len(err.strip().splitlines()) == 1
+    assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--variants", "standard,nope"], "unknown variant(s) 'nope'"),
+    (["--n-heads", "3"], "n_heads=3 must divide d_model=8"),
+    (["-p", "n_digits=2"], "-p/--task-param needs --task"),
+    (["--task", "nope"], "unknown task"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+])
+def test_bench_command_bad_input(args, message, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main([*SMALL, *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
