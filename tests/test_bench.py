@@ -103,7 +103,7 @@ def test_bench_step_trains_the_model():
     ({"dtype": "fp16"}, "unknown dtype 'fp16'; allowed: fp32, bf16"),
     ({"dtype": "bf16", "device": "cpu"}, "bf16 .* cuda only"),
     ({"repeats": 0}, "repeats must be an integer >= 1"),
-    ({"warmup": -1}, "warmup must be an integer >= 0"),
+    ({"warmup": 0}, "warmup must be an integer >= 1"),
 ])
 def test_run_bench_bad_input(kwargs, message):
     with pytest.raises(UsageError, match=message):
@@ -117,7 +117,7 @@ def test_shape_bad_input():
         Shape(batch_size=0)
 
 
-SMALL = ["bench", "--d-model", "8", "--n-layers", "1", "--n-heads", "2", "--batch-size", "2", "--warmup", "0",
+SMALL = ["bench", "--d-model", "8", "--n-layers", "1", "--n-heads", "2", "--batch-size", "2", "--warmup", "1",
          "--steps", "1", "--repeats", "1", "--no-baseline", "--variants", "standard,mixit"]
 
 
@@ -149,3 +149,29 @@ def test_bench_command_bad_input(args, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_round_robin_interleaves_the_timed_blocks():
+    from mixit.bench import Contender, time_round_robin
+
+    calls = []
+    contenders = [Contender(name, lambda name=name: calls.append(name), 1, 1, 1) for name in "ab"]
+    per_step = time_round_robin(contenders, torch.device("cpu"), steps=2, repeats=3)
+    assert calls == ["a", "a", "b", "b"] * 3
+    assert [len(times) for times in per_step.values()] == [3, 3]
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/clear_refs").exists(), reason="Linux /proc only")
+def test_peak_memory_counts_what_is_allocated_after_the_baseline():
+    from mixit.bench import _memory_baseline, _memory_mb
+    from mixit.runtime import tune_allocator
+
+    tune_allocator()  # as the mixit command runs: freed heap is kept, and the baseline must not count it
+    scratch = torch.ones(64, 2**20 // 4)  # 64 MiB, touched
+    del scratch
+    cpu = torch.device("cpu")
+    before = _memory_baseline(cpu)
+    block = torch.ones(48, 2**20 // 4)  # 48 MiB
+    used = _memory_mb(cpu, peak=True) - before
+    del block
+    assert 44 <= used <= 60

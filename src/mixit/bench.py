@@ -9,12 +9,20 @@ AdamW) on a fixed random batch, and timed after warm-up:
     tokens/s       batch * seq / step time (every position is a prediction)
     model FLOPs    the matmul FLOPs one step needs (`step_flops`)
     MFU            model FLOPs / step time / the device's measured matmul peak
-    peak memory    CUDA: the allocator's peak; CPU: the process's peak resident
-                   set (Linux), both reset before each row
+    peak memory    the most memory the row's training held at once (model,
+                   gradients, optimizer state, activations), measured during
+                   its warm-up as the peak above what the process held before
+                   the model was built: CUDA allocator statistics, or on Linux
+                   the peak resident set (VmHWM) after returning free heap
+                   memory to the system
 
-The peak is measured by the same command (`matmul_peak`: square matmuls in the
-dtype in use, the best of several), so MFU compares against what this machine
-does, not a datasheet. A Hugging Face `LlamaForCausalLM` of the same shape,
+All rows are built and warmed up first, then timed round-robin: timed block r
+of every row runs before block r + 1 of any, so a slow spell of a shared
+machine lands on all rows alike instead of on whichever ran during it.
+
+The peak is measured by the same command, as one more contender in the
+round-robin (square matmuls in the dtype in use; the best block counts), so MFU
+compares against what this machine does at the same time, not a datasheet. A Hugging Face `LlamaForCausalLM` of the same shape,
 trained with the same loss and a plain `torch.optim.AdamW` step, is timed in the
 same run where `transformers` is installed (the `bench` extra); otherwise its row
 is skipped with a note. With a task, the time to generate one training batch is
@@ -24,6 +32,8 @@ measured as well, so data generation can be compared with the step it feeds.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
 import os
 import statistics
 import time
@@ -38,11 +48,13 @@ from mixit.config import ModelConfig, TrainConfig
 from mixit.errors import UsageError
 from mixit.freezing import VARIANTS, apply_variant
 from mixit.models import Transformer
+from mixit.runtime import release_free_memory
 from mixit.tasks import make_task
 from mixit.train.loop import resolve_device, train_step
 from mixit.train.optim import build_optimizer
 
 HF_NAME = "hf_llama"
+PEAK_NAME = "matmul_peak"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -71,6 +83,46 @@ class Shape:
     @property
     def tokens(self) -> int:
         return self.batch_size * self.seq_len
+
+
+# -- timing ---------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclasses.dataclass
+class Contender:
+    """One row to time: a zero-argument training step and what it is."""
+
+    name: str
+    step: Callable[[], Any]
+    flops: int
+    n_trainable: int
+    n_params: int
+
+
+def warm_up(contender: Contender, device: torch.device, warmup: int) -> None:
+    for _ in range(warmup):
+        contender.step()
+    _sync(device)
+
+
+def time_round_robin(contenders: Sequence[Contender], device: torch.device, steps: int,
+                     repeats: int) -> dict[str, list[float]]:
+    """Seconds per step of each contender in each of `repeats` timed blocks of
+    `steps` calls, the blocks interleaved across contenders."""
+    per_step: dict[str, list[float]] = {c.name: [] for c in contenders}
+    for _ in range(repeats):
+        for contender in contenders:
+            tick = time.perf_counter()
+            for _ in range(steps):
+                contender.step()
+            _sync(device)
+            per_step[contender.name].append((time.perf_counter() - tick) / steps)
+    return per_step
 
 
 # -- FLOPs and the hardware limit ---------------------------------------------------
@@ -109,81 +161,61 @@ def hf_step_flops(model: nn.Module, shape: Shape) -> int:
     return linear_flops(model, shape.tokens) + attention
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32, n: int | None = None,
-                repeats: int = 10) -> dict[str, float]:
-    """Dense matmul throughput of `device` in `dtype`: the best and the median
-    FLOP/s over `repeats` products of two n x n matrices (n = 2048 on CPU,
-    8192 on CUDA) after one untimed product."""
+def matmul_contender(device: torch.device, dtype: torch.dtype = torch.float32, n: int | None = None) -> Contender:
+    """One product of two n x n matrices in `dtype` (n = 2048 on CPU, 8192 on
+    CUDA) as a step to time: the device's dense matmul throughput, against
+    which MFU is computed."""
     n = n or (8192 if device.type == "cuda" else 2048)
     g = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
     b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
-    a @ b
-    _sync(device)
-    rates = []
-    for _ in range(repeats):
-        tick = time.perf_counter()
-        a @ b
-        _sync(device)
-        rates.append(2 * n**3 / (time.perf_counter() - tick))
-    return {"n": n, "best_flops_per_s": max(rates), "median_flops_per_s": statistics.median(rates)}
+    return Contender(PEAK_NAME, lambda: a @ b, 2 * n**3, 0, 0)
+
+
+def _peak(contender: Contender, per_step: list[float]) -> dict[str, float]:
+    n = round((contender.flops / 2) ** (1 / 3))
+    return {"n": n, "best_flops_per_s": contender.flops / min(per_step),
+            "median_flops_per_s": contender.flops / statistics.median(per_step)}
 
 
 # -- memory ---------------------------------------------------------------------------
 
 
-def _reset_peak_memory(device: torch.device) -> None:
+def _memory_mb(device: torch.device, peak: bool) -> float | None:
+    """CUDA: memory allocated now, or its peak since the last reset. CPU (Linux):
+    the resident set now (VmRSS) or its peak (VmHWM). None where unknown."""
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    try:  # Linux: writing 5 resets the peak resident set size (VmHWM) of this process
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
-def _peak_memory_mb(device: torch.device) -> float | None:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
+        used = torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device)
+        return used / 2**20
+    field = "VmHWM:" if peak else "VmRSS:"
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return None
 
 
-# -- timing ---------------------------------------------------------------------------
+def _memory_baseline(device: torch.device) -> float | None:
+    """Reset the peak counter and return the memory held now (see `_memory_mb`)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        release_free_memory()  # the heap `tune_allocator` keeps would otherwise count as held
+        try:  # Linux: writing 5 resets this process's VmHWM to its current resident set
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            return None
+    return _memory_mb(device, peak=False)
 
 
-def time_steps(step: Callable[[], Any], device: torch.device, warmup: int, steps: int,
-               repeats: int) -> list[float]:
-    """Seconds per step of each of `repeats` timed blocks of `steps` calls,
-    after `warmup` untimed calls."""
-    for _ in range(warmup):
-        step()
-    _sync(device)
-    per_step = []
-    for _ in range(repeats):
-        tick = time.perf_counter()
-        for _ in range(steps):
-            step()
-        _sync(device)
-        per_step.append((time.perf_counter() - tick) / steps)
-    return per_step
-
-
-def _row(name: str, shape: Shape, flops: int, per_step: list[float], peak: float, memory: float | None,
-         n_trainable: int, n_params: int) -> dict[str, Any]:
+def _row(c: Contender, shape: Shape, per_step: list[float], peak: float, memory: float | None) -> dict[str, Any]:
     step_s = statistics.median(per_step)
+    flops = c.flops
     return {
-        "name": name, "n_trainable": n_trainable, "n_params": n_params,
+        "name": c.name, "n_trainable": c.n_trainable, "n_params": c.n_params,
         "step_ms": 1e3 * step_s, "step_ms_all": [1e3 * t for t in per_step],
         "steps_per_s": 1 / step_s, "samples_per_s": shape.batch_size / step_s,
         "tokens_per_s": shape.tokens / step_s, "model_flops_per_step": flops,
@@ -204,15 +236,14 @@ def _autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def bench_variant(variant: str, shape: Shape, device: torch.device, dtype: torch.dtype, peak: float,
-                  warmup: int, steps: int, repeats: int, compile: bool = False) -> dict[str, Any]:
-    """One row: `variant` at `shape`, trained with mixit's own step."""
+def bench_variant(variant: str, shape: Shape, device: torch.device, dtype: torch.dtype,
+                  compile: bool = False) -> Contender:
+    """`variant` at `shape`, trained with mixit's own step on a fixed batch."""
     cfg = ModelConfig(vocab_size=shape.vocab_size, n_ctx=shape.seq_len, d_model=shape.d_model,
                       n_layers=shape.n_layers, n_heads=shape.n_heads, attention=VARIANTS[variant].attention)
     model = Transformer(cfg)
     report = apply_variant(model, variant)
     model.to(device).train()
-    flops = step_flops(model, shape)
     optimizer = build_optimizer(model, TrainConfig(), device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     forward = torch.compile(model) if compile else model
@@ -222,10 +253,8 @@ def bench_variant(variant: str, shape: Shape, device: torch.device, dtype: torch
         with _autocast(device, dtype):
             train_step(forward, optimizer, x, y, trainable, TrainConfig.grad_clip)
 
-    _reset_peak_memory(device)
-    per_step = time_steps(step, device, warmup, steps, repeats)
-    return _row(variant, shape, flops, per_step, peak, _peak_memory_mb(device),
-                report.n_trainable, report.n_trainable + report.n_frozen)
+    return Contender(variant, step, step_flops(model, shape), report.n_trainable,
+                     report.n_trainable + report.n_frozen)
 
 
 def hf_llama(shape: Shape) -> nn.Module | None:
@@ -245,17 +274,16 @@ def hf_llama(shape: Shape) -> nn.Module | None:
     return LlamaForCausalLM(config)
 
 
-def bench_hf(shape: Shape, device: torch.device, dtype: torch.dtype, peak: float, warmup: int, steps: int,
-             repeats: int, compile: bool = False) -> dict[str, Any] | None:
-    """The baseline row: the Llama model, the same loss on its logits, and a
-    plain torch.optim.AdamW step (same hyperparameters as mixit's)."""
+def bench_hf(shape: Shape, device: torch.device, dtype: torch.dtype, compile: bool = False) -> Contender | None:
+    """The baseline: the Llama model, the same loss on its logits, and a plain
+    torch.optim.AdamW step (same hyperparameters as mixit's); None without
+    `transformers`."""
     from mixit.train.evaluate import loss_fn
 
     model = hf_llama(shape)
     if model is None:
         return None
     model.to(device).train()
-    flops = hf_step_flops(model, shape)
     tc = TrainConfig()
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(tc.beta1, tc.beta2),
                                   weight_decay=tc.weight_decay)
@@ -271,10 +299,8 @@ def bench_hf(shape: Shape, device: torch.device, dtype: torch.dtype, peak: float
         torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
         optimizer.step()
 
-    _reset_peak_memory(device)
-    per_step = time_steps(step, device, warmup, steps, repeats)
     n = sum(p.numel() for p in params)
-    return _row(HF_NAME, shape, flops, per_step, peak, _peak_memory_mb(device), n, n)
+    return Contender(HF_NAME, step, hf_step_flops(model, shape), n, n)
 
 
 def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int, batches: int = 10) -> float:
@@ -291,7 +317,7 @@ def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int, b
 
 
 def run_bench(shape: Shape, variants: Sequence[str] = tuple(VARIANTS), device: str = "auto", dtype: str = "fp32",
-              warmup: int = 3, steps: int = 5, repeats: int = 5, compile: bool = False, baseline: bool = True,
+              warmup: int = 3, steps: int = 3, repeats: int = 5, compile: bool = False, baseline: bool = True,
               task: str | None = None, task_params: dict[str, Any] | None = None,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Benchmark `variants` (and the Hugging Face baseline) at `shape`; return a
@@ -304,8 +330,8 @@ def run_bench(shape: Shape, variants: Sequence[str] = tuple(VARIANTS), device: s
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
     for name, value in {"warmup": warmup, "steps": steps, "repeats": repeats}.items():
-        if not (isinstance(value, int) and value >= (0 if name == "warmup" else 1)):
-            raise UsageError(f"{name} must be an integer >= {0 if name == 'warmup' else 1}, got {value!r}")
+        if not (isinstance(value, int) and value >= 1):
+            raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
     dev = resolve_device(device)
     if dtype == "bf16" and dev.type != "cuda":
         raise UsageError("dtype bf16 (autocast) is offered on cuda only; on CPU fp32 is many times faster")
@@ -313,22 +339,33 @@ def run_bench(shape: Shape, variants: Sequence[str] = tuple(VARIANTS), device: s
     say = progress or (lambda message: None)
     torch_dtype = DTYPES[dtype]
 
-    say("measuring the matmul peak")
-    peak = matmul_peak(dev, torch_dtype)
-    rows, notes = [], []
-    for variant in variants:
-        say(f"timing {variant}")
-        rows.append(bench_variant(variant, shape, dev, torch_dtype, peak["best_flops_per_s"], warmup, steps,
-                                  repeats, compile))
+    builders: list[tuple[str, Callable[[], Contender | None]]] = [
+        (variant, functools.partial(bench_variant, variant, shape, dev, torch_dtype, compile)) for variant in variants]
     if baseline:
-        say("timing the Hugging Face Llama baseline")
-        hf = bench_hf(shape, dev, torch_dtype, peak["best_flops_per_s"], warmup, steps, repeats, compile)
-        if hf is None:
+        builders.append((HF_NAME, functools.partial(bench_hf, shape, dev, torch_dtype, compile)))
+    peak_contender = matmul_contender(dev, torch_dtype)
+    warm_up(peak_contender, dev, 1)
+    contenders, memory, notes = [peak_contender], {}, []
+    for name, build in builders:
+        say(f"building and warming up {name}")
+        before = _memory_baseline(dev)
+        contender = build()
+        if contender is None:
             notes.append("transformers is not installed: no Hugging Face baseline row "
                          "(pip install 'mixit[bench]' to add it)")
-        else:
-            rows.append(hf)
-            for row in rows[:-1]:
+            continue
+        warm_up(contender, dev, warmup)
+        after = _memory_mb(dev, peak=True)
+        memory[name] = None if before is None or after is None else after - before
+        contenders.append(contender)
+    say(f"timing {len(contenders) - 1} rows and the matmul peak round-robin, {repeats} blocks of {steps} steps")
+    per_step = time_round_robin(contenders, dev, steps, repeats)
+    peak = _peak(peak_contender, per_step[PEAK_NAME])
+    rows = [_row(c, shape, per_step[c.name], peak["best_flops_per_s"], memory[c.name]) for c in contenders[1:]]
+    hf = next((row for row in rows if row["name"] == HF_NAME), None)
+    if hf is not None:
+        for row in rows:
+            if row is not hf:
                 row["speedup_vs_hf"] = row["tokens_per_s"] / hf["tokens_per_s"]
     if data_s is not None:
         for row in rows:

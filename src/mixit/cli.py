@@ -17,6 +17,7 @@ from typing import Any, NoReturn, Sequence
 from mixit import __version__
 from mixit.errors import UsageError
 from mixit.freezing import VARIANTS
+from mixit.runtime import tune_allocator
 
 VARIANT_NAMES = tuple(VARIANTS)
 
@@ -148,8 +149,8 @@ def build_parser() -> Parser:
     bn.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     bn.add_argument("--dtype", default="fp32", help="fp32, or bf16 (autocast; cuda only)")
     bn.add_argument("--compile", action="store_true", help="torch.compile the models")
-    bn.add_argument("--warmup", type=int, default=3, help="untimed steps first (3)")
-    bn.add_argument("--steps", type=int, default=5, help="steps per timed block (5)")
+    bn.add_argument("--warmup", type=int, default=3, help="untimed steps first, during which peak memory is measured (3)")
+    bn.add_argument("--steps", type=int, default=3, help="steps per timed block (3)")
     bn.add_argument("--repeats", type=int, default=5, help="timed blocks; the median is reported (5)")
     bn.add_argument("--no-baseline", action="store_true", help="skip the Hugging Face Llama row")
     bn.add_argument("--out", type=Path, help="JSON file to write (runs/bench-<time>.json); never overwritten")
@@ -313,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a parse error already reported on one line
         return int(e.code or 0)
+    tune_allocator()
     try:
         return COMMANDS[args.command](args)
     except UsageError as e:

@@ -24,7 +24,7 @@ from torch import nn
 
 from mixit.config import ModelConfig
 from mixit.models.hooks import HookPoint
-from mixit.models.layers import block_linear
+from mixit.models.layers import block_linear, fused_linear, trains_alike
 
 
 def mixit_matrices(n_heads: int, n_ctx: int, d_head: int, generator: torch.Generator,
@@ -73,7 +73,8 @@ def rope_tables(n_ctx: int, d_head: int, base: float) -> tuple[torch.Tensor, tor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (B, H, T, d_head) by position; cos, sin are (T, d_head)."""
+    """Rotate the last dimension of x by position; cos and sin (built by
+    `rope_tables`, sliced to the sequence) broadcast against x."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -103,16 +104,29 @@ class SoftmaxAttention(nn.Module):
         T(T+1)/2 causal pairs, 2 products forward and 4 backward."""
         return 12 * batch * (seq * (seq + 1) // 2) * self.n_heads * self.d_head
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, d_model) -> qk (B, T, 2, H, d_head) and v (B, T, H, d_head).
+
+        Projections that train alike share one matrix product (`fused_linear`):
+        all three normally, Q and K apart from V under frozen_qk.
+        """
         B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
+        heads = (B, T, self.n_heads, self.d_head)
+        if trains_alike(self.q, self.k, self.v):
+            qkv = fused_linear(x, (self.q, self.k, self.v)).view(B, T, 3, *heads[2:])
+            return qkv[:, :, :2], qkv[:, :, 2]
+        if trains_alike(self.q, self.k):
+            qk = fused_linear(x, (self.q, self.k)).view(B, T, 2, *heads[2:])
+        else:
+            qk = torch.stack([self.q(x).view(heads), self.k(x).view(heads)], dim=2)
+        return qk, self.v(x).view(heads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d_model)
         B, T, D = x.shape
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        q = apply_rope(self._heads(self.q(x)), cos, sin)
-        k = apply_rope(self._heads(self.k(x)), cos, sin)
-        v = self._heads(self.v(x))
+        qk, v = self._project(x)
+        cos, sin = self.rope_cos[:T, None, None], self.rope_sin[:T, None, None]  # (T, 1, 1, d_head)
+        qk = apply_rope(qk, cos, sin)  # Q and K rotated together
+        q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), v.transpose(1, 2)  # (B, H, T, d_head)
         if self.hook_pattern.active:
             scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)  # (B, H, T, T)
             causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()

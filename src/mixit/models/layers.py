@@ -1,4 +1,5 @@
-"""Small building blocks shared by attention and MLP: the scaled linear layer."""
+"""Small building blocks shared by attention and MLP: the scaled linear layer
+and the fused application of several of them to one input."""
 
 from __future__ import annotations
 
@@ -32,3 +33,28 @@ def block_linear(cfg: ModelConfig, fan_in: int, fan_out: int) -> Linear:
     """A linear layer inside a transformer block, scaled as `cfg` says."""
     multiplier = math.sqrt(cfg.base_width / fan_in) if cfg.width_scaling else 1.0
     return Linear(fan_in, fan_out, bias=cfg.bias, multiplier=multiplier)
+
+
+def trains_alike(*layers: nn.Linear) -> bool:
+    """Whether every weight and bias of `layers` has the same requires_grad."""
+    flags = {p.requires_grad for layer in layers for p in layer.parameters()}
+    return len(flags) <= 1
+
+
+def fused_linear(x: torch.Tensor, layers: tuple[Linear, ...]) -> torch.Tensor:
+    """``torch.cat([layer(x) for layer in layers], -1)`` as one matrix product.
+
+    The weights are concatenated on every call (a copy of a few hundred KB, no
+    state to keep in sync with the parameters), and autograd splits the
+    gradient back onto each layer's own weight. One wide product runs faster
+    on a CPU than several narrow ones: at 8192 tokens and d_model 256, a
+    256 -> 768 product reaches 130-140 GFLOP/s where 256 -> 256 reaches
+    105-110. Only layers that `trains_alike` should be fused, or the weight
+    gradient of frozen ones is computed for nothing. All layers must share
+    one multiplier (they do when they share fan_in).
+    """
+    weight = torch.cat([layer.weight for layer in layers])
+    bias = torch.cat([layer.bias for layer in layers]) if layers[0].bias is not None else None
+    y = F.linear(x, weight, bias)
+    multiplier = layers[0].multiplier
+    return y if multiplier == 1.0 else y * multiplier

@@ -33,6 +33,9 @@ class Block(nn.Module):
         self.skip_scale, self.branch_scale = cfg.skip_scale, cfg.branch_scale
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, T, d_model)
+        if self.skip_scale == 1.0 and self.branch_scale == 1.0:  # the usual case: no full-size multiplies by 1
+            h = h + self.attn(self.norm1(h))
+            return h + self.mlp(self.norm2(h))
         h = self.skip_scale * h + self.branch_scale * self.attn(self.norm1(h))
         return self.skip_scale * h + self.branch_scale * self.mlp(self.norm2(h))
 

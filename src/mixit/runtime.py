@@ -1,0 +1,58 @@
+"""Process-level settings that make CPU training faster.
+
+glibc's malloc serves a request above its mmap threshold with a fresh
+``mmap`` and returns it with ``munmap`` on free; the threshold adapts upwards
+but stops at 32 MiB on 64-bit systems. A training step allocates and frees
+activations of exactly that size and larger on every step (64 x 128 x 1024
+fp32 is 32 MiB), so each of them is mapped anew and its pages faulted in and
+zeroed by the kernel before torch writes a single value. Measured on this
+project's 2-core machine: an elementwise multiply of two such tensors takes
+18.6 ms with fresh pages and 4.2 ms when the memory is reused, and one
+training step of the standard model at d_model 256, 4 layers, batch 64 x 128
+drops from 2.61 s to 2.18 s.
+
+`tune_allocator` raises the mmap threshold and the heap trim threshold so
+that large blocks stay in the heap and are reused. The cost is that memory
+freed by torch is kept by the process (resident memory stays at its peak)
+instead of being returned to the system. The ``mixit`` command calls it once
+at start-up; library users who want the same behaviour call it themselves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import platform
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+THRESHOLD_BYTES = 1 << 30  # 1 GiB: far above any activation of the models mixit trains on a CPU
+
+
+def _glibc() -> ctypes.CDLL | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    path = ctypes.util.find_library("c")
+    return None if path is None else ctypes.CDLL(path)
+
+
+def tune_allocator() -> bool:
+    """Keep large freed blocks in glibc's heap (see the module docstring).
+
+    Returns True if both settings were applied, False where the C library is
+    not glibc (macOS, musl, Windows), which is left untouched.
+    """
+    libc = _glibc()
+    if libc is None:
+        return False
+    ok_mmap = libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES)
+    ok_trim = libc.mallopt(M_TRIM_THRESHOLD, THRESHOLD_BYTES)
+    return bool(ok_mmap and ok_trim)
+
+
+def release_free_memory() -> None:
+    """Return the free part of glibc's heap to the system (``malloc_trim``), so
+    that the resident set counts live memory only; a no-op elsewhere."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
