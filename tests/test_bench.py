@@ -136,6 +136,20 @@ def test_bench_command_prints_a_table_and_writes_json(tmp_path, capsys):
     assert out.read_bytes() == before
 
 
+def test_bench_profile_names_the_operators_of_each_row(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main([*SMALL, "--profile", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    for row in result["rows"]:
+        ops = {op["op"] for op in row["profile"]}
+        assert any("mm" in op for op in ops)  # the matmuls are there
+        assert sum(op["share"] for op in row["profile"]) <= 1 + 1e-9
+        assert f"{row['name']}: one step, operators by self time" in printed
+    assert any("scaled_dot_product" in op["op"] for op in result["rows"][0]["profile"])  # standard: SDPA
+    assert not any("scaled_dot_product" in op["op"] for op in result["rows"][1]["profile"])  # mixit: none
+
+
 @pytest.mark.parametrize("args, message", [
     (["--variants", "standard,nope"], "unknown variant(s) 'nope'"),
     (["--n-heads", "3"], "n_heads=3 must divide d_model=8"),

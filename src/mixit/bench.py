@@ -50,6 +50,7 @@ from mixit.freezing import VARIANTS, apply_variant
 from mixit.models import Transformer
 from mixit.runtime import release_free_memory
 from mixit.tasks import make_task
+from mixit.train.checkpoint import git_commit
 from mixit.train.loop import resolve_device, train_step
 from mixit.train.optim import build_optimizer
 
@@ -211,6 +212,24 @@ def _memory_baseline(device: torch.device) -> float | None:
     return _memory_mb(device, peak=False)
 
 
+def profile_step(contender: Contender, device: torch.device, top: int = 15) -> list[dict[str, Any]]:
+    """Where one step's time goes: torch.profiler over one call of the step,
+    the `top` operators by their own (self) time, each with its call count and
+    its share of the step's total self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        contender.step()
+        _sync(device)
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr) > 0]
+    total = sum(getattr(e, attr) for e in events)
+    events.sort(key=lambda e: getattr(e, attr), reverse=True)
+    return [{"op": e.key, "self_ms": getattr(e, attr) / 1e3, "calls": e.count,
+             "share": getattr(e, attr) / total} for e in events[:top]]
+
+
 def _row(c: Contender, shape: Shape, per_step: list[float], peak: float, memory: float | None) -> dict[str, Any]:
     step_s = statistics.median(per_step)
     flops = c.flops
@@ -318,11 +337,12 @@ def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int, b
 
 def run_bench(shape: Shape, variants: Sequence[str] = tuple(VARIANTS), device: str = "auto", dtype: str = "fp32",
               warmup: int = 3, steps: int = 3, repeats: int = 5, compile: bool = False, baseline: bool = True,
-              task: str | None = None, task_params: dict[str, Any] | None = None,
+              task: str | None = None, task_params: dict[str, Any] | None = None, profile: bool = False,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Benchmark `variants` (and the Hugging Face baseline) at `shape`; return a
     JSON-serialisable dict with the environment, the measured peak, one row per
-    variant and, with `task`, the data-generation time per batch."""
+    variant and, with `task`, the data-generation time per batch. With
+    `profile`, each row also gets `profile_step`'s table of one more step."""
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise UsageError(f"unknown variant(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
@@ -362,6 +382,10 @@ def run_bench(shape: Shape, variants: Sequence[str] = tuple(VARIANTS), device: s
     per_step = time_round_robin(contenders, dev, steps, repeats)
     peak = _peak(peak_contender, per_step[PEAK_NAME])
     rows = [_row(c, shape, per_step[c.name], peak["best_flops_per_s"], memory[c.name]) for c in contenders[1:]]
+    if profile:
+        for contender, row in zip(contenders[1:], rows):
+            say(f"profiling one step of {contender.name}")
+            row["profile"] = profile_step(contender, dev)
     hf = next((row for row in rows if row["name"] == HF_NAME), None)
     if hf is not None:
         for row in rows:
@@ -373,7 +397,7 @@ def run_bench(shape: Shape, variants: Sequence[str] = tuple(VARIANTS), device: s
     return {
         "shape": dataclasses.asdict(shape), "device": str(dev), "device_name": _device_name(dev),
         "dtype": dtype, "threads": torch.get_num_threads(), "compile": compile,
-        "torch": torch.__version__, "mixit": mixit.__version__,
+        "torch": torch.__version__, "mixit": mixit.__version__, "git_commit": git_commit(),
         "timing": {"warmup": warmup, "steps": steps, "repeats": repeats},
         "peak": peak, "task": task, "task_params": task_params or {},
         "data_ms_per_batch": None if data_s is None else 1e3 * data_s,
@@ -410,4 +434,16 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"data: {result['data_ms_per_batch']:.2f} ms to generate one batch of {result['task']} "
                      f"({100 * max(r['data_fraction'] for r in result['rows']):.1f}% of a step at most)")
     lines += [f"note: {note}" for note in result["notes"]]
+    return "\n".join(lines)
+
+
+def format_profiles(result: dict[str, Any]) -> str:
+    """The per-row profiles of a result made with `profile=True`, as text."""
+    lines = []
+    for row in result["rows"]:
+        if "profile" not in row:
+            continue
+        lines += ["", f"{row['name']}: one step, operators by self time"]
+        lines += [f"  {100 * op['share']:5.1f}%  {op['self_ms']:9.1f} ms  {op['calls']:5d} calls  {op['op']}"
+                  for op in row["profile"]]
     return "\n".join(lines)

@@ -153,6 +153,8 @@ def build_parser() -> Parser:
     bn.add_argument("--steps", type=int, default=3, help="steps per timed block (3)")
     bn.add_argument("--repeats", type=int, default=5, help="timed blocks; the median is reported (5)")
     bn.add_argument("--no-baseline", action="store_true", help="skip the Hugging Face Llama row")
+    bn.add_argument("--profile", action="store_true",
+                    help="after timing, profile one more step of each row and print where its time goes")
     bn.add_argument("--out", type=Path, help="JSON file to write (runs/bench-<time>.json); never overwritten")
 
     ls = sub.add_parser("list", help="list tasks, variants and their parameters")
@@ -280,7 +282,7 @@ def cmd_signal(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from mixit.bench import Shape, format_table, run_bench
+    from mixit.bench import Shape, format_profiles, format_table, run_bench
     from mixit.tasks import make_task
 
     out = args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -297,11 +299,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   batch_size=args.batch_size)
     result = run_bench(shape, args.variants, device=args.device, dtype=args.dtype, warmup=args.warmup,
                        steps=args.steps, repeats=args.repeats, compile=args.compile, baseline=not args.no_baseline,
-                       task=args.task, task_params=dict(args.task_param),
+                       task=args.task, task_params=dict(args.task_param), profile=args.profile,
                        progress=lambda message: print(f"... {message}", file=sys.stderr, flush=True))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(format_table(result))
+    if args.profile:
+        print(format_profiles(result))
     print(f"written to {out}")
     return 0
 
