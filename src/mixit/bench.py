@@ -294,11 +294,10 @@ def hf_llama(shape: Shape) -> nn.Module | None:
 
 
 def bench_hf(shape: Shape, device: torch.device, dtype: torch.dtype, compile: bool = False) -> Contender | None:
-    """The baseline: the Llama model, the same loss on its logits, and a plain
-    torch.optim.AdamW step (same hyperparameters as mixit's); None without
+    """The baseline: the Llama model through mixit's own step (same loss,
+    clipping) but with a plain torch.optim.AdamW (same hyperparameters,
+    torch's default implementation, every parameter trained); None without
     `transformers`."""
-    from mixit.train.evaluate import loss_fn
-
     model = hf_llama(shape)
     if model is None:
         return None
@@ -310,13 +309,12 @@ def bench_hf(shape: Shape, device: torch.device, dtype: torch.dtype, compile: bo
     forward = torch.compile(model) if compile else model
     x, y = _batch(shape, device)
 
+    def logits(tokens: torch.Tensor) -> torch.Tensor:
+        return forward(input_ids=tokens).logits
+
     def step() -> None:
         with _autocast(device, dtype):
-            loss = loss_fn(forward(input_ids=x).logits, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-        optimizer.step()
+            train_step(logits, optimizer, x, y, params, tc.grad_clip)
 
     n = sum(p.numel() for p in params)
     return Contender(HF_NAME, step, hf_step_flops(model, shape), n, n)

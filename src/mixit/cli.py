@@ -310,7 +310,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "bench": cmd_bench, "eval": cmd_eval, "analyze": cmd_analyze, "signal": cmd_signal, "list": cmd_list}
+COMMANDS = {"train": cmd_train, "bench": cmd_bench, "eval": cmd_eval, "analyze": cmd_analyze,
+            "signal": cmd_signal, "list": cmd_list}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

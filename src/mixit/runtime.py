@@ -6,10 +6,10 @@ but stops at 32 MiB on 64-bit systems. A training step allocates and frees
 activations of exactly that size and larger on every step (64 x 128 x 1024
 fp32 is 32 MiB), so each of them is mapped anew and its pages faulted in and
 zeroed by the kernel before torch writes a single value. Measured on this
-project's 2-core machine: an elementwise multiply of two such tensors takes
-18.6 ms with fresh pages and 4.2 ms when the memory is reused, and one
-training step of the standard model at d_model 256, 4 layers, batch 64 x 128
-drops from 2.61 s to 2.18 s.
+project's 2-core machine (`scripts/step_ab.py --setting allocator`): an
+elementwise multiply of two such tensors takes 21.8 ms with fresh pages and
+5.4 ms when the memory is reused, and one training step of the standard model
+at d_model 256, 4 layers, batch 64 x 128 drops from 2.83 s to 2.57 s.
 
 `tune_allocator` raises the mmap threshold and the heap trim threshold so
 that large blocks stay in the heap and are reused. The cost is that memory

@@ -151,10 +151,12 @@ class MetricsLog:
         self._file.close()
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
-               targets: torch.Tensor, trainable: list[torch.nn.Parameter], grad_clip: float) -> torch.Tensor:
+def train_step(model: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer,
+               inputs: torch.Tensor, targets: torch.Tensor, trainable: list[torch.nn.Parameter],
+               grad_clip: float) -> torch.Tensor:
     """One optimizer step: forward, the task loss, backward, global-norm clipping
-    (grad_clip > 0), AdamW. Returns the loss tensor without synchronising on it.
+    (grad_clip > 0), AdamW. `model` maps tokens to logits (a module, a compiled
+    module, or a wrapper). Returns the loss tensor without synchronising on it.
     The training loop and `mixit bench` both run exactly this."""
     loss = loss_fn(model(inputs), targets)
     optimizer.zero_grad(set_to_none=True)
