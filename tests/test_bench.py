@@ -111,7 +111,7 @@ def test_run_bench_bad_input(kwargs, message):
 
 
 def test_shape_bad_input():
-    with pytest.raises(UsageError, match="n_heads=3 must divide d_model=8"):
+    with pytest.raises(UsageError, match="n_heads must divide d_model: d_model=8 is not a multiple of n_heads=3"):
         Shape(d_model=8, n_heads=3)
     with pytest.raises(UsageError, match="batch_size must be a positive integer"):
         Shape(batch_size=0)
@@ -152,7 +152,7 @@ def test_bench_profile_names_the_operators_of_each_row(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--variants", "standard,nope"], "unknown variant(s) 'nope'"),
-    (["--n-heads", "3"], "n_heads=3 must divide d_model=8"),
+    (["--n-heads", "3"], "n_heads must divide d_model: d_model=8 is not a multiple of n_heads=3"),
     (["-p", "n_digits=2"], "-p/--task-param needs --task"),
     (["--task", "nope"], "unknown task"),
     (["--device", "tpu"], "unknown device 'tpu'"),

@@ -74,12 +74,12 @@ class Shape:
         for name, value in dataclasses.asdict(self).items():
             if not (isinstance(value, int) and value > 0):
                 raise UsageError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.n_heads:
-            raise UsageError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
-        if (self.d_model // self.n_heads) % 2:
-            raise UsageError(f"d_model / n_heads must be even for RoPE, got {self.d_model // self.n_heads}")
-        if self.seq_len < 2:
-            raise UsageError(f"seq_len must be at least 2, got {self.seq_len}")
+        self.model_config("softmax")  # refuses what no model could have (heads not dividing the width, odd RoPE)
+
+    def model_config(self, attention: str) -> ModelConfig:
+        """The mixit model of this shape with attention kind `attention`."""
+        return ModelConfig(vocab_size=self.vocab_size, n_ctx=self.seq_len, d_model=self.d_model,
+                           n_layers=self.n_layers, n_heads=self.n_heads, attention=attention)
 
     @property
     def tokens(self) -> int:
@@ -258,9 +258,7 @@ def _autocast(device: torch.device, dtype: torch.dtype):
 def bench_variant(variant: str, shape: Shape, device: torch.device, dtype: torch.dtype,
                   compile: bool = False) -> Contender:
     """`variant` at `shape`, trained with mixit's own step on a fixed batch."""
-    cfg = ModelConfig(vocab_size=shape.vocab_size, n_ctx=shape.seq_len, d_model=shape.d_model,
-                      n_layers=shape.n_layers, n_heads=shape.n_heads, attention=VARIANTS[variant].attention)
-    model = Transformer(cfg)
+    model = Transformer(shape.model_config(VARIANTS[variant].attention))
     report = apply_variant(model, variant)
     model.to(device).train()
     optimizer = build_optimizer(model, TrainConfig(), device)
