@@ -17,7 +17,10 @@ done
 $mixit train --task induction --variant frozen_qk --steps 4000 --test-size 1000 --out "$out/induction-frozen_qk-4000steps" --quiet
 $mixit train --task induction --variant frozen_qk --lr 3e-3 --test-size 1000 --out "$out/induction-frozen_qk-lr3e-3" --quiet
 $mixit train --task induction --variant frozen_qk --init-std 0.05 --test-size 1000 --out "$out/induction-frozen_qk-init0.05" --quiet
-for run in induction-frozen_qk-4000steps induction-frozen_qk-lr3e-3 induction-frozen_qk-init0.05; do
+$mixit train --task induction --variant frozen_qk --n-heads 16 --test-size 1000 --out "$out/induction-frozen_qk-heads16" --quiet
+$mixit train --task induction --variant frozen_qk --n-layers 3 --test-size 1000 --out "$out/induction-frozen_qk-layers3" --quiet
+for run in induction-frozen_qk-4000steps induction-frozen_qk-lr3e-3 induction-frozen_qk-init0.05 \
+           induction-frozen_qk-heads16 induction-frozen_qk-layers3; do
   $mixit analyze "$out/$run"
 done
 $mixit signal --variants standard,mixit,random --depths 2,4,8,16,32 --out "$out/signal"
