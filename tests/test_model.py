@@ -115,6 +115,34 @@ def test_pattern_hook_path_matches_fast_path(attention):
     assert not model.blocks[0].attn.hook_pattern.active  # hooks removed afterwards
 
 
+@pytest.mark.parametrize("variant", ["standard", "frozen_qk"])
+def test_fused_projections_match_separate_ones_and_gradients_reach_the_right_weights(variant):
+    """Q, K, V through one product (standard) or Q, K through one and V alone
+    (frozen_qk) give the attention of three separate projections."""
+    from mixit.freezing import apply_variant
+
+    model = Transformer(tiny("softmax"))
+    apply_variant(model, variant)
+    attn = model.blocks[0].attn
+    torch.manual_seed(1)
+    for p in (attn.q.bias, attn.k.bias, attn.v.bias):
+        p.data.normal_()
+    x = torch.randn(2, 16, 32)
+    cos, sin = attn.rope_cos[:16], attn.rope_sin[:16]
+
+    def heads(t):
+        return t.view(2, 16, 4, 8).transpose(1, 2)
+
+    q, k, v = apply_rope(heads(attn.q(x)), cos, sin), apply_rope(heads(attn.k(x)), cos, sin), heads(attn.v(x))
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected = attn.o(y.transpose(1, 2).reshape(2, 16, 32))
+    out = attn(x)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    out.sum().backward()
+    assert attn.v.weight.grad is not None
+    assert (attn.q.weight.grad is None) == (variant == "frozen_qk")
+
+
 def test_rope_scores_depend_only_on_relative_position():
     cos, sin = rope_tables(32, 8, 10000.0)
     q, k = torch.randn(8), torch.randn(8)
