@@ -162,19 +162,16 @@ def hf_step_flops(model: nn.Module, shape: Shape) -> int:
     return linear_flops(model, shape.tokens) + attention
 
 
-def matmul_contender(device: torch.device, dtype: torch.dtype = torch.float32, n: int | None = None) -> Contender:
-    """One product of two n x n matrices in `dtype` (n = 2048 on CPU, 8192 on
-    CUDA) as a step to time: the device's dense matmul throughput, against
-    which MFU is computed."""
-    n = n or (8192 if device.type == "cuda" else 2048)
+def matmul_contender(device: torch.device, dtype: torch.dtype, n: int) -> Contender:
+    """One product of two n x n matrices in `dtype` as a step to time: the
+    device's dense matmul throughput, against which MFU is computed."""
     g = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
     b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
     return Contender(PEAK_NAME, lambda: a @ b, 2 * n**3, 0, 0)
 
 
-def _peak(contender: Contender, per_step: list[float]) -> dict[str, float]:
-    n = round((contender.flops / 2) ** (1 / 3))
+def _peak(contender: Contender, n: int, per_step: list[float]) -> dict[str, float]:
     return {"n": n, "best_flops_per_s": contender.flops / min(per_step),
             "median_flops_per_s": contender.flops / statistics.median(per_step)}
 
@@ -232,7 +229,7 @@ def profile_step(contender: Contender, device: torch.device, top: int = 15) -> l
 
 def _row(c: Contender, shape: Shape, per_step: list[float], peak: float, memory: float | None) -> dict[str, Any]:
     step_s = statistics.median(per_step)
-    flops = c.flops
+    flops = c.flops  # model FLOPs of one step
     return {
         "name": c.name, "n_trainable": c.n_trainable, "n_params": c.n_params,
         "step_ms": 1e3 * step_s, "step_ms_all": [1e3 * t for t in per_step],
@@ -359,7 +356,8 @@ def run_bench(shape: Shape, variants: Sequence[str] = tuple(VARIANTS), device: s
         (variant, functools.partial(bench_variant, variant, shape, dev, torch_dtype, compile)) for variant in variants]
     if baseline:
         builders.append((HF_NAME, functools.partial(bench_hf, shape, dev, torch_dtype, compile)))
-    peak_contender = matmul_contender(dev, torch_dtype)
+    peak_n = 8192 if dev.type == "cuda" else 2048
+    peak_contender = matmul_contender(dev, torch_dtype, peak_n)
     warm_up(peak_contender, dev, 1)
     contenders, memory, notes = [peak_contender], {}, []
     for name, build in builders:
@@ -376,7 +374,7 @@ def run_bench(shape: Shape, variants: Sequence[str] = tuple(VARIANTS), device: s
         contenders.append(contender)
     say(f"timing {len(contenders) - 1} rows and the matmul peak round-robin, {repeats} blocks of {steps} steps")
     per_step = time_round_robin(contenders, dev, steps, repeats)
-    peak = _peak(peak_contender, per_step[PEAK_NAME])
+    peak = _peak(peak_contender, peak_n, per_step[PEAK_NAME])
     rows = [_row(c, shape, per_step[c.name], peak["best_flops_per_s"], memory[c.name]) for c in contenders[1:]]
     if profile:
         for contender, row in zip(contenders[1:], rows):
