@@ -18,6 +18,8 @@ from mixit.errors import UsageError
 
 ATTENTION_KINDS = ("softmax", "mixing")
 ACTIVATIONS = ("silu", "shaped_leaky_relu")
+HEADS = ("lm", "classifier")
+POOLINGS = ("last", "mean")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -65,6 +67,17 @@ class ModelConfig:
         branch as the model widens, so we do not copy it.
     seed: seeds the parameter initialisation and, separately per layer, the
         MixiT matrices, which are rebuilt identically from it.
+    causal: each position reads only itself and earlier positions. False
+        (sequence classification) lets every position read the whole
+        unpadded sequence; the non-causal MixiT matrix is then centred over
+        the whole row (MODEL.md, "Non-causal use").
+    head: "lm" (logits over the vocabulary at every position) or
+        "classifier" (one vector of n_classes logits per sequence, read from
+        the final hidden states by `pooling`: "last", the last real token,
+        or "mean", the mean over real tokens).
+    pad_id: the padding token. Inputs are right-padded with it; positions
+        holding it are left out of pooling and, without causality, out of
+        attention, so padding never changes a classification. None: no padding.
     """
 
     vocab_size: int
@@ -86,6 +99,11 @@ class ModelConfig:
     width_scaling: bool = False
     base_width: int = 512
     seed: int = 0
+    causal: bool = True
+    head: str = "lm"
+    n_classes: int = 2
+    pooling: str = "last"
+    pad_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.d_mlp is None:
@@ -105,6 +123,12 @@ class ModelConfig:
         _check(self.skip_scale >= 0 and self.branch_scale > 0,
                f"skip_scale must be >= 0 and branch_scale > 0, got {self.skip_scale}, {self.branch_scale}")
         _check(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        _check(self.head in HEADS, f"unknown head {self.head!r}; allowed: {', '.join(HEADS)}")
+        _check(self.pooling in POOLINGS, f"unknown pooling {self.pooling!r}; allowed: {', '.join(POOLINGS)}")
+        _check(isinstance(self.n_classes, int) and self.n_classes >= 2,
+               f"n_classes must be an integer >= 2, got {self.n_classes!r}")
+        _check(self.pad_id is None or (isinstance(self.pad_id, int) and 0 <= self.pad_id < self.vocab_size),
+               f"pad_id must be None or a token id in [0, {self.vocab_size}), got {self.pad_id!r}")
 
     @property
     def d_head(self) -> int:

@@ -8,6 +8,10 @@
   buffer and never trained. It has no q or k; the model gives it learned
   absolute position embeddings instead.
 
+Both are causal by default; a config with ``causal=False`` (sequence
+classification) makes them read the whole unpadded sequence: softmax masks
+padded keys, MixiT centres each row over the real tokens.
+
 Both pass their (B, H, T, T) pattern through ``self.hook_pattern``. Without a
 hook attached they take the fast path: `scaled_dot_product_attention` for
 softmax, one batched matmul against the stored buffer for mixing.
@@ -27,13 +31,33 @@ from mixit.models.hooks import HookPoint
 from mixit.models.layers import block_linear, fused_linear, trains_alike
 
 
+def mixit_noise(n_heads: int, n_ctx: int, d_head: int, generator: torch.Generator) -> torch.Tensor:
+    """The random part of one layer's MixiT matrices, (n_heads, n_ctx, n_ctx) float64, not yet masked or centred.
+
+    MODEL.md, "MixiT attention", with T = n_ctx: W_h ~ N(0, sigma_h^2) entrywise, with
+      sigma_h = 1/sqrt(T d_head) + u_h (1/sqrt(T) - 1/sqrt(T d_head)), u_h ~ U(0, 1).
+    """
+    T = n_ctx
+    lo, hi = 1.0 / math.sqrt(T * d_head), 1.0 / math.sqrt(T)
+    u = torch.rand(n_heads, generator=generator, dtype=torch.float64)
+    sigma = lo + u * (hi - lo)  # (H,)
+    w = torch.randn(n_heads, T, T, generator=generator, dtype=torch.float64)
+    return w * sigma[:, None, None]
+
+
+def _set_sink(a: torch.Tensor) -> torch.Tensor:
+    """Head 0 (dimension -3) becomes 0.5 I + 0.5 e_0^T: each token keeps half of itself and half of token 0."""
+    T = a.shape[-1]
+    a[..., 0, :, :] = 0.5 * torch.eye(T, dtype=a.dtype, device=a.device)
+    a[..., 0, :, 0] += 0.5
+    return a
+
+
 def mixit_matrices(n_heads: int, n_ctx: int, d_head: int, generator: torch.Generator,
                    alpha: float = 1.0, sink: bool = True) -> torch.Tensor:
-    """The MixiT mixing matrices of one layer, (n_heads, n_ctx, n_ctx).
+    """The causal MixiT mixing matrices of one layer, (n_heads, n_ctx, n_ctx).
 
-    MODEL.md, "MixiT attention", with T = n_ctx:
-      sigma_h = 1/sqrt(T d_head) + u_h (1/sqrt(T) - 1/sqrt(T d_head)), u_h ~ U(0, 1)
-      W_h ~ N(0, sigma_h^2) entrywise, lower-triangular
+    MODEL.md, "MixiT attention": W_h from `mixit_noise`, kept lower-triangular;
       Wbar_h[i] = sum_{j<=i} W_h[i, j] / (i + 1)          (centring over the causal support)
       A_h = tril(I + alpha (W_h - Wbar_h))
     so every row sums to exactly 1 and row 0 is [1, 0, ...]. With `sink`,
@@ -44,18 +68,36 @@ def mixit_matrices(n_heads: int, n_ctx: int, d_head: int, generator: torch.Gener
     float32.
     """
     T = n_ctx
-    lo, hi = 1.0 / math.sqrt(T * d_head), 1.0 / math.sqrt(T)
-    u = torch.rand(n_heads, generator=generator, dtype=torch.float64)
-    sigma = lo + u * (hi - lo)  # (H,)
-    w = torch.randn(n_heads, T, T, generator=generator, dtype=torch.float64)
-    w = torch.tril(w * sigma[:, None, None])  # (H, T, T)
+    w = torch.tril(mixit_noise(n_heads, n_ctx, d_head, generator))  # (H, T, T)
     support = torch.arange(1, T + 1, dtype=torch.float64)  # (T,) entries j <= i in row i
     w_bar = w.sum(dim=-1, keepdim=True) / support[:, None]  # (H, T, 1)
     a = torch.tril(torch.eye(T, dtype=torch.float64) + alpha * (w - w_bar))
-    if sink:
-        a[0] = 0.5 * torch.eye(T, dtype=torch.float64)
-        a[0, :, 0] += 0.5
-    return a.float()
+    return (_set_sink(a) if sink else a).float()
+
+
+def bidirectional_mixing(noise: torch.Tensor, alpha: float = 1.0, sink: bool = True,
+                         valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Non-causal MixiT matrices for the sequences at hand.
+
+    noise (H, T, T): `mixit_noise` cut to the sequence length T.
+    valid (B, T) bool: which positions hold real tokens (right padding); None: all of them.
+    Each row is centred over the real columns only and padded columns are zero:
+      A[i, j] = I[i, j] + alpha (W[i, j] - mean_{k real} W[i, k])   for real j, else 0,
+    so every row sums to exactly 1 and a padded sequence is mixed exactly as
+    its unpadded copy. (The reference skips tril but still divides by i + 1,
+    so its rows do not sum to 1; MODEL.md, "Non-causal use".)
+    Returns (H, T, T) without `valid`, else (B, H, T, T).
+    """
+    T = noise.shape[-1]
+    eye = torch.eye(T, dtype=noise.dtype, device=noise.device)
+    if valid is None:
+        a = eye + alpha * (noise - noise.mean(dim=-1, keepdim=True))
+    else:
+        cols = valid[:, None, None, :].to(noise.dtype)  # (B, 1, 1, T)
+        w = noise * cols  # (B, H, T, T)
+        centred = (w - w.sum(dim=-1, keepdim=True) / cols.sum(dim=-1, keepdim=True)) * cols
+        a = eye + alpha * centred
+    return _set_sink(a) if sink else a
 
 
 def layer_generator(seed: int, layer: int) -> torch.Generator:
@@ -80,14 +122,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class SoftmaxAttention(nn.Module):
-    """Causal multi-head softmax attention with RoPE on Q and K."""
+    """Multi-head softmax attention with RoPE on Q and K, causal unless the
+    config says otherwise (then padded keys are masked out)."""
 
     learned_positions = False
     fixed_pattern = None  # the pattern depends on the input
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        self.n_heads, self.d_head, self.causal = cfg.n_heads, cfg.d_head, cfg.causal
         self.q = block_linear(cfg, cfg.d_model, cfg.d_model)
         self.k = block_linear(cfg, cfg.d_model, cfg.d_model)
         self.v = block_linear(cfg, cfg.d_model, cfg.d_model)
@@ -121,35 +164,51 @@ class SoftmaxAttention(nn.Module):
             qk = torch.stack([self.q(x).view(heads), self.k(x).view(heads)], dim=2)
         return qk, self.v(x).view(heads)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d_model)
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, d_model); valid (B, T) bool, the real (unpadded) positions,
+        used only without causality (causally, right padding is never read)."""
         B, T, D = x.shape
         qk, v = self._project(x)
         cos, sin = self.rope_cos[:T, None, None], self.rope_sin[:T, None, None]  # (T, 1, 1, d_head)
         qk = apply_rope(qk, cos, sin)  # Q and K rotated together
         q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), v.transpose(1, 2)  # (B, H, T, d_head)
+        keys = None  # (B, 1, 1, T) or (T, T) bool: which keys each query may read
+        if self.causal:
+            keys = torch.ones(T, T, dtype=torch.bool, device=x.device).tril() if self.hook_pattern.active else None
+        elif valid is not None:
+            keys = valid[:, None, None, :]
         if self.hook_pattern.active:
             scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)  # (B, H, T, T)
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            pattern = self.hook_pattern(scores.masked_fill(~causal, float("-inf")).softmax(dim=-1))
-            y = pattern @ v
+            if keys is not None:
+                scores = scores.masked_fill(~keys, float("-inf"))
+            y = self.hook_pattern(scores.softmax(dim=-1)) @ v
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, d_head)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, is_causal=self.causal)  # (B, H, T, d_head)
         return self.o(y.transpose(1, 2).reshape(B, T, D))
 
 
 class MixingAttention(nn.Module):
-    """MixiT: y_h = A_h V_h with a fixed random causal A_h per head (`mixit_matrices`)."""
+    """MixiT: y_h = A_h V_h with a fixed random A_h per head: causal
+    (`mixit_matrices`, stored as ``mixing``) or, for a non-causal config,
+    centred over each sequence's real tokens (`bidirectional_mixing`, built
+    from the stored ``mixing_noise``)."""
 
     learned_positions = True
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        self.n_heads, self.d_head, self.causal = cfg.n_heads, cfg.d_head, cfg.causal
+        self.alpha, self.sink = cfg.mixing_alpha, cfg.mixing_sink
         self.v = block_linear(cfg, cfg.d_model, cfg.d_model)
         self.o = block_linear(cfg, cfg.d_model, cfg.d_model)
-        mixing = mixit_matrices(cfg.n_heads, cfg.n_ctx, cfg.d_head, layer_generator(cfg.seed, layer),
-                                alpha=cfg.mixing_alpha, sink=cfg.mixing_sink)
-        self.register_buffer("mixing", mixing)  # (H, n_ctx, n_ctx), saved with the model
+        generator = layer_generator(cfg.seed, layer)
+        if cfg.causal:
+            mixing = mixit_matrices(cfg.n_heads, cfg.n_ctx, cfg.d_head, generator,
+                                    alpha=cfg.mixing_alpha, sink=cfg.mixing_sink)
+            self.register_buffer("mixing", mixing)  # (H, n_ctx, n_ctx), saved with the model
+        else:
+            noise = mixit_noise(cfg.n_heads, cfg.n_ctx, cfg.d_head, generator).float()
+            self.register_buffer("mixing_noise", noise)  # (H, n_ctx, n_ctx), saved with the model
         self.hook_pattern = HookPoint()
 
     def matmul_flops(self, batch: int, seq: int) -> int:
@@ -159,13 +218,22 @@ class MixingAttention(nn.Module):
 
     @property
     def fixed_pattern(self) -> torch.Tensor:
-        """The input-independent pattern (H, n_ctx, n_ctx): the MixiT matrices."""
-        return self.mixing
+        """The input-independent pattern (H, n_ctx, n_ctx): the MixiT matrices
+        (non-causal: those of an unpadded full-length sequence)."""
+        return self.mixing if self.causal else self._bidirectional(self.mixing_noise.shape[-1], None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d_model)
+    def _bidirectional(self, T: int, valid: torch.Tensor | None) -> torch.Tensor:
+        return bidirectional_mixing(self.mixing_noise[:, :T, :T], self.alpha, self.sink, valid)
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, d_model); valid (B, T) bool, the real (unpadded) positions,
+        used only without causality (causally, right padding is never read)."""
         B, T, D = x.shape
         v = self.v(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
-        a = self.mixing[:, :T, :T]  # (H, T, T): exact for any T <= n_ctx (see mixit_matrices)
+        if self.causal:
+            a = self.mixing[:, :T, :T]  # (H, T, T): exact for any T <= n_ctx (see mixit_matrices)
+        else:
+            a = self._bidirectional(T, valid)  # (H, T, T), or (B, H, T, T) with padding
         if self.hook_pattern.active:
             a = self.hook_pattern(a.expand(B, -1, -1, -1))  # (B, H, T, T)
         y = a @ v  # (B, H, T, d_head)

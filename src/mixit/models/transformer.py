@@ -32,11 +32,12 @@ class Block(nn.Module):
         self.mlp = GatedMLP(cfg)
         self.skip_scale, self.branch_scale = cfg.skip_scale, cfg.branch_scale
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, T, d_model)
+    def forward(self, h: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """h (B, T, d_model); valid (B, T) bool: the unpadded positions (non-causal attention only)."""
         if self.skip_scale == 1.0 and self.branch_scale == 1.0:  # the usual case: no full-size multiplies by 1
-            h = h + self.attn(self.norm1(h))
+            h = h + self.attn(self.norm1(h), valid)
             return h + self.mlp(self.norm2(h))
-        h = self.skip_scale * h + self.branch_scale * self.attn(self.norm1(h))
+        h = self.skip_scale * h + self.branch_scale * self.attn(self.norm1(h), valid)
         return self.skip_scale * h + self.branch_scale * self.mlp(self.norm2(h))
 
 
@@ -49,7 +50,10 @@ class Transformer(nn.Module):
         self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model) if learned_positions else None
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.norm_f = nn.RMSNorm(cfg.d_model, eps=1e-6)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.head == "lm":
+            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        else:
+            self.classifier = nn.Linear(cfg.d_model, cfg.n_classes, bias=False)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -73,20 +77,40 @@ class Transformer(nn.Module):
                 module.weight.copy_(torch.randn(module.weight.shape, generator=g) * cfg.init_std)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T) int64 with T <= n_ctx -> logits (B, T, vocab_size).
+        """tokens (B, T) int64 with T <= n_ctx -> logits (B, T, vocab_size),
+        or (B, n_classes) with the classifier head.
 
-        Attention is causal, so right padding never changes the logits at the
-        real positions: pad tokens sit after every position that could read them.
+        Inputs are right-padded with cfg.pad_id, if any. Causal attention never
+        lets a real position read a pad (pads come after it); non-causal
+        attention masks them out, and pooling skips them, so a padded and an
+        unpadded copy of an input get the same classification.
         """
+        cfg = self.cfg
         B, T = tokens.shape
-        if T > self.cfg.n_ctx:
-            raise ValueError(f"sequence length {T} exceeds the model's n_ctx={self.cfg.n_ctx}")
+        if T > cfg.n_ctx:
+            raise ValueError(f"sequence length {T} exceeds the model's n_ctx={cfg.n_ctx}")
+        valid = None  # (B, T) bool: real tokens; needed only where padding could be read
+        if cfg.pad_id is not None and (cfg.head == "classifier" or not cfg.causal):
+            valid = tokens != cfg.pad_id
         h = self.embed(tokens)  # (B, T, d_model)
         if self.pos_embed is not None:
             h = h + self.pos_embed.weight[:T]
         for block in self.blocks:
-            h = block(h)
-        return self.lm_head(self.norm_f(h))  # (B, T, vocab_size)
+            h = block(h, valid)
+        h = self.norm_f(h)
+        if cfg.head == "lm":
+            return self.lm_head(h)  # (B, T, vocab_size)
+        return self.classifier(self.pool(h, valid))  # (B, n_classes)
+
+    def pool(self, h: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        """(B, T, d_model) -> (B, d_model): the last real token, or the mean over real tokens (cfg.pooling).
+        Padding is on the right, so the last real token sits at length - 1."""
+        if valid is None:
+            return h[:, -1] if self.cfg.pooling == "last" else h.mean(dim=1)
+        lengths = valid.sum(dim=1).clamp(min=1)  # (B,)
+        if self.cfg.pooling == "last":
+            return h[torch.arange(h.shape[0], device=h.device), lengths - 1]
+        return (h * valid[..., None]).sum(dim=1) / lengths[:, None]
 
     def num_params(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
