@@ -43,7 +43,8 @@ def test_resume_from_the_command_line(tmp_path, capsys):
 def test_list_names_every_task_and_variant(capsys):
     code, out, _ = run_cli(["list", "--json"], capsys)
     listing = json.loads(out)
-    assert set(listing["tasks"]) == {"addition", "modular_addition", "dyck", "memorization", "retrieval", "induction"}
+    assert set(listing["tasks"]) == {"addition", "modular_addition", "dyck", "memorization", "retrieval", "induction",
+                                     "lm", "sentiment"}
     assert set(listing["variants"]) == {"standard", "frozen_qk", "frozen_mlp", "mixit", "random"}
     assert listing["tasks"]["addition"]["parameters"] == {"n_digits": 10, "reference_mask": False}
     code, out, _ = run_cli(["list"], capsys)

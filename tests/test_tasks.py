@@ -42,12 +42,13 @@ def perfect_preds(batch) -> torch.Tensor:
 
 
 def test_registry_has_every_task():
-    assert set(TASKS) == set(SMALL)
+    assert set(TASKS) == set(SMALL) | {"lm", "sentiment"}  # the real-text tasks: tests/test_text_tasks.py
     for name, cls in TASKS.items():
         assert cls.name == name
         assert "TASKS.md" in cls.__doc__
         assert cls.description and "\n" not in cls.description
-        assert set(cls.default_train) <= {"steps", "batch_size", "lr", "d_model", "n_layers", "n_heads"}
+        assert set(cls.default_train) <= {"steps", "batch_size", "lr", "d_model", "n_layers", "n_heads",
+                                          "eval_batch_size"}
 
 
 @pytest.mark.parametrize(

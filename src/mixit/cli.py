@@ -1,4 +1,4 @@
-"""`mixit <subcommand>`: train, eval, analyze, signal, bench, list.
+"""`mixit <subcommand>`: train, eval, sample, analyze, signal, bench, list.
 
 Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
@@ -21,10 +21,20 @@ from mixit.runtime import tune_allocator
 
 VARIANT_NAMES = tuple(VARIANTS)
 
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 # CLI flag -> RunConfig override name, for the options that map one to one.
 MODEL_FLAGS = {
     "d_model": int, "n_layers": int, "n_heads": int, "d_mlp": int, "n_ctx": int,
-    "attention": str, "mixing_alpha": float, "init_std": float, "seed": int,
+    "attention": str, "mixing_alpha": float, "init_std": float, "seed": int, "pooling": str, "causal": _bool,
 }
 TRAIN_FLAGS = {
     "steps": int, "batch_size": int, "lr": float, "weight_decay": float, "warmup_steps": int,
@@ -38,6 +48,8 @@ FLAG_HELP = {
     "attention": "attention kind: softmax or mixing (set by the variant; only 'random' may change it)",
     "mixing_alpha": "MixiT scale of the centred random part (1.0)",
     "init_std": "std of the normal initialisation of weights and embeddings (0.02)", "seed": "model initialisation seed (0)",
+    "pooling": "classifier pooling over real tokens: last or mean (last; sentiment only)",
+    "causal": "true or false: causal attention (true; sentiment: false for mixit, as the reference)",
     "steps": "optimizer steps (task default)", "batch_size": "examples per step (task default)",
     "lr": "peak learning rate (task default)", "weight_decay": "AdamW weight decay on matrices (0.01)",
     "warmup_steps": "linear warmup steps (min(100, steps/10))", "grad_clip": "global grad-norm clip, 0 = off (1.0)",
@@ -100,6 +112,17 @@ def build_parser() -> Parser:
     ev.add_argument("run_dir", type=Path)
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     ev.add_argument("--batch-size", type=int, default=1000, help="examples per forward pass (1000)")
+
+    sm = sub.add_parser("sample", help="sample text from a trained language model (task lm)",
+                        description="Continue a prompt with text sampled from RUN_DIR's latest checkpoint.")
+    sm.add_argument("run_dir", type=Path)
+    sm.add_argument("--prompt", default="", help="text to continue (empty: start a new document)")
+    sm.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate at most (200)")
+    sm.add_argument("--temperature", type=float, default=0.8, help="sampling temperature, 0 = greedy (0.8)")
+    sm.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens, 0 = all (50)")
+    sm.add_argument("--num-samples", type=int, default=1, help="independent continuations (1)")
+    sm.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
+    sm.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
 
     an = sub.add_parser("analyze", help="head scores, attention maps and signal propagation of a trained run",
                         description="Write RUN_DIR/analysis/: head scores (previous-token, induction, "
@@ -220,11 +243,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if last is None:
         raise UsageError(f"{args.run_dir} has no checkpoint yet")
     device = resolve_device(args.device)
-    task, model, _ = build(cfg)
+    task, model, _ = build(cfg, args.run_dir)
     ckpt.load_model_state(last, model)
     metrics = evaluate(model.to(device), task, device, args.batch_size)
     print(json.dumps({"run_dir": str(args.run_dir), "checkpoint": last.name, "task": task.describe(),
                       "variant": cfg.variant, "test": metrics}, indent=2))
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from mixit.generate import sample_run
+
+    texts = sample_run(args.run_dir, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                       top_k=args.top_k or None, num_samples=args.num_samples, seed=args.seed, device=args.device)
+    for i, text in enumerate(texts):
+        if len(texts) > 1:
+            print(f"--- sample {i + 1}")
+        print(args.prompt + text)
     return 0
 
 
@@ -310,7 +345,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "bench": cmd_bench, "eval": cmd_eval, "analyze": cmd_analyze,
+COMMANDS = {"train": cmd_train, "bench": cmd_bench, "eval": cmd_eval, "sample": cmd_sample, "analyze": cmd_analyze,
             "signal": cmd_signal, "list": cmd_list}
 
 

@@ -75,7 +75,8 @@ def head_scores(model: nn.Module, tokens: Sequence[int], m: int | None = None, b
     m: length of each copy; default min(len(tokens), n_ctx // 2).
     Returns lists of shape [n_layers][n_heads] under "previous_token",
     "induction" and "duplicate_token", plus "icl" (loss and accuracy on each
-    copy and the gap) and the probe settings.
+    copy and the gap; None for a classifier, which predicts no next tokens)
+    and the probe settings.
     """
     n_ctx = model.cfg.n_ctx
     m = min(len(tokens), n_ctx // 2) if m is None else m
@@ -89,7 +90,8 @@ def head_scores(model: nn.Module, tokens: Sequence[int], m: int | None = None, b
     per_layer = [score_patterns(patterns[n].float().cpu(), m) for n in names]
     out: dict[str, Any] = {key: [s[key].tolist() for s in per_layer]
                            for key in ("previous_token", "induction", "duplicate_token")}
-    out["icl"] = icl_gap(logits.float().cpu(), x.cpu(), m)
+    # A classifier has no next-token predictions to score: no behavioural gap.
+    out["icl"] = icl_gap(logits.float().cpu(), x.cpu(), m) if logits.dim() == 3 else None
     out["probe"] = {"m": m, "batch": batch, "seed": seed, "n_tokens": len(tokens)}
     return out
 

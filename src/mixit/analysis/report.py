@@ -37,7 +37,7 @@ def load_run(run_dir: Path, device: str = "auto"):
     last = ckpt.latest_checkpoint(run_dir)
     if last is None:
         raise UsageError(f"{run_dir} has no checkpoint yet")
-    task, model, _ = build(cfg)
+    task, model, _ = build(cfg, run_dir)
     ckpt.load_model_state(last, model)
     return cfg, task, model.to(resolve_device(device)), last
 
@@ -76,7 +76,7 @@ def analyze_run(run_dir: str | Path, device: str = "auto", example: int = 0, tok
         plot_pattern_grid(fixed, out_dir / "fixed_patterns.png", f"fixed mixing matrices: {name}")
 
     probe = test_inputs[: min(len(test_inputs), batch)].to(next(model.parameters()).device)
-    _, fresh, _ = build(cfg)
+    _, fresh, _ = build(cfg, run_dir)
     signal = {"trained": token_similarity(model, probe), "init": token_similarity(fresh.to(probe.device), probe)}
     (out_dir / "signal.json").write_text(json.dumps(signal, indent=2) + "\n")
 
@@ -117,12 +117,14 @@ def render_summary(name: str, f: dict[str, Any], has_fixed: bool) -> str:
     if feeder is not None:
         lines.append(f"- Strongest previous-token head below the induction head: layer {feeder['layer']}, "
                      f"head {feeder['head']} (score {feeder['score']:.3f}).")
+    lines.append(f"- Strongest duplicate-token head: layer {f['duplicate_token']['layer']}, head "
+                 f"{f['duplicate_token']['head']} (score {f['duplicate_token']['score']:.3f}).")
+    if icl is not None:
+        lines.append(f"- In-context learning on repeated random sequences: next-token loss "
+                     f"{icl['loss_first_copy']:.3f} on the first copy, {icl['loss_second_copy']:.3f} on the second "
+                     f"(gap {icl['loss_gap']:.3f}); accuracy {icl['acc_first_copy']:.3f} -> "
+                     f"{icl['acc_second_copy']:.3f}.")
     lines += [
-        f"- Strongest duplicate-token head: layer {f['duplicate_token']['layer']}, head "
-        f"{f['duplicate_token']['head']} (score {f['duplicate_token']['score']:.3f}).",
-        f"- In-context learning on repeated random sequences: next-token loss {icl['loss_first_copy']:.3f} "
-        f"on the first copy, {icl['loss_second_copy']:.3f} on the second (gap {icl['loss_gap']:.3f}); "
-        f"accuracy {icl['acc_first_copy']:.3f} -> {icl['acc_second_copy']:.3f}.",
         f"- Mean cosine similarity between token representations after the last layer: "
         f"{f['final_cosine']['trained']:.3f} trained, {f['final_cosine']['init']:.3f} at initialisation.",
         "",

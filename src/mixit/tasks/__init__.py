@@ -1,5 +1,5 @@
-"""The synthetic tasks (../shared/spec/TASKS.md) and the one place that builds
-them from a CLI name and parameters.
+"""The tasks (../shared/spec/TASKS.md): synthetic ones, and the real-text lm
+and sentiment; and the one place that builds them from a CLI name and parameters.
 
     task = make_task("addition", {"n_digits": "5"}, seed=0)
 
@@ -21,6 +21,7 @@ from mixit.tasks.induction import Induction
 from mixit.tasks.memorization import Memorization
 from mixit.tasks.modular_addition import ModularAddition
 from mixit.tasks.retrieval import Retrieval
+from mixit.tasks.text import LanguageModeling, Sentiment
 
 __all__ = [
     "IGNORE",
@@ -29,12 +30,14 @@ __all__ = [
     "ParamCounts",
     "Task",
     "make_batch",
+    "make_run_task",
     "make_task",
     "task_parameters",
 ]
 
 TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (Addition, ModularAddition, Dyck, Memorization, Retrieval, Induction)
+    cls.name: cls for cls in (Addition, ModularAddition, Dyck, Memorization, Retrieval, Induction,
+                              LanguageModeling, Sentiment)
 }
 """CLI name -> task class."""
 
@@ -102,3 +105,17 @@ def make_task(name: str, params: dict[str, Any] | None = None, seed: int = 0, te
             raise UsageError(f"unknown parameter {key!r} for task {name}; allowed: {allowed}")
         kwargs[key] = _coerce(key, value, defaults[key])
     return cls(**kwargs, seed=seed, test_size=test_size)
+
+
+def make_run_task(name: str, params: dict[str, Any], seed: int, test_size: int, run_dir: Any = None) -> Task:
+    """`make_task` for an existing run: a task with a tokenizer reads the one
+    saved in `run_dir` (RUN_DIR/tokenizer.json) instead of training or
+    fetching it again, so the run is evaluated with exactly its own."""
+    from pathlib import Path
+
+    from mixit.text.tokenizer import TOKENIZER_FILE
+
+    saved = Path(run_dir) / TOKENIZER_FILE if run_dir is not None else None
+    if saved is not None and saved.is_file() and "tokenizer" in task_parameters(name):
+        params = {**params, "tokenizer": str(saved)}
+    return make_task(name, params, seed=seed, test_size=test_size)

@@ -156,6 +156,18 @@ class Task:
         draw from: the whole vocabulary unless a task says otherwise."""
         return range(self.vocab_size)
 
+    def model_defaults(self, attention: str) -> dict[str, Any]:
+        """ModelConfig values this task needs unless the user sets them (a
+        classifier head, padding, causality); `attention` is the run's kind."""
+        return {}
+
+    def loss_metrics(self, loss: float) -> dict[str, float]:
+        """Metrics derived from the mean test loss (perplexity for language modelling)."""
+        return {}
+
+    def save_artifacts(self, run_dir: Any) -> None:
+        """Write what evaluating the run later needs besides its config (a tokenizer); nothing by default."""
+
     def to_batch(self, seq: np.ndarray, mask: np.ndarray) -> Batch:
         """Examples as the model sees them; next-token prediction unless a task
         with per-position labels (induction) says otherwise."""

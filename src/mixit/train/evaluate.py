@@ -37,5 +37,6 @@ def evaluate(model: nn.Module, task: Task, device: torch.device, batch_size: int
     counts = ParamCounts(trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
                          total=sum(p.numel() for p in model.parameters()))
     metrics = {"loss": loss_sum / max(int(batch.mask.sum()), 1)}
+    metrics.update(task.loss_metrics(metrics["loss"]))
     metrics.update(task.score(torch.cat(preds), batch, counts))
     return metrics

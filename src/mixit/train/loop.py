@@ -24,7 +24,7 @@ from mixit.config import ModelConfig, RunConfig, TrainConfig
 from mixit.errors import UsageError
 from mixit.freezing import FreezeReport, apply_variant, check_attention, get_variant
 from mixit.models import Transformer
-from mixit.tasks import Task, make_task
+from mixit.tasks import Task, make_run_task, make_task
 from mixit.train import checkpoint as ckpt
 from mixit.train.evaluate import evaluate, loss_fn
 from mixit.train.optim import build_optimizer, lr_at
@@ -61,14 +61,18 @@ def run_config(task: str, variant: str = "standard", task_params: dict[str, Any]
     train_kw.setdefault("log_every", max(min(50, steps // 20), 1))
     model_kw = {k: merged[k] for k in MODEL_KEYS if k in merged}
     model_kw.setdefault("attention", v.attention)
+    model_kw = {**t.model_defaults(model_kw["attention"]), **model_kw}
     model_kw.setdefault("n_ctx", t.input_len)
     return RunConfig(task=task, variant=variant, model=ModelConfig(vocab_size=t.vocab_size, **model_kw),
                      train=TrainConfig(**train_kw), task_params=t.params(), **run_kw)
 
 
-def build(cfg: RunConfig) -> tuple[Task, Transformer, FreezeReport]:
-    """The task, the model (initialised from cfg.model.seed) and the applied variant."""
-    task = make_task(cfg.task, cfg.task_params, seed=cfg.data_seed, test_size=cfg.test_size)
+def build(cfg: RunConfig, run_dir: str | Path | None = None) -> tuple[Task, Transformer, FreezeReport]:
+    """The task, the model (initialised from cfg.model.seed) and the applied variant.
+
+    run_dir: the run's directory, whose saved tokenizer (if any) the task then uses.
+    """
+    task = make_run_task(cfg.task, cfg.task_params, seed=cfg.data_seed, test_size=cfg.test_size, run_dir=run_dir)
     if cfg.model.vocab_size != task.vocab_size:
         raise UsageError(f"model vocab_size={cfg.model.vocab_size} but task {cfg.task} needs {task.vocab_size}")
     if task.input_len > cfg.model.n_ctx:
@@ -178,8 +182,10 @@ def train(cfg: RunConfig, run_dir: str | Path, device: str = "auto", resume: boo
     """
     run_dir = Path(run_dir)
     dev = resolve_device(device)
-    task, model, report = build(cfg)
+    task, model, report = build(cfg, run_dir if resume else None)
     prepare_run_dir(run_dir, cfg, resume)
+    if not resume:
+        task.save_artifacts(run_dir)
     tc = cfg.train
     model.to(dev)
     optimizer = build_optimizer(model, tc, dev)
@@ -243,4 +249,7 @@ def train(cfg: RunConfig, run_dir: str | Path, device: str = "auto", resume: boo
 
 
 def _headline(metrics: dict[str, float]) -> float:
-    return metrics.get("exact_match", metrics.get("token_acc", float("nan")))
+    for key in ("exact_match", "accuracy", "token_acc"):
+        if key in metrics:
+            return metrics[key]
+    return float("nan")

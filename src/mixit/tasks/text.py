@@ -1,0 +1,254 @@
+"""Real-text tasks (../shared/spec/TASKS.md, "Real data"): language modelling
+(`lm`) and sentiment classification (`sentiment`).
+
+Both read a named dataset (`mixit.text.corpora`; offline embedded defaults),
+tokenize it with a tokenizer trained on the training split or named by the
+user (`mixit.text.tokenizer`), and cache the tokens. A run keeps its tokenizer
+in RUN_DIR/tokenizer.json (`save_artifacts`); `mixit eval`, `mixit sample`
+and ``--resume`` rebuild the task with that file, so a run can be evaluated
+exactly even after the cache is deleted.
+
+Training order. Each epoch visits every training item (a packed lm sequence,
+or a sentiment example) exactly once, in an order drawn from
+``default_rng([data_seed, 1, epoch])``; training batch ``step`` holds items
+``step * batch_size ...`` of that endless sequence, so a batch depends only on
+(data_seed, step) and ``--resume`` sees the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from mixit.errors import UsageError
+from mixit.tasks.base import IGNORE, Batch, ParamCounts, Task
+from mixit.text.cache import load_or_build_array
+from mixit.text.corpora import TextDataset, load_corpus, load_labelled
+from mixit.text.tokenizer import TOKENIZER_FILE, TextTokenizer, encode_documents, get_tokenizer, texts_fingerprint
+
+
+def epoch_indices(seed: int, step: int, n: int, n_items: int) -> np.ndarray:
+    """Items of training batch `step` (n of them) when every epoch visits all
+    n_items once in its own random order: (n,) int64."""
+    flat = np.arange(step * n, step * n + n, dtype=np.int64)
+    epochs, within = np.divmod(flat, n_items)
+    out = np.empty(n, dtype=np.int64)
+    for epoch in np.unique(epochs):
+        order = _epoch_order(seed, int(epoch), n_items)
+        sel = epochs == epoch
+        out[sel] = order[within[sel]]
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(seed: int, epoch: int, n_items: int) -> np.ndarray:
+    return np.random.default_rng([seed, 1, epoch]).permutation(n_items)
+
+
+class TextTask(Task):
+    """What both text tasks share: the dataset, the tokenizer and its file in the run directory."""
+
+    tokenizer: TextTokenizer
+    dataset_info: dict[str, Any]
+
+    def _tokenizer(self, spec: str, train_texts: list[str], vocab: int) -> TextTokenizer:
+        return get_tokenizer(spec, train_texts, vocab)
+
+    def save_artifacts(self, run_dir: Path) -> None:
+        """Keep the tokenizer with the run (evaluation and sampling read it from there)."""
+        self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
+
+    def analysis_tokens(self) -> list[int]:
+        """Probe sequences use ordinary tokens only (not EOS or PAD)."""
+        specials = {self.tokenizer.eos_id, self.tokenizer.pad_id}
+        return [i for i in range(self.vocab_size) if i not in specials]
+
+
+@functools.lru_cache(maxsize=2)
+def _lm_data(corpus: str, data_dir: str, max_documents: int, held_out: float, tokenizer: str,
+             vocab: int) -> tuple[TextTokenizer, np.ndarray, np.ndarray, dict[str, Any]]:
+    """(tokenizer, train tokens, held-out tokens, info), built once per process and cached on disk."""
+    data: TextDataset = load_corpus(corpus, data_dir or None, max_documents, held_out)
+    tok = get_tokenizer(tokenizer, data.train.texts, vocab)
+    streams = []
+    for split in (data.train, data.test):
+        key = f"lm-{texts_fingerprint(split.texts)}-{tok.fingerprint()}"
+        streams.append(load_or_build_array(key, functools.partial(encode_documents, tok, split.texts)))
+    info = {**data.info, "train_documents": len(data.train), "held_out_documents": len(data.test),
+            "train_tokens": int(len(streams[0])), "held_out_tokens": int(len(streams[1]))}
+    return tok, streams[0], streams[1], info
+
+
+class LanguageModeling(TextTask):
+    """Next-token prediction on real text, packed into fixed-length sequences
+    (../shared/spec/TASKS.md, "Real data", lm).
+
+    Documents are tokenized, each followed by EOS, and concatenated into one
+    stream per split. Training sequence i is stream[i*length : i*length +
+    length + 1]: the model reads `length` tokens and predicts each next one,
+    consecutive sequences share one boundary token, and so every next-token
+    prediction of the training stream is made exactly once per epoch (the last
+    partial sequence, fewer than `length` tokens, is left out). The held-out
+    split is packed the same way; its first `test_size` sequences (spread
+    evenly over it when there are more) are the test set. Every position is
+    scored. Metrics: `loss`, the mean cross-entropy in nats per token (the
+    paper's "log perplexity"), `perplexity` = exp(loss), `token_acc`, and
+    `unigram_loss`, the cross-entropy of the training split's add-one-smoothed
+    unigram distribution on the same targets (the floor a model must beat).
+    """
+
+    name = "lm"
+    description = "language modelling on real text (embedded English by default), packed sequences"
+    default_train = {"steps": 2000, "batch_size": 32, "lr": 1e-3, "eval_batch_size": 32, "n_layers": 4,
+                     "d_model": 256}
+
+    def __init__(self, corpus: str = "english", length: int = 256, vocab: int = 4096, tokenizer: str = "bpe",
+                 data_dir: str = "", max_documents: int = 0, held_out: float = 0.05,
+                 seed: int = 0, test_size: int = 4000):
+        super().__init__(seed=seed, test_size=test_size)
+        if length < 2:
+            raise UsageError(f"length must be an integer >= 2, got {length}")
+        if max_documents < 0:
+            raise UsageError(f"max_documents must be >= 0 (0 = all), got {max_documents}")
+        self.corpus, self.length, self.vocab, self.tokenizer_spec = corpus, length, vocab, tokenizer
+        self.data_dir, self.max_documents, self.held_out = data_dir, max_documents, held_out
+        self.tokenizer, self.train_tokens, self.test_tokens, self.dataset_info = _lm_data(
+            corpus, data_dir, max_documents, held_out, tokenizer, vocab)
+        self.vocab_size = self.tokenizer.vocab_size
+        self.seq_len = length + 1
+        self.n_train = (len(self.train_tokens) - 1) // length
+        self.n_test = (len(self.test_tokens) - 1) // length
+        if self.n_train < 1 or self.n_test < 1:
+            which = "training" if self.n_train < 1 else "held-out"
+            raise UsageError(f"corpus {corpus!r}: the {which} split has fewer than {length + 1} tokens; "
+                             f"lower length or use a larger corpus")
+        counts = np.bincount(self.train_tokens, minlength=self.vocab_size).astype(np.float64) + 1.0
+        self._unigram_logp = torch.from_numpy(np.log(counts / counts.sum()))
+
+    def params(self) -> dict[str, Any]:
+        return {"corpus": self.corpus, "length": self.length, "vocab": self.vocab, "tokenizer": self.tokenizer_spec,
+                "data_dir": self.data_dir, "max_documents": self.max_documents, "held_out": self.held_out}
+
+    def sequences(self, stream: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """Packed sequences number `index` of a token stream: (len(index), length + 1) int64."""
+        offsets = index[:, None] * self.length + np.arange(self.length + 1)
+        return stream[offsets].astype(np.int64)
+
+    def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._test is None:
+            index = np.arange(self.n_test)
+            if self.n_test > self.test_size:
+                index = np.linspace(0, self.n_test - 1, self.test_size).round().astype(np.int64)
+            seq = self.sequences(self.test_tokens, index)
+            self._test = (seq, np.ones_like(seq, dtype=bool))
+        return self._test
+
+    def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        seq = self.sequences(self.train_tokens, epoch_indices(self.seed, step, n, self.n_train))
+        return seq, np.ones_like(seq, dtype=bool)
+
+    def epoch_of(self, step: int, batch_size: int) -> float:
+        """How many passes over the training stream `step` batches make."""
+        return step * batch_size / self.n_train
+
+    def loss_metrics(self, loss: float) -> dict[str, float]:
+        return {"perplexity": math.exp(min(loss, 700.0))}
+
+    def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
+        out = super().score(preds, batch, counts)
+        targets = batch.targets[batch.mask]
+        out["unigram_loss"] = float(-self._unigram_logp[targets].mean())
+        return out
+
+
+@functools.lru_cache(maxsize=2)
+def _sentiment_data(dataset: str, data_dir: str, max_documents: int, held_out: float, tokenizer: str,
+                    vocab: int, length: int):
+    data = load_labelled(dataset, data_dir or None, max_documents, held_out)
+    tok = get_tokenizer(tokenizer, data.train.texts, vocab)
+    splits = []
+    for split in (data.train, data.test):
+        rows = np.full((len(split), length), tok.pad_id, dtype=np.int64)
+        for i, ids in enumerate(tok.encode_batch(split.texts)):
+            ids = ids[:length] or [tok.eos_id]  # truncate; an empty text reads as EOS alone
+            rows[i, :len(ids)] = ids
+        splits.append((rows, np.asarray(split.labels, dtype=np.int64)))
+    info = {**data.info, "train_examples": len(data.train), "test_examples": len(data.test)}
+    return tok, splits[0], splits[1], info
+
+
+class Sentiment(TextTask):
+    """Binary (or n-class) text classification: read a text, output its label
+    (../shared/spec/TASKS.md, "Real data", sentiment).
+
+    Texts are tokenized, truncated to `length` tokens (the first ones) and
+    right-padded with PAD; a batch is cut to its longest text. The model's
+    classifier head pools the final hidden states (``--pooling last`` or
+    ``mean``, ignoring padding) into class logits. Following the reference
+    code, MixiT reads the whole text (non-causal, rows centred over the real
+    tokens) and softmax attention stays causal like the Hugging Face Llama
+    classifier; ``--causal true|false`` overrides either. Metrics: `accuracy`
+    and `majority_baseline`, the accuracy of always answering the training
+    split's most frequent label.
+    """
+
+    name = "sentiment"
+    description = "sentiment classification (embedded movie snippets by default, yelp_polarity when reachable)"
+    default_train = {"steps": 1000, "batch_size": 64, "lr": 1e-3, "eval_batch_size": 500}
+
+    def __init__(self, dataset: str = "movies", length: int = 64, vocab: int = 2048, tokenizer: str = "bpe",
+                 data_dir: str = "", max_documents: int = 0, held_out: float = 0.2,
+                 seed: int = 0, test_size: int = 4000):
+        super().__init__(seed=seed, test_size=test_size)
+        if length < 1:
+            raise UsageError(f"length must be a positive integer, got {length}")
+        if max_documents < 0:
+            raise UsageError(f"max_documents must be >= 0 (0 = all), got {max_documents}")
+        self.dataset, self.length, self.vocab, self.tokenizer_spec = dataset, length, vocab, tokenizer
+        self.data_dir, self.max_documents, self.held_out = data_dir, max_documents, held_out
+        self.tokenizer, self.train_set, self.test_set, self.dataset_info = _sentiment_data(
+            dataset, data_dir, max_documents, held_out, tokenizer, vocab, length)
+        labels = np.concatenate([self.train_set[1], self.test_set[1]])
+        if labels.min() < 0:
+            raise UsageError(f"dataset {dataset!r}: labels must be integers >= 0, found {labels.min()}")
+        self.n_classes = max(int(labels.max()) + 1, 2)
+        self.vocab_size = self.tokenizer.vocab_size
+        self.seq_len = length + 1  # so that input_len = length
+        self.majority = int(np.bincount(self.train_set[1], minlength=self.n_classes).argmax())
+
+    def params(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "length": self.length, "vocab": self.vocab, "tokenizer": self.tokenizer_spec,
+                "data_dir": self.data_dir, "max_documents": self.max_documents, "held_out": self.held_out}
+
+    def model_defaults(self, attention: str) -> dict[str, Any]:
+        return {"head": "classifier", "n_classes": self.n_classes, "pad_id": self.tokenizer.pad_id,
+                "causal": attention == "softmax"}
+
+    def _batch(self, rows: np.ndarray, labels: np.ndarray) -> Batch:
+        width = int((rows != self.tokenizer.pad_id).sum(axis=1).max())
+        return Batch(torch.from_numpy(np.ascontiguousarray(rows[:, :width])), torch.from_numpy(labels.copy()))
+
+    def test_batch(self) -> Batch:
+        rows, labels = self.test_set
+        return self._batch(rows[: self.test_size], labels[: self.test_size])
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        rows, labels = self.train_set
+        index = epoch_indices(self.seed, step, batch_size, len(rows))
+        return self._batch(rows[index], labels[index])
+
+    def test_examples(self):
+        raise UsageError("sentiment examples are (text, label) pairs; use test_batch()")
+
+    def train_examples(self, step: int, n: int):
+        raise UsageError("sentiment examples are (text, label) pairs; use train_batch()")
+
+    def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
+        right = (preds == batch.targets) & (batch.targets != IGNORE)
+        return {"accuracy": right.float().mean().item(),
+                "majority_baseline": (batch.targets == self.majority).float().mean().item()}

@@ -1,0 +1,1 @@
+"""Real text for the lm and sentiment tasks: corpora, tokenizers, caching."""

@@ -1,0 +1,385 @@
+"""Named text datasets for the real-text tasks, offline by default.
+
+    load_corpus("english")                  # embedded public-domain English (lm default)
+    load_corpus("wikitext-103")             # Hugging Face hub, when reachable
+    load_corpus("wikitext-103", data_dir="/data/wikitext")   # a local copy of the hub repository
+    load_corpus("path/to/texts/")           # local .txt/.jsonl/.json/.parquet/.csv/.tsv files
+    load_labelled("movies")                 # embedded movie snippets (sentiment default)
+    load_labelled("yelp_polarity")
+
+Every loader returns a `TextDataset`: a train and a held-out split of
+documents (and labels, for classification).
+
+Held-out splits. Where the source has one (wikitext validation, yelp test, a
+local directory with files named train/validation/test) it is used. Otherwise
+each document goes to the held-out split when a hash of its text falls below
+the held-out fraction: the split depends only on the text, so it is the same
+on every machine, and identical documents always land on the same side, so no
+held-out text is ever trained on.
+
+Embedded data (``mixit/data/``, rebuilt by scripts/build_text_data.py; see
+PROVENANCE.md there): six Jane Austen novels, Moby Dick and the King James
+Bible, one document per chapter; and 10,605 Rotten Tomatoes snippets with mean
+human sentiment scores in [-4, 4] (Hutto & Gilbert 2014), labelled positive
+when the score is above 0 and negative below (score exactly 0: dropped).
+
+Hub datasets go through Hugging Face `datasets` (``pip install 'mixit[hf]'``).
+Before contacting the hub we check in at most 3 s that huggingface.co is
+reachable, so an offline machine gets a one-line error instead of a long
+retry loop; with HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1 only the local
+datasets cache is tried.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import lzma
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from mixit.errors import UsageError
+
+HUB_HOST = "huggingface.co"
+LOCAL_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".csv", ".tsv")
+
+
+@dataclass
+class TextSplit:
+    texts: list[str]
+    labels: list[int] | None = None  # classification only
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass
+class TextDataset:
+    name: str
+    train: TextSplit
+    test: TextSplit  # the held-out split: validation (lm) or test (sentiment)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    """How one hub dataset is laid out and read."""
+
+    repo: str
+    config: str | None
+    splits: dict[str, str]  # our split ("train", "test") -> hub split name
+    files: dict[str, str]  # hub split name -> glob of its parquet files in a local copy of the repository
+    label_column: str | None = None
+    wikitext_articles: bool = False  # rows are lines; rebuild articles from their " = Title = " headings
+    default_max_documents: int = 0  # 0: all
+
+
+HUB: dict[str, HubSpec] = {
+    "wikitext-103": HubSpec(
+        "Salesforce/wikitext", "wikitext-103-raw-v1", {"train": "train", "test": "validation"},
+        {"train": "wikitext-103-raw-v1/train-*.parquet", "validation": "wikitext-103-raw-v1/validation-*.parquet"},
+        wikitext_articles=True),
+    "fineweb-edu": HubSpec(
+        "HuggingFaceFW/fineweb-edu", "sample-10BT", {"train": "train"},
+        {"train": "sample/10BT/*.parquet"}, default_max_documents=100_000),
+    "yelp_polarity": HubSpec(
+        "fancyzhx/yelp_polarity", "plain_text", {"train": "train", "test": "test"},
+        {"train": "plain_text/train-*.parquet", "test": "plain_text/test-*.parquet"}, label_column="label"),
+}
+LM_CORPORA = ("english", "wikitext-103", "fineweb-edu")
+LABELLED = ("movies", "yelp_polarity")
+
+
+# -- splitting ---------------------------------------------------------------
+def held_out(text: str, fraction: float) -> bool:
+    """Whether `text` belongs to the held-out split: its hash, read as a number in [0, 1), is below `fraction`."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def hash_split(texts: list[str], labels: list[int] | None, fraction: float) -> tuple[TextSplit, TextSplit]:
+    train_i, test_i = [], []
+    for i, text in enumerate(texts):
+        (test_i if held_out(text, fraction) else train_i).append(i)
+
+    def take(idx: list[int]) -> TextSplit:
+        return TextSplit([texts[i] for i in idx], None if labels is None else [labels[i] for i in idx])
+
+    return take(train_i), take(test_i)
+
+
+def _check_fraction(fraction: float) -> None:
+    if not 0 < fraction < 1:
+        raise UsageError(f"the held-out fraction must be in (0, 1), got {fraction}")
+
+
+def _limit(split: TextSplit, max_documents: int) -> TextSplit:
+    if max_documents <= 0 or len(split) <= max_documents:
+        return split
+    return TextSplit(split.texts[:max_documents], None if split.labels is None else split.labels[:max_documents])
+
+
+# -- embedded data -----------------------------------------------------------
+def _embedded(name: str) -> bytes:
+    path = resources.files("mixit") / "data" / name
+    try:
+        return lzma.decompress(path.read_bytes())
+    except FileNotFoundError:
+        raise UsageError(f"embedded data file mixit/data/{name} is missing from this installation; "
+                         f"rebuild it with scripts/build_text_data.py") from None
+
+
+def english_documents() -> list[dict[str, str]]:
+    """The embedded English corpus: dicts with source, title and text, one per chapter."""
+    return [json.loads(line) for line in _embedded("english.jsonl.xz").decode().splitlines() if line.strip()]
+
+
+def movie_snippets() -> tuple[list[str], list[int]]:
+    """The embedded movie snippets with a nonzero score: texts, labels (1 = score > 0)."""
+    rows = csv.DictReader(io.StringIO(_embedded("movie_snippets.tsv.xz").decode()), delimiter="\t",
+                          quoting=csv.QUOTE_NONE)
+    texts, labels = [], []
+    for row in rows:
+        score = float(row["score"])
+        if score != 0:
+            texts.append(row["text"])
+            labels.append(int(score > 0))
+    return texts, labels
+
+
+# -- Hugging Face datasets ---------------------------------------------------
+def _datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise UsageError("this dataset is read through Hugging Face `datasets`, which is not installed; "
+                         "pip install 'mixit[hf]' (or use the embedded default)") from None
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub opens within `timeout` seconds."""
+    try:
+        socket.create_connection((HUB_HOST, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _wikitext_articles(lines: list[str]) -> list[str]:
+    """Wikitext rows (one per line) regrouped into articles at their level-1 headings ' = Title = '."""
+    heading = re.compile(r"^ = [^=].* = $")
+    articles: list[list[str]] = []
+    for line in lines:
+        if heading.match(line.rstrip("\n")) or not articles:
+            articles.append([])
+        articles[-1].append(line)
+    return [text for text in ("".join(a).strip() for a in articles) if text]
+
+
+def _rows(table, spec: HubSpec, max_documents: int) -> TextSplit:
+    """Text (and labels) of one split, as a list of documents."""
+    if "text" not in table.column_names:
+        raise UsageError(f"{spec.repo}: expected a 'text' column, found {', '.join(table.column_names)}")
+    texts = list(table["text"])
+    if spec.wikitext_articles:
+        return _limit(TextSplit(_wikitext_articles(texts)), max_documents)
+    labels = None
+    if spec.label_column is not None:
+        if spec.label_column not in table.column_names:
+            raise UsageError(f"{spec.repo}: expected a {spec.label_column!r} column, "
+                             f"found {', '.join(table.column_names)}")
+        labels = [int(v) for v in table[spec.label_column]]
+    return _limit(TextSplit(texts, labels), max_documents)
+
+
+def load_hub(name: str, data_dir: str | None = None, max_documents: int = 0,
+             held_out_fraction: float = 0.05) -> TextDataset:
+    """Hub dataset `name` (a key of HUB), from the hub or from `data_dir`, a
+    local copy of its repository (the layout `huggingface-cli download` makes)."""
+    spec = HUB[name]
+    ds_lib = _datasets()
+    max_documents = max_documents or spec.default_max_documents
+    if data_dir:
+        root = Path(data_dir)
+        if not root.is_dir():
+            raise UsageError(f"data_dir {root} is not a directory")
+        files = {}
+        for hub_split, pattern in spec.files.items():
+            matches = sorted(root.glob(pattern))
+            if not matches:
+                raise UsageError(f"data_dir {root} has no files matching {pattern} (a local copy of {spec.repo} "
+                                 f"should have them)")
+            files[hub_split] = [str(p) for p in matches]
+        loaded = ds_lib.load_dataset("parquet", data_files=files)
+        tables = {ours: loaded[hub] for ours, hub in spec.splits.items()}
+        source = str(root)
+    else:
+        if not _offline() and not hub_reachable():
+            raise UsageError(f"dataset {name} ({spec.repo}) needs the Hugging Face hub, and {HUB_HOST} cannot be "
+                             f"reached from here; pass -p data_dir=LOCAL_COPY, or use the embedded default")
+        stream = spec.default_max_documents > 0
+        tables = {}
+        try:
+            for ours, hub in spec.splits.items():
+                if stream:  # a sample of a very large dataset: read only what is used
+                    it = ds_lib.load_dataset(spec.repo, spec.config, split=hub, streaming=True)
+                    rows = list(it.take(max_documents))
+                    tables[ours] = ds_lib.Dataset.from_list(rows)
+                else:
+                    tables[ours] = ds_lib.load_dataset(spec.repo, spec.config, split=hub)
+        except Exception as e:  # datasets raises many kinds (ConnectionError, FileNotFoundError, ValueError...)
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UsageError(f"dataset {name} ({spec.repo}) could not be loaded ({first}); "
+                             f"pass -p data_dir=LOCAL_COPY, or use the embedded default") from None
+        source = f"hf://{spec.repo}/{spec.config}"
+    train = _rows(tables["train"], spec, max_documents)
+    if "test" in tables:
+        test = _rows(tables["test"], spec, 0)
+        split_rule = f"the source's own {spec.splits['test']} split"
+    else:
+        _check_fraction(held_out_fraction)
+        train, test = hash_split(train.texts, train.labels, held_out_fraction)
+        split_rule = f"hash split, held-out fraction {held_out_fraction}"
+    return TextDataset(name, train, test, {"source": source, "split": split_rule})
+
+
+# -- local files -------------------------------------------------------------
+def _local_files(root: Path) -> list[Path]:
+    if root.is_file():
+        files = [root]
+    else:
+        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
+    bad = [p for p in files if p.suffix not in LOCAL_SUFFIXES]
+    if not files or bad:
+        raise UsageError(f"{root}: no readable text files; allowed: {', '.join(LOCAL_SUFFIXES)} "
+                         f"(a file, or a directory of them)")
+    return files
+
+
+def _split_of(path: Path, root: Path) -> str | None:
+    """'train' or 'test' when a path names its split (train / validation, valid, val, test), else None."""
+    rel = str(path.relative_to(root)).lower() if root.is_dir() else path.name.lower()
+    if re.search(r"(^|[^a-z])train", rel):
+        return "train"
+    if re.search(r"(^|[^a-z])(validation|valid|val|dev|test)", rel):
+        return "test"
+    return None
+
+
+def _read_local(path: Path, labelled: bool) -> TextSplit:
+    """Documents (and labels) of one local file.
+
+    .txt: one document per paragraph block (text between blank lines);
+    .jsonl/.json/.parquet: a 'text' field per record; .csv/.tsv: a header
+    with a 'text' column. Labelled data also needs an integer 'label'.
+    """
+    if path.suffix == ".txt":
+        if labelled:
+            raise UsageError(f"{path}: a .txt file has no labels; use .jsonl, .json, .parquet, .csv or .tsv "
+                             f"with 'text' and 'label' columns")
+        blocks = re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace"))
+        return TextSplit([b.strip() for b in blocks if b.strip()])
+    ds_lib = _datasets()
+    builder = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}[path.suffix]
+    kwargs = {"delimiter": "\t"} if path.suffix == ".tsv" else {}
+    try:
+        table = ds_lib.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+    except Exception as e:
+        raise UsageError(f"{path} could not be read as {builder} ({str(e).strip().splitlines()[0][:200]})") from None
+    needed = ["text"] + (["label"] if labelled else [])
+    missing = [c for c in needed if c not in table.column_names]
+    if missing:
+        raise UsageError(f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(table.column_names)}")
+    texts = [str(t) for t in table["text"]]
+    try:
+        labels = [int(v) for v in table["label"]] if labelled else None
+    except (TypeError, ValueError):
+        raise UsageError(f"{path}: 'label' must hold integers (0, 1, ...)") from None
+    return TextSplit(texts, labels)
+
+
+def load_local(path: str | Path, labelled: bool, max_documents: int = 0,
+               held_out_fraction: float = 0.05) -> TextDataset:
+    """A local file or directory; files whose path names a split (train, validation, test) are used as that split."""
+    root = Path(path)
+    files = _local_files(root)
+    parts: dict[str | None, TextSplit] = {}
+    for f in files:
+        split = _read_local(f, labelled)
+        key = _split_of(f, root)
+        acc = parts.setdefault(key, TextSplit([], [] if labelled else None))
+        acc.texts += split.texts
+        if labelled:
+            acc.labels += split.labels
+    if "train" in parts and "test" in parts and None not in parts:
+        train, test = _limit(parts["train"], max_documents), parts["test"]
+        rule = "the files' own train / held-out split"
+    else:
+        _check_fraction(held_out_fraction)
+        allx = TextSplit([], [] if labelled else None)
+        for split in parts.values():
+            allx.texts += split.texts
+            if labelled:
+                allx.labels += split.labels
+        allx = _limit(allx, max_documents)
+        train, test = hash_split(allx.texts, allx.labels, held_out_fraction)
+        rule = f"hash split, held-out fraction {held_out_fraction}"
+    if not train.texts or not test.texts:
+        raise UsageError(f"{root}: the {'held-out' if train.texts else 'training'} split is empty; "
+                         f"give more documents or another held-out fraction")
+    return TextDataset(str(root), train, test, {"source": str(root.resolve()), "split": rule})
+
+
+# -- entry points ------------------------------------------------------------
+def _looks_like_path(name: str) -> bool:
+    return os.sep in name or "/" in name or Path(name).suffix in LOCAL_SUFFIXES or Path(name).exists()
+
+
+def load_corpus(name: str = "english", data_dir: str | None = None, max_documents: int = 0,
+                held_out_fraction: float = 0.05) -> TextDataset:
+    """Documents for language modelling: a name of LM_CORPORA or a local path."""
+    if name == "english":
+        _check_fraction(held_out_fraction)
+        texts = [d["text"] for d in english_documents()]
+        train, test = hash_split(texts, None, held_out_fraction)
+        return TextDataset(name, _limit(train, max_documents), test,
+                           {"source": "embedded mixit/data/english.jsonl.xz",
+                            "split": f"hash split, held-out fraction {held_out_fraction}"})
+    if name in HUB and name in LM_CORPORA:
+        return load_hub(name, data_dir, max_documents, held_out_fraction)
+    if _looks_like_path(name):
+        return load_local(name, labelled=False, max_documents=max_documents, held_out_fraction=held_out_fraction)
+    raise UsageError(f"unknown corpus {name!r}; choose one of: {', '.join(LM_CORPORA)}, or a local file or directory "
+                     f"({', '.join(LOCAL_SUFFIXES)})")
+
+
+def load_labelled(name: str = "movies", data_dir: str | None = None, max_documents: int = 0,
+                  held_out_fraction: float = 0.2) -> TextDataset:
+    """Texts with integer labels for classification: a name of LABELLED or a local path."""
+    if name == "movies":
+        _check_fraction(held_out_fraction)
+        texts, labels = movie_snippets()
+        train, test = hash_split(texts, labels, held_out_fraction)
+        return TextDataset(name, _limit(train, max_documents), test,
+                           {"source": "embedded mixit/data/movie_snippets.tsv.xz",
+                            "split": f"hash split, held-out fraction {held_out_fraction}"})
+    if name in HUB and name in LABELLED:
+        return load_hub(name, data_dir, max_documents, held_out_fraction)
+    if _looks_like_path(name):
+        return load_local(name, labelled=True, max_documents=max_documents, held_out_fraction=held_out_fraction)
+    raise UsageError(f"unknown dataset {name!r}; choose one of: {', '.join(LABELLED)}, or a local file or directory "
+                     f"({', '.join(LOCAL_SUFFIXES[1:])}) with text and label columns")

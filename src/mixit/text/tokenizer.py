@@ -1,0 +1,147 @@
+"""Tokenizers for the real-text tasks: a byte-level BPE trained on a task's
+training split (cached), or a tokenizer file the user names.
+
+Every tokenizer here has two special tokens the tasks rely on:
+
+    <|endoftext|>   separates documents when the lm task packs them
+    <|pad|>         right padding of sentiment inputs; never produced from text
+
+Text that happens to spell a special token is encoded as ordinary text, so
+these ids come only from the tasks. A byte-level BPE encodes any string (every byte is in its alphabet) and decodes
+it back exactly, so there is no unknown token. Training is deterministic: the
+same texts and vocabulary size give the same tokenizer, which the cache relies
+on. The run directory keeps its own copy (``tokenizer.json``), and evaluation,
+sampling and resuming read that copy, so a run never depends on the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from mixit.errors import UsageError
+from mixit.text.cache import cache_dir
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+SPECIALS = (EOS, PAD)
+TOKENIZER_FILE = "tokenizer.json"
+MIN_VOCAB = 256 + len(SPECIALS)  # the byte alphabet and the special tokens
+
+
+class TextTokenizer:
+    """A `tokenizers.Tokenizer` with the EOS and PAD ids the tasks need."""
+
+    def __init__(self, tokenizer):
+        missing = [t for t in SPECIALS if tokenizer.token_to_id(t) is None]
+        if missing:
+            tokenizer.add_special_tokens(missing)
+        # Text that spells a special token ("<|pad|>") is encoded as ordinary
+        # text: only the tasks place EOS and PAD, so PAD never comes from data.
+        tokenizer.encode_special_tokens = True
+        self._tok = tokenizer
+        self.eos_id: int = tokenizer.token_to_id(EOS)
+        self.pad_id: int = tokenizer.token_to_id(PAD)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def to_str(self) -> str:
+        return self._tok.to_str()
+
+    def fingerprint(self) -> str:
+        """A short hash of the whole tokenizer (vocabulary, merges, settings)."""
+        return hashlib.sha256(self.to_str().encode()).hexdigest()[:16]
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_str())
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TextTokenizer":
+        """A tokenizer.json file, or a directory holding one (a local Hugging Face model or run directory)."""
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        if path.is_dir():
+            path = path / TOKENIZER_FILE
+        if not path.is_file():
+            raise UsageError(f"tokenizer {path} not found; give 'bpe' (train one on the training split), "
+                             f"a tokenizer.json file, or a directory holding one")
+        try:
+            return cls(Tokenizer.from_file(str(path)))
+        except Exception as e:  # tokenizers raises a bare Exception on malformed files
+            raise UsageError(f"tokenizer {path} could not be read ({str(e).splitlines()[0][:200]})") from None
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> TextTokenizer:
+    """A byte-level BPE with `vocab_size` entries (special tokens included) trained on `texts`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < MIN_VOCAB:
+        raise UsageError(f"vocab must be at least {MIN_VOCAB} (256 bytes + {len(SPECIALS)} special tokens), "
+                         f"got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    return TextTokenizer(tok)
+
+
+def texts_fingerprint(texts: Iterable[str]) -> str:
+    """A hash of a sequence of texts (order and boundaries included)."""
+    h = hashlib.sha256()
+    for text in texts:
+        data = text.encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()[:16]
+
+
+def get_tokenizer(spec: str, train_texts: Sequence[str], vocab_size: int) -> TextTokenizer:
+    """The tokenizer a task asks for.
+
+    spec "bpe": a byte-level BPE of `vocab_size` trained on `train_texts`,
+    cached under the mixit cache directory by a hash of the texts and the size.
+    Anything else: a path to a tokenizer.json file or a directory holding one
+    (`vocab_size` is then ignored; the file decides).
+    """
+    if spec != "bpe":
+        return TextTokenizer.load(spec)
+    import tokenizers
+
+    key = f"bpe-{vocab_size}-{texts_fingerprint(train_texts)}-{tokenizers.__version__}"
+    path = cache_dir() / "tokenizers" / f"{key}.json"
+    if path.is_file():
+        return TextTokenizer.load(path)
+    tok = train_bpe(train_texts, vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(path)
+    return tok
+
+
+def encode_documents(tok: TextTokenizer, documents: Sequence[str], chunk: int = 1000) -> np.ndarray:
+    """All documents as one token stream, each followed by EOS: int32 (n_tokens,)."""
+    pieces = []
+    for start in range(0, len(documents), chunk):
+        for ids in tok.encode_batch(documents[start:start + chunk]):
+            pieces.append(np.asarray(ids, dtype=np.int32))
+            pieces.append(np.asarray([tok.eos_id], dtype=np.int32))
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)

@@ -1,0 +1,234 @@
+"""The lm and sentiment tasks, the classifier head, padding invariance, non-causal
+MixiT, and `mixit sample`, on small local corpora (offline)."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from text_fixtures import sentiment_rows, write_jsonl, write_text_corpus
+
+from mixit.cli import main
+from mixit.config import ModelConfig
+from mixit.freezing import VARIANTS, apply_variant
+from mixit.models import Transformer
+from mixit.models.attention import bidirectional_mixing, layer_generator, mixit_noise
+from mixit.tasks import make_task
+from mixit.tasks.text import epoch_indices
+from mixit.text.tokenizer import encode_documents
+from mixit.train.loop import run_config, train
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return str(write_text_corpus(tmp_path_factory.mktemp("lm") / "corpus.txt", n_docs=300))
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory):
+    return str(write_jsonl(tmp_path_factory.mktemp("sentiment") / "reviews.jsonl", sentiment_rows(1200)))
+
+
+def lm_task(corpus, **kw):
+    return make_task("lm", {"corpus": corpus, "length": 16, "vocab": 300, "held_out": 0.1, **kw})
+
+
+# -- packing -------------------------------------------------------------------
+def test_epoch_indices_visit_every_item_once_per_epoch():
+    n_items, batch = 37, 8
+    flat = np.concatenate([epoch_indices(5, step, batch, n_items) for step in range(3 * n_items)])  # 8 epochs
+    for epoch in range(8):
+        assert sorted(flat[epoch * n_items:(epoch + 1) * n_items]) == list(range(n_items))
+    assert not np.array_equal(flat[:n_items], flat[n_items:2 * n_items])  # a fresh order each epoch
+    assert np.array_equal(epoch_indices(5, 7, batch, n_items), epoch_indices(5, 7, batch, n_items))
+
+
+def test_lm_packing_predicts_every_training_token_exactly_once_per_epoch(corpus):
+    task = lm_task(corpus)
+    stream, L = task.train_tokens, task.length
+    # One epoch of batches of 1: every sequence once.
+    seqs = np.concatenate([task.train_examples(step, 1)[0] for step in range(task.n_train)])
+    starts = sorted(int(np.flatnonzero(np.all(task.sequences(stream, np.arange(task.n_train)) == s, axis=1))[0])
+                    for s in seqs)
+    assert starts == list(range(task.n_train))
+    # Sequence i is stream[i L : i L + L + 1]: targets tile the stream with no gap and no overlap.
+    targets = task.sequences(stream, np.arange(task.n_train))[:, 1:].reshape(-1)
+    assert np.array_equal(targets, stream[1:task.n_train * L + 1])
+    assert len(stream) - 1 - task.n_train * L < L  # only a partial sequence is left out
+
+
+def test_lm_streams_come_from_their_own_split(corpus):
+    from mixit.text.corpora import load_corpus
+
+    task = lm_task(corpus)
+    data = load_corpus(corpus, held_out_fraction=0.1)
+    assert np.array_equal(task.train_tokens, encode_documents(task.tokenizer, data.train.texts))
+    assert np.array_equal(task.test_tokens, encode_documents(task.tokenizer, data.test.texts))
+    seq, mask = task.test_examples()
+    assert seq.shape[1] == 17 and mask.all()
+    assert np.array_equal(seq[0], task.test_tokens[:17])
+    assert task.vocab_size == 300 and task.input_len == 16
+
+
+def test_lm_test_set_is_spread_over_the_held_out_split(corpus):
+    task = make_task("lm", {"corpus": corpus, "length": 16, "vocab": 300, "held_out": 0.1}, test_size=5)
+    seq, _ = task.test_examples()
+    assert len(seq) == 5
+    assert np.array_equal(seq[-1], task.sequences(task.test_tokens, np.array([task.n_test - 1]))[0])
+
+
+def test_lm_bad_parameters_are_refused(corpus):
+    from mixit.errors import UsageError
+
+    with pytest.raises(UsageError, match="length"):
+        lm_task(corpus, length=1)
+    with pytest.raises(UsageError, match="fewer than"):
+        lm_task(corpus, length=100_000)
+
+
+def test_trained_tiny_lm_beats_the_unigram_baseline(corpus, tmp_path):
+    cfg = run_config("lm", "standard", {"corpus": corpus, "length": 16, "vocab": 300, "held_out": 0.1},
+                     d_model=32, n_layers=1, n_heads=2, steps=150, batch_size=16, lr=3e-3)
+    summary = train(cfg, tmp_path / "run", progress=False)
+    test = summary["test"]
+    assert test["perplexity"] == pytest.approx(np.exp(test["loss"]))
+    # Random words from a 30-word list: the unigram floor is about ln 30 nats per word,
+    # and within a word the BPE pieces are predictable, so a trained model goes well below it.
+    assert test["loss"] < test["unigram_loss"] - 0.3
+    assert (tmp_path / "run" / "tokenizer.json").is_file()
+
+
+# -- sentiment -------------------------------------------------------------------
+def test_sentiment_batches_are_right_padded_and_labelled(reviews):
+    task = make_task("sentiment", {"dataset": reviews, "vocab": 300, "length": 12})
+    batch = task.train_batch(0, 32)
+    pad = task.tokenizer.pad_id
+    assert batch.inputs.shape[0] == 32 and batch.inputs.shape[1] <= 12 and batch.targets.shape == (32,)
+    valid = batch.inputs != pad
+    lengths = valid.sum(1)
+    assert torch.equal(valid, torch.arange(batch.inputs.shape[1])[None] < lengths[:, None])  # right padding
+    assert set(batch.targets.tolist()) <= {0, 1}
+    defaults = task.model_defaults("mixing")
+    assert defaults == {"head": "classifier", "n_classes": 2, "pad_id": pad, "causal": False}
+    assert task.model_defaults("softmax")["causal"] is True
+
+
+def _classifier(variant, causal, pooling, pad_id=1):
+    v = VARIANTS[variant]
+    cfg = ModelConfig(vocab_size=50, n_ctx=12, d_model=32, n_heads=4, n_layers=2, attention=v.attention,
+                      head="classifier", pooling=pooling, causal=causal, pad_id=pad_id, seed=3)
+    model = Transformer(cfg)
+    apply_variant(model, v)
+    return model.eval()
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_padding_never_changes_a_classification(variant, causal, pooling):
+    model = _classifier(variant, causal, pooling)
+    g = torch.Generator().manual_seed(0)
+    lengths = [3, 7, 12, 1]
+    for length in lengths:
+        x = torch.randint(2, 50, (1, length), generator=g)
+        alone = model(x)
+        for width in range(length + 1, 13):
+            padded = torch.cat([x, torch.full((1, width - length), 1)], dim=1)
+            torch.testing.assert_close(model(padded), alone, rtol=1e-5, atol=1e-5)
+    # ...and in a batch of mixed lengths.
+    batch = torch.full((len(lengths), 12), 1)
+    rows = []
+    for i, length in enumerate(lengths):
+        batch[i, :length] = torch.randint(2, 50, (length,), generator=g)
+        rows.append(model(batch[i:i + 1, :length]))
+    torch.testing.assert_close(model(batch), torch.cat(rows), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "mixing"])
+def test_non_causal_reads_later_tokens_and_causal_does_not(attention):
+    x = torch.randint(2, 50, (1, 8), generator=torch.Generator().manual_seed(0))
+    y = x.clone()
+    y[0, -1] = 2 if x[0, -1] != 2 else 3
+    for causal in (True, False):
+        model = Transformer(ModelConfig(vocab_size=50, n_ctx=8, d_model=32, n_heads=4, attention=attention,
+                                        causal=causal)).eval()
+        first_changed = not torch.allclose(model(x)[0, 0], model(y)[0, 0])
+        assert first_changed == (not causal)
+
+
+def test_bidirectional_mixit_rows_sum_to_one_over_the_real_tokens():
+    noise = mixit_noise(4, 10, 8, layer_generator(0, 0)).float()
+    full = bidirectional_mixing(noise, alpha=1.0, sink=True)
+    torch.testing.assert_close(full.sum(-1), torch.ones(4, 10))
+    assert torch.count_nonzero(torch.triu(full[1], diagonal=1)) > 0  # reads later tokens
+    valid = torch.arange(10)[None] < torch.tensor([[6], [10]])
+    batched = bidirectional_mixing(noise, 1.0, True, valid)  # (2, 4, 10, 10)
+    torch.testing.assert_close(batched[:, :, :6].sum(-1), torch.ones(2, 4, 6))
+    assert torch.all(batched[0, :, :6, 6:] == 0)  # real tokens never read padding
+    short = bidirectional_mixing(noise[:, :6, :6], 1.0, True)
+    torch.testing.assert_close(batched[0, :, :6, :6], short)  # padded == unpadded
+    torch.testing.assert_close(batched[1], full)
+    sink = full[0]
+    torch.testing.assert_close(sink, 0.5 * torch.eye(10) + 0.5 * torch.nn.functional.one_hot(
+        torch.zeros(10, dtype=torch.long), 10).float())
+
+
+def test_non_causal_mixit_state_round_trips_and_exposes_its_pattern():
+    model = _classifier("mixit", False, "last")
+    attn = model.blocks[0].attn
+    assert "blocks.0.attn.mixing_noise" in model.state_dict()  # saved with checkpoints
+    assert not hasattr(attn, "mixing")
+    torch.testing.assert_close(attn.fixed_pattern.sum(-1), torch.ones(4, 12))
+    again = _classifier("mixit", False, "last")
+    assert torch.equal(again.blocks[1].attn.mixing_noise, model.blocks[1].attn.mixing_noise)
+
+
+def test_sentiment_training_beats_the_majority_baseline(reviews, tmp_path):
+    for variant in ("standard", "mixit"):
+        cfg = run_config("sentiment", variant, {"dataset": reviews, "vocab": 300, "length": 24},
+                         d_model=32, n_layers=1, n_heads=2, steps=120, batch_size=32, lr=3e-3, pooling="mean")
+        assert cfg.model.causal == (variant == "standard") and cfg.model.head == "classifier"
+        test = train(cfg, tmp_path / variant, progress=False)["test"]
+        assert test["accuracy"] > test["majority_baseline"] + 0.2, (variant, test)
+
+
+# -- command line ------------------------------------------------------------------
+LM_ARGS = ["--task", "lm", "-p", "length=16", "-p", "vocab=300", "-p", "held_out=0.1", "--d-model", "32",
+           "--n-heads", "2", "--n-layers", "1", "--steps", "20", "--batch-size", "8", "--quiet"]
+
+
+def test_sample_and_eval_use_the_runs_own_tokenizer(corpus, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    assert main(["train", *LM_ARGS, "-p", f"corpus={corpus}", "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    capsys.readouterr()
+    args = ["sample", str(run), "--prompt", "the cat", "--max-new-tokens", "12", "--num-samples", "2", "--seed", "3"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert first.count("--- sample") == 2 and first.count("the cat") >= 2
+    assert main(args) == 0 and capsys.readouterr().out == first  # seeded
+    # Without any cache the run still evaluates identically: the tokenizer comes from the run directory.
+    monkeypatch.setenv("MIXIT_CACHE", str(tmp_path / "fresh-cache"))
+    from mixit.tasks import text
+    text._lm_data.cache_clear()
+    (run / "tokenizer.json").rename(tmp_path / "kept.json")
+    shutil.copy(tmp_path / "kept.json", run / "tokenizer.json")
+    assert main(["eval", str(run)]) == 0
+    assert json.loads(capsys.readouterr().out)["test"] == pytest.approx(summary["test"])
+
+
+def test_sample_refuses_a_classifier_run_and_bad_options(reviews, tmp_path, capsys):
+    run = tmp_path / "cls"
+    assert main(["train", "--task", "sentiment", "-p", f"dataset={reviews}", "-p", "vocab=300", "--d-model", "32",
+                 "--n-heads", "2", "--n-layers", "1", "--steps", "5", "--quiet", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["sample", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "sampling needs a language-model run" in err and len(err.strip().splitlines()) == 1
+    assert main(["sample", str(tmp_path / "missing")]) == 2
+    assert main(["train", "--task", "lm", "-p", "corpus=nope", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown corpus" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    assert main(["train", "--task", "sentiment", "--pooling", "max", "--out", str(tmp_path / "y")]) == 2
+    assert "unknown pooling" in capsys.readouterr().err
