@@ -146,14 +146,15 @@ def test_padding_never_changes_a_classification(variant, causal, pooling):
 
 
 @pytest.mark.parametrize("attention", ["softmax", "mixing"])
-def test_non_causal_reads_later_tokens_and_causal_does_not(attention):
-    x = torch.randint(2, 50, (1, 8), generator=torch.Generator().manual_seed(0))
-    y = x.clone()
-    y[0, -1] = 2 if x[0, -1] != 2 else 3
+def test_non_causal_attention_reads_later_tokens_and_causal_does_not(attention):
+    h = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(0))
+    changed = h.clone()
+    changed[0, -1] += 1.0  # only the last position's input differs
     for causal in (True, False):
-        model = Transformer(ModelConfig(vocab_size=50, n_ctx=8, d_model=32, n_heads=4, attention=attention,
-                                        causal=causal)).eval()
-        first_changed = not torch.allclose(model(x)[0, 0], model(y)[0, 0])
+        cfg = ModelConfig(vocab_size=50, n_ctx=8, d_model=32, n_heads=4, attention=attention, causal=causal,
+                          head="classifier")
+        attn = Transformer(cfg).blocks[0].attn
+        first_changed = not torch.allclose(attn(h)[0, 0], attn(changed)[0, 0])
         assert first_changed == (not causal)
 
 
@@ -232,3 +233,17 @@ def test_sample_refuses_a_classifier_run_and_bad_options(reviews, tmp_path, caps
     assert not (tmp_path / "x").exists()
     assert main(["train", "--task", "sentiment", "--pooling", "max", "--out", str(tmp_path / "y")]) == 2
     assert "unknown pooling" in capsys.readouterr().err
+    assert main(["train", "--task", "lm", "-p", f"corpus={reviews}", "--causal", "false", "--out", str(tmp_path / "z")]) == 2
+    assert "would read the tokens it predicts" in capsys.readouterr().err
+    assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
+
+
+def test_analyze_works_on_a_classifier_run(reviews, tmp_path, capsys):
+    run = tmp_path / "cls"
+    assert main(["train", "--task", "sentiment", "--variant", "mixit", "-p", f"dataset={reviews}", "-p", "vocab=300",
+                 "--d-model", "32", "--n-heads", "2", "--n-layers", "2", "--steps", "5", "--quiet",
+                 "--out", str(run)]) == 0
+    assert main(["analyze", str(run), "--batch", "4"]) == 0
+    summary = (run / "analysis" / "summary.md").read_text()
+    assert "Strongest induction head" in summary and "In-context learning" not in summary  # no next-token head
+    assert (run / "analysis" / "fixed_patterns.png").is_file()

@@ -127,6 +127,8 @@ class ModelConfig:
         _check(self.pooling in POOLINGS, f"unknown pooling {self.pooling!r}; allowed: {', '.join(POOLINGS)}")
         _check(isinstance(self.n_classes, int) and self.n_classes >= 2,
                f"n_classes must be an integer >= 2, got {self.n_classes!r}")
+        _check(self.causal or self.head == "classifier",
+               "causal=False needs the classifier head: a non-causal language model would read the tokens it predicts")
         _check(self.pad_id is None or (isinstance(self.pad_id, int) and 0 <= self.pad_id < self.vocab_size),
                f"pad_id must be None or a token id in [0, {self.vocab_size}), got {self.pad_id!r}")
 
