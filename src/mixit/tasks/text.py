@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ import torch
 from mixit.errors import UsageError
 from mixit.tasks.base import IGNORE, Batch, ParamCounts, Task
 from mixit.text.cache import load_or_build_array
-from mixit.text.corpora import TextDataset, load_corpus, load_labelled
+from mixit.text.corpora import LABELLED, LM_CORPORA, TextDataset, load_corpus, load_labelled
 from mixit.text.tokenizer import TOKENIZER_FILE, TextTokenizer, encode_documents, get_tokenizer, texts_fingerprint
 
 
@@ -50,14 +50,34 @@ def _epoch_order(seed: int, epoch: int, n_items: int) -> np.ndarray:
     return np.random.default_rng([seed, 1, epoch]).permutation(n_items)
 
 
+def absolute(name: str) -> str:
+    """A local path as an absolute one (so a run can be evaluated from any
+    directory); dataset names and "bpe" unchanged, even if a file of that name exists."""
+    if not name or name in (*LM_CORPORA, *LABELLED, "bpe") or not Path(name).exists():
+        return name
+    return str(Path(name).resolve())
+
+
 class TextTask(Task):
     """What both text tasks share: the dataset, the tokenizer and its file in the run directory."""
 
     tokenizer: TextTokenizer
     dataset_info: dict[str, Any]
 
-    def _tokenizer(self, spec: str, train_texts: list[str], vocab: int) -> TextTokenizer:
-        return get_tokenizer(spec, train_texts, vocab)
+    def _settings(self, source: str, length: int, min_length: int, vocab: int, tokenizer: str, data_dir: str,
+                  max_documents: int, held_out: float) -> str:
+        """Check and keep the parameters both tasks share; returns `source` (made absolute if a path)."""
+        if length < min_length:
+            raise UsageError(f"length must be an integer >= {min_length}, got {length}")
+        if max_documents < 0:
+            raise UsageError(f"max_documents must be >= 0 (0 = all), got {max_documents}")
+        self.length, self.vocab, self.tokenizer_spec = length, vocab, absolute(tokenizer)
+        self.data_dir, self.max_documents, self.held_out = absolute(data_dir), max_documents, held_out
+        return absolute(source)
+
+    def _shared_params(self) -> dict[str, Any]:
+        return {"length": self.length, "vocab": self.vocab, "tokenizer": self.tokenizer_spec,
+                "data_dir": self.data_dir, "max_documents": self.max_documents, "held_out": self.held_out}
 
     def save_artifacts(self, run_dir: Path) -> None:
         """Keep the tokenizer with the run (evaluation and sampling read it from there)."""
@@ -112,14 +132,9 @@ class LanguageModeling(TextTask):
                  data_dir: str = "", max_documents: int = 0, held_out: float = 0.05,
                  seed: int = 0, test_size: int = 4000):
         super().__init__(seed=seed, test_size=test_size)
-        if length < 2:
-            raise UsageError(f"length must be an integer >= 2, got {length}")
-        if max_documents < 0:
-            raise UsageError(f"max_documents must be >= 0 (0 = all), got {max_documents}")
-        self.corpus, self.length, self.vocab, self.tokenizer_spec = corpus, length, vocab, tokenizer
-        self.data_dir, self.max_documents, self.held_out = data_dir, max_documents, held_out
+        self.corpus = self._settings(corpus, length, 2, vocab, tokenizer, data_dir, max_documents, held_out)
         self.tokenizer, self.train_tokens, self.test_tokens, self.dataset_info = _lm_data(
-            corpus, data_dir, max_documents, held_out, tokenizer, vocab)
+            self.corpus, self.data_dir, max_documents, held_out, self.tokenizer_spec, vocab)
         self.vocab_size = self.tokenizer.vocab_size
         self.seq_len = length + 1
         self.n_train = (len(self.train_tokens) - 1) // length
@@ -132,8 +147,7 @@ class LanguageModeling(TextTask):
         self._unigram_logp = torch.from_numpy(np.log(counts / counts.sum()))
 
     def params(self) -> dict[str, Any]:
-        return {"corpus": self.corpus, "length": self.length, "vocab": self.vocab, "tokenizer": self.tokenizer_spec,
-                "data_dir": self.data_dir, "max_documents": self.max_documents, "held_out": self.held_out}
+        return {"corpus": self.corpus, **self._shared_params()}
 
     def sequences(self, stream: np.ndarray, index: np.ndarray) -> np.ndarray:
         """Packed sequences number `index` of a token stream: (len(index), length + 1) int64."""
@@ -152,10 +166,6 @@ class LanguageModeling(TextTask):
     def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         seq = self.sequences(self.train_tokens, epoch_indices(self.seed, step, n, self.n_train))
         return seq, np.ones_like(seq, dtype=bool)
-
-    def epoch_of(self, step: int, batch_size: int) -> float:
-        """How many passes over the training stream `step` batches make."""
-        return step * batch_size / self.n_train
 
     def loss_metrics(self, loss: float) -> dict[str, float]:
         return {"perplexity": math.exp(min(loss, 700.0))}
@@ -206,14 +216,9 @@ class Sentiment(TextTask):
                  data_dir: str = "", max_documents: int = 0, held_out: float = 0.2,
                  seed: int = 0, test_size: int = 4000):
         super().__init__(seed=seed, test_size=test_size)
-        if length < 1:
-            raise UsageError(f"length must be a positive integer, got {length}")
-        if max_documents < 0:
-            raise UsageError(f"max_documents must be >= 0 (0 = all), got {max_documents}")
-        self.dataset, self.length, self.vocab, self.tokenizer_spec = dataset, length, vocab, tokenizer
-        self.data_dir, self.max_documents, self.held_out = data_dir, max_documents, held_out
+        self.dataset = self._settings(dataset, length, 1, vocab, tokenizer, data_dir, max_documents, held_out)
         self.tokenizer, self.train_set, self.test_set, self.dataset_info = _sentiment_data(
-            dataset, data_dir, max_documents, held_out, tokenizer, vocab, length)
+            self.dataset, self.data_dir, max_documents, held_out, self.tokenizer_spec, vocab, length)
         labels = np.concatenate([self.train_set[1], self.test_set[1]])
         if labels.min() < 0:
             raise UsageError(f"dataset {dataset!r}: labels must be integers >= 0, found {labels.min()}")
@@ -223,8 +228,7 @@ class Sentiment(TextTask):
         self.majority = int(np.bincount(self.train_set[1], minlength=self.n_classes).argmax())
 
     def params(self) -> dict[str, Any]:
-        return {"dataset": self.dataset, "length": self.length, "vocab": self.vocab, "tokenizer": self.tokenizer_spec,
-                "data_dir": self.data_dir, "max_documents": self.max_documents, "held_out": self.held_out}
+        return {"dataset": self.dataset, **self._shared_params()}
 
     def model_defaults(self, attention: str) -> dict[str, Any]:
         return {"head": "classifier", "n_classes": self.n_classes, "pad_id": self.tokenizer.pad_id,

@@ -349,16 +349,21 @@ def _looks_like_path(name: str) -> bool:
     return os.sep in name or "/" in name or Path(name).suffix in LOCAL_SUFFIXES or Path(name).exists()
 
 
+def _embedded_dataset(name: str, file: str, texts: list[str], labels: list[int] | None, max_documents: int,
+                      held_out_fraction: float) -> TextDataset:
+    _check_fraction(held_out_fraction)
+    train, test = hash_split(texts, labels, held_out_fraction)
+    return TextDataset(name, _limit(train, max_documents), test,
+                       {"source": f"embedded mixit/data/{file}", "split": f"hash split, held-out fraction "
+                                                                        f"{held_out_fraction}"})
+
+
 def load_corpus(name: str = "english", data_dir: str | None = None, max_documents: int = 0,
                 held_out_fraction: float = 0.05) -> TextDataset:
     """Documents for language modelling: a name of LM_CORPORA or a local path."""
     if name == "english":
-        _check_fraction(held_out_fraction)
         texts = [d["text"] for d in english_documents()]
-        train, test = hash_split(texts, None, held_out_fraction)
-        return TextDataset(name, _limit(train, max_documents), test,
-                           {"source": "embedded mixit/data/english.jsonl.xz",
-                            "split": f"hash split, held-out fraction {held_out_fraction}"})
+        return _embedded_dataset(name, "english.jsonl.xz", texts, None, max_documents, held_out_fraction)
     if name in HUB and name in LM_CORPORA:
         return load_hub(name, data_dir, max_documents, held_out_fraction)
     if _looks_like_path(name):
@@ -371,12 +376,7 @@ def load_labelled(name: str = "movies", data_dir: str | None = None, max_documen
                   held_out_fraction: float = 0.2) -> TextDataset:
     """Texts with integer labels for classification: a name of LABELLED or a local path."""
     if name == "movies":
-        _check_fraction(held_out_fraction)
-        texts, labels = movie_snippets()
-        train, test = hash_split(texts, labels, held_out_fraction)
-        return TextDataset(name, _limit(train, max_documents), test,
-                           {"source": "embedded mixit/data/movie_snippets.tsv.xz",
-                            "split": f"hash split, held-out fraction {held_out_fraction}"})
+        return _embedded_dataset(name, "movie_snippets.tsv.xz", *movie_snippets(), max_documents, held_out_fraction)
     if name in HUB and name in LABELLED:
         return load_hub(name, data_dir, max_documents, held_out_fraction)
     if _looks_like_path(name):

@@ -138,10 +138,19 @@ def get_tokenizer(spec: str, train_texts: Sequence[str], vocab_size: int) -> Tex
 
 
 def encode_documents(tok: TextTokenizer, documents: Sequence[str], chunk: int = 1000) -> np.ndarray:
-    """All documents as one token stream, each followed by EOS: int32 (n_tokens,)."""
+    """All documents as one token stream, each followed by EOS: int32 (n_tokens,).
+
+    Shows a progress bar on a terminal when there are many documents (a large
+    corpus takes minutes; the result is cached, so this happens once)."""
+    from tqdm.auto import tqdm
+
     pieces = []
+    bar = tqdm(total=len(documents), desc="tokenizing", unit="doc", disable=None if len(documents) > 20 * chunk else True)
     for start in range(0, len(documents), chunk):
-        for ids in tok.encode_batch(documents[start:start + chunk]):
+        batch = documents[start:start + chunk]
+        for ids in tok.encode_batch(batch):
             pieces.append(np.asarray(ids, dtype=np.int32))
             pieces.append(np.asarray([tok.eos_id], dtype=np.int32))
+        bar.update(len(batch))
+    bar.close()
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
