@@ -5,7 +5,7 @@
 # 2000 steps of 32 sequences, lr 2e-3), a few samples from each, then the same
 # three variants on the embedded movie-snippet sentiment data (task defaults:
 # length 64, vocabulary 2048, d_model 128, 2 layers, 1000 steps of 64, lr 1e-3).
-# Usage: scripts/text_runs.sh [OUT_DIR]   (default runs/text; about 60 minutes on 2 cores)
+# Usage: scripts/text_runs.sh [OUT_DIR]   (default runs/text; about 75 minutes on 2 cores)
 set -euo pipefail
 out=${1:-runs/text}
 mixit=${MIXIT:-mixit}
@@ -13,7 +13,12 @@ for variant in standard frozen_qk mixit; do
   $mixit train --task lm --variant "$variant" --out "$out/lm-$variant" --quiet
   $mixit sample "$out/lm-$variant" --prompt "It is a truth universally acknowledged" --num-samples 3 \
     --max-new-tokens 60 > "$out/lm-$variant/samples.txt"
+  $mixit analyze "$out/lm-$variant" > /dev/null
 done
 for variant in standard frozen_qk mixit; do
   $mixit train --task sentiment --variant "$variant" --out "$out/sentiment-$variant" --quiet
+done
+# The same three with mean pooling instead of the last token (docs/text.md: MixiT needs it).
+for variant in standard frozen_qk mixit; do
+  $mixit train --task sentiment --variant "$variant" --pooling mean --out "$out/sentiment-mean-$variant" --quiet
 done
