@@ -11,6 +11,7 @@ type of its constructor default, and anything unknown or malformed raises
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 from mixit.errors import UsageError
@@ -22,6 +23,7 @@ from mixit.tasks.memorization import Memorization
 from mixit.tasks.modular_addition import ModularAddition
 from mixit.tasks.retrieval import Retrieval
 from mixit.tasks.text import LanguageModeling, Sentiment
+from mixit.text.tokenizer import TOKENIZER_FILE
 
 __all__ = [
     "IGNORE",
@@ -111,10 +113,6 @@ def make_run_task(name: str, params: dict[str, Any], seed: int, test_size: int, 
     """`make_task` for an existing run: a task with a tokenizer reads the one
     saved in `run_dir` (RUN_DIR/tokenizer.json) instead of training or
     fetching it again, so the run is evaluated with exactly its own."""
-    from pathlib import Path
-
-    from mixit.text.tokenizer import TOKENIZER_FILE
-
     saved = Path(run_dir) / TOKENIZER_FILE if run_dir is not None else None
     if saved is not None and saved.is_file() and "tokenizer" in task_parameters(name):
         params = {**params, "tokenizer": str(saved)}
