@@ -260,11 +260,10 @@ def load_hub(name: str, data_dir: str | None = None, max_documents: int = 0,
 # -- local files -------------------------------------------------------------
 def _local_files(root: Path) -> list[Path]:
     if root.is_file():
-        files = [root]
+        files = [root] if root.suffix in LOCAL_SUFFIXES else []
     else:
         files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
-    bad = [p for p in files if p.suffix not in LOCAL_SUFFIXES]
-    if not files or bad:
+    if not files:
         raise UsageError(f"{root}: no readable text files; allowed: {', '.join(LOCAL_SUFFIXES)} "
                          f"(a file, or a directory of them)")
     return files
@@ -312,31 +311,27 @@ def _read_local(path: Path, labelled: bool) -> TextSplit:
     return TextSplit(texts, labels)
 
 
+def _concat(splits: list[TextSplit]) -> TextSplit:
+    """One split holding the documents (and labels) of several, in order."""
+    labelled = splits[0].labels is not None
+    return TextSplit([t for s in splits for t in s.texts],
+                     [y for s in splits for y in s.labels] if labelled else None)
+
+
 def load_local(path: str | Path, labelled: bool, max_documents: int = 0,
                held_out_fraction: float = 0.05) -> TextDataset:
     """A local file or directory; files whose path names a split (train, validation, test) are used as that split."""
     root = Path(path)
-    files = _local_files(root)
-    parts: dict[str | None, TextSplit] = {}
-    for f in files:
-        split = _read_local(f, labelled)
-        key = _split_of(f, root)
-        acc = parts.setdefault(key, TextSplit([], [] if labelled else None))
-        acc.texts += split.texts
-        if labelled:
-            acc.labels += split.labels
-    if "train" in parts and "test" in parts and None not in parts:
-        train, test = _limit(parts["train"], max_documents), parts["test"]
+    by_split: dict[str | None, list[TextSplit]] = {}
+    for f in _local_files(root):
+        by_split.setdefault(_split_of(f, root), []).append(_read_local(f, labelled))
+    if set(by_split) == {"train", "test"}:
+        train, test = _limit(_concat(by_split["train"]), max_documents), _concat(by_split["test"])
         rule = "the files' own train / held-out split"
     else:
         _check_fraction(held_out_fraction)
-        allx = TextSplit([], [] if labelled else None)
-        for split in parts.values():
-            allx.texts += split.texts
-            if labelled:
-                allx.labels += split.labels
-        allx = _limit(allx, max_documents)
-        train, test = hash_split(allx.texts, allx.labels, held_out_fraction)
+        everything = _limit(_concat([s for splits in by_split.values() for s in splits]), max_documents)
+        train, test = hash_split(everything.texts, everything.labels, held_out_fraction)
         rule = f"hash split, held-out fraction {held_out_fraction}"
     if not train.texts or not test.texts:
         raise UsageError(f"{root}: the {'held-out' if train.texts else 'training'} split is empty; "
