@@ -10,21 +10,21 @@ set -euo pipefail
 out=${1:-runs/analysis}
 mixit=${MIXIT:-mixit}
 for variant in standard frozen_qk mixit; do
-  $mixit train --task induction --variant "$variant" --test-size 1000 --out "$out/induction-$variant" --quiet
+  $mixit train --task induction --variant "$variant" --test-size 1000 --out "$out/induction-$variant" --no-progress
   $mixit analyze "$out/induction-$variant"
 done
 # Attempts to get frozen_qk to form induction heads (none did; docs/analysis.md).
-$mixit train --task induction --variant frozen_qk --steps 4000 --test-size 1000 --out "$out/induction-frozen_qk-4000steps" --quiet
-$mixit train --task induction --variant frozen_qk --lr 3e-3 --test-size 1000 --out "$out/induction-frozen_qk-lr3e-3" --quiet
-$mixit train --task induction --variant frozen_qk --init-std 0.05 --test-size 1000 --out "$out/induction-frozen_qk-init0.05" --quiet
-$mixit train --task induction --variant frozen_qk --n-heads 16 --test-size 1000 --out "$out/induction-frozen_qk-heads16" --quiet
-$mixit train --task induction --variant frozen_qk --n-layers 3 --test-size 1000 --out "$out/induction-frozen_qk-layers3" --quiet
+$mixit train --task induction --variant frozen_qk --steps 4000 --test-size 1000 --out "$out/induction-frozen_qk-4000steps" --no-progress
+$mixit train --task induction --variant frozen_qk --lr 3e-3 --test-size 1000 --out "$out/induction-frozen_qk-lr3e-3" --no-progress
+$mixit train --task induction --variant frozen_qk --init-std 0.05 --test-size 1000 --out "$out/induction-frozen_qk-init0.05" --no-progress
+$mixit train --task induction --variant frozen_qk --n-heads 16 --test-size 1000 --out "$out/induction-frozen_qk-heads16" --no-progress
+$mixit train --task induction --variant frozen_qk --n-layers 3 --test-size 1000 --out "$out/induction-frozen_qk-layers3" --no-progress
 # Larger initialisation, so the frozen logits start at the scale a wider model would give them (docs/analysis.md).
-$mixit train --task induction --variant frozen_qk --init-std 0.1 --test-size 1000 --out "$out/induction-frozen_qk-init0.1" --quiet
-$mixit train --task induction --variant frozen_qk --init-std 0.2 --test-size 1000 --out "$out/induction-frozen_qk-init0.2" --quiet
+$mixit train --task induction --variant frozen_qk --init-std 0.1 --test-size 1000 --out "$out/induction-frozen_qk-init0.1" --no-progress
+$mixit train --task induction --variant frozen_qk --init-std 0.2 --test-size 1000 --out "$out/induction-frozen_qk-init0.2" --no-progress
 for variant in standard frozen_qk mixit; do
   $mixit train --task induction --variant "$variant" --init-std 0.1 --steps 3000 --test-size 1000 \
-    --out "$out/induction-$variant-init0.1-3000steps" --quiet
+    --out "$out/induction-$variant-init0.1-3000steps" --no-progress
 done
 for run in induction-frozen_qk-4000steps induction-frozen_qk-lr3e-3 induction-frozen_qk-init0.05 \
            induction-frozen_qk-heads16 induction-frozen_qk-layers3 induction-frozen_qk-init0.1 \
@@ -33,5 +33,5 @@ for run in induction-frozen_qk-4000steps induction-frozen_qk-lr3e-3 induction-fr
   $mixit analyze "$out/$run"
 done
 $mixit signal --variants standard,mixit,random --depths 2,4,8,16,32 --out "$out/signal"
-$mixit signal --variants standard,mixit,random --depths 2,4,8,16,32 --no-sink --out "$out/signal-no-sink"
+$mixit signal --variants standard,mixit,random --depths 2,4,8,16,32 --no-mixing-sink --out "$out/signal-no-sink"
 $mixit signal --variants standard,mixit,random --depths 2,4,8,16,32 --shaped --out "$out/signal-shaped"

@@ -160,7 +160,7 @@ def fetch_vader_sdist(tmp: Path) -> dict:
     dest.mkdir()
     spec = f"{VADER_NAME}=={VADER_VERSION}"
     log(f"pip download --no-binary :all: --no-deps {spec}")
-    run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
+    run([sys.executable, "-m", "pip", "download", "--no-progress", "--no-binary", ":all:", "--no-deps",
          "--dest", str(dest), spec], f"pip download {spec}")
     found = sorted(p for p in dest.iterdir() if p.name.endswith((".tar.gz", ".zip")))
     if len(found) != 1:
@@ -178,7 +178,7 @@ def import_rdata(tmp: Path):
         pass
     target = tmp / "pylib"
     log("rdata is not importable here: pip install rdata into the temporary directory")
-    run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), "rdata"], "pip install rdata")
+    run([sys.executable, "-m", "pip", "install", "--no-progress", "--target", str(target), "rdata"], "pip install rdata")
     sys.path.insert(0, str(target))
     importlib.invalidate_caches()
     return importlib.import_module("rdata")

@@ -8,8 +8,8 @@ set -euo pipefail
 out=${1:-runs/foundation}
 mixit=${MIXIT:-mixit}
 for variant in standard mixit frozen_qk frozen_mlp; do
-  $mixit train --task addition -p n_digits=5 --variant "$variant" --out "$out/addition5-$variant" --quiet
-  $mixit train --task retrieval -p max_pairs=10 --variant "$variant" --out "$out/retrieval10-$variant" --quiet
+  $mixit train --task addition -p n_digits=5 --variant "$variant" --out "$out/addition5-$variant" --no-progress
+  $mixit train --task retrieval -p max_pairs=10 --variant "$variant" --out "$out/retrieval10-$variant" --no-progress
 done
-$mixit train --task addition -p n_digits=5 --variant mixit --shaped --out "$out/extra-addition5-mixit-shaped" --quiet
-$mixit train --task addition -p n_digits=5 --variant mixit --n-heads 32 --out "$out/extra-addition5-mixit-32heads" --quiet
+$mixit train --task addition -p n_digits=5 --variant mixit --shaped --out "$out/extra-addition5-mixit-shaped" --no-progress
+$mixit train --task addition -p n_digits=5 --variant mixit --n-heads 32 --out "$out/extra-addition5-mixit-32heads" --no-progress

@@ -10,15 +10,15 @@ set -euo pipefail
 out=${1:-runs/text}
 mixit=${MIXIT:-mixit}
 for variant in standard frozen_qk mixit; do
-  $mixit train --task lm --variant "$variant" --out "$out/lm-$variant" --quiet
+  $mixit train --task lm --variant "$variant" --out "$out/lm-$variant" --no-progress
   $mixit sample "$out/lm-$variant" --prompt "It is a truth universally acknowledged" --num-samples 3 \
     --max-new-tokens 60 > "$out/lm-$variant/samples.txt"
   $mixit analyze "$out/lm-$variant" > /dev/null
 done
 for variant in standard frozen_qk mixit; do
-  $mixit train --task sentiment --variant "$variant" --out "$out/sentiment-$variant" --quiet
+  $mixit train --task sentiment --variant "$variant" --out "$out/sentiment-$variant" --no-progress
 done
 # The same three with mean pooling instead of the last token (docs/text.md: MixiT needs it).
 for variant in standard frozen_qk mixit; do
-  $mixit train --task sentiment --variant "$variant" --pooling mean --out "$out/sentiment-mean-$variant" --quiet
+  $mixit train --task sentiment --variant "$variant" --pooling mean --out "$out/sentiment-mean-$variant" --no-progress
 done

@@ -134,7 +134,7 @@ def test_mixit_scores_read_the_fixed_matrices():
 
 
 TINY = ["--task", "addition", "-p", "n_digits=2", "--d-model", "32", "--n-heads", "2", "--n-layers", "2",
-        "--steps", "4", "--batch-size", "16", "--test-size", "40", "--quiet"]
+        "--steps", "4", "--batch-size", "16", "--test-size", "40", "--no-progress"]
 
 
 @pytest.mark.parametrize("variant", ["standard", "mixit"])

@@ -10,7 +10,7 @@ import pytest
 from mixit.cli import main
 
 TINY = ["--task", "addition", "-p", "n_digits=2", "--d-model", "32", "--n-heads", "2", "--n-layers", "1",
-        "--steps", "6", "--batch-size", "16", "--test-size", "50", "--quiet"]
+        "--steps", "6", "--batch-size", "16", "--test-size", "50", "--no-progress"]
 
 
 def run_cli(args, capsys):
@@ -34,7 +34,7 @@ def test_train_then_eval_reproduces_the_test_metrics(tmp_path, capsys):
 def test_resume_from_the_command_line(tmp_path, capsys):
     run = str(tmp_path / "run")
     assert run_cli(["train", *TINY, "--out", run], capsys)[0] == 0
-    code, out, _ = run_cli(["train", "--resume", "--out", run, "--quiet"], capsys)
+    code, out, _ = run_cli(["train", "--resume", "--out", run, "--no-progress"], capsys)
     assert code == 0 and "after 6 steps" in out  # complete run: resume reports it, trains nothing
     code, _, err = run_cli(["train", "--resume", "--out", run, "--lr", "0.5"], capsys)
     assert code == 2 and "holds a different run" in err and "train.lr" in err
@@ -46,21 +46,24 @@ def test_list_names_every_task_and_variant(capsys):
     assert set(listing["tasks"]) == {"addition", "modular_addition", "dyck", "memorization", "retrieval", "induction",
                                      "lm", "sentiment"}
     assert set(listing["variants"]) == {"standard", "frozen_qk", "frozen_mlp", "mixit", "random"}
-    assert listing["tasks"]["addition"]["parameters"] == {"n_digits": 10, "reference_mask": False}
+    params = listing["tasks"]["addition"]["parameters"]
+    assert {k: p["default"] for k, p in params.items()} == {"n_digits": 10, "reference_mask": False}
+    assert params["n_digits"]["type"] == "int" and "Digits of each operand" in params["n_digits"]["doc"]
+    assert listing["tasks"]["addition"]["defaults"] == {"steps": 1000, "batch_size": 128, "lr": 3e-3}
     code, out, _ = run_cli(["list"], capsys)
     assert code == 0 and "n_digits=10" in out and "frozen_qk" in out
 
 
 @pytest.mark.parametrize("args, message", [
-    (["train", "--task", "sorting"], "unknown task 'sorting'; choose one of: addition, modular_addition"),
+    (["train", "--task", "sorting"], "unknown task 'sorting'; allowed: addition, dyck, induction"),
     (["train", "--variant", "frozen_v"], "unknown variant 'frozen_v'; allowed: standard, frozen_qk"),
     (["train", "--d-model", "30", "--n-heads", "4"], "n_heads must divide d_model"),
     (["train", "--n-ctx", "10"], "longer than n_ctx=10"),
     (["train", "--steps", "-5"], "steps must be a positive integer, got -5"),
-    (["train", "--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
+    (["train", "--steps", "ten"], "train.steps: expected int, got 'ten'"),
     (["train", "-p", "n_digits"], "expected KEY=VALUE"),
     (["train", "-p", "digits=3"], "unknown parameter 'digits' for task addition; allowed: n_digits=10"),
-    (["train", "-p", "n_digits=many"], "n_digits must be an integer, got 'many'"),
+    (["train", "-p", "n_digits=many"], "task parameter n_digits: expected int, got 'many'"),
     (["train", "--variant", "frozen_qk", "--attention", "mixing"], "variant 'frozen_qk' uses softmax attention"),
     (["train", "--device", "tpu"], "unknown device 'tpu'; allowed: auto, cpu, cuda, cuda:N"),
     (["train", "--resume"], "--resume needs --out RUN_DIR"),

@@ -7,7 +7,7 @@ from mixit.config import ModelConfig, TrainConfig
 from mixit.errors import UsageError
 from mixit.freezing import VARIANTS, apply_variant, check_attention
 from mixit.models import Transformer
-from mixit.train.optim import build_optimizer
+from mixit.training.optim import build_optimizer
 
 
 def model(attention="softmax"):

@@ -1,4 +1,4 @@
-"""The k-hop induction task (../shared/spec/TASKS.md, "induction"): hand-worked
+"""The k-hop induction task (docs/tasks.md, "induction"): hand-worked
 labels, agreement with a loop-per-position reference written straight from the
 definition, the [x, labels] row layout and its batch, determinism, disjoint
 splits, validation and scoring."""
@@ -77,7 +77,7 @@ def test_vectorised_labels_match_the_reference(k, alphabet):
 
 
 def test_sample_layout_shapes_and_vocabulary():
-    task = Induction(k=2, alphabet=5, length=12)
+    task = make_task("induction", {"k": 2, "alphabet": 5, "length": 12})
     assert (task.vocab_size, task.seq_len, task.input_len) == (6, 24, 12)
     seq, mask = task.sample(np.random.default_rng(0), 300)
     assert seq.dtype == np.int64 and mask.dtype == bool
@@ -91,7 +91,7 @@ def test_sample_layout_shapes_and_vocabulary():
 
 
 def test_to_batch_reads_x_and_targets_the_labels():
-    task = Induction(alphabet=4, length=9)
+    task = make_task("induction", {"alphabet": 4, "length": 9})
     seq = np.array([HAND_X + HAND_HOP[1]])
     mask = np.zeros_like(seq, dtype=bool)
     mask[:, :9] = True
@@ -108,16 +108,16 @@ def test_to_batch_reads_x_and_targets_the_labels():
 
 
 def test_same_seed_same_examples_and_step_changes_batch():
-    a, b = Induction(length=10, test_size=50), Induction(length=10, test_size=50)
+    a, b = make_task("induction", {"length": 10}, test_size=50), make_task("induction", {"length": 10}, test_size=50)
     for x, y in zip(a.test_examples(), b.test_examples()):
         np.testing.assert_array_equal(x, y)
     np.testing.assert_array_equal(a.train_examples(3, 64)[0], b.train_examples(3, 64)[0])
     assert not np.array_equal(a.train_examples(3, 64)[0], a.train_examples(4, 64)[0])
-    assert not np.array_equal(a.train_examples(3, 64)[0], Induction(length=10, seed=1).train_examples(3, 64)[0])
+    assert not np.array_equal(a.train_examples(3, 64)[0], make_task("induction", {"length": 10}, seed=1).train_examples(3, 64)[0])
 
 
 def test_train_batches_never_contain_a_test_row():
-    task = Induction(alphabet=2, length=6, test_size=20)  # 2^6 = 64 possible sequences
+    task = make_task("induction", {"alphabet": 2, "length": 6}, test_size=20)  # 2^6 = 64 possible sequences
     test = rows(task.test_examples()[0])
     assert rows(task.sample(np.random.default_rng(5), 200)[0]) & test  # collisions without rejection
     for step in range(10):
@@ -125,7 +125,7 @@ def test_train_batches_never_contain_a_test_row():
 
 
 def test_perfect_predictions_score_one():
-    task = Induction(alphabet=4, length=16, test_size=100)
+    task = make_task("induction", {"alphabet": 4, "length": 16}, test_size=100)
     batch = task.test_batch()
     metrics = task.score(batch.targets.clone(), batch)
     assert metrics["token_acc"] == metrics["answered_acc"] == 1.0
@@ -134,7 +134,7 @@ def test_perfect_predictions_score_one():
 
 
 def test_wrong_answer_on_a_none_position_costs_token_acc_only():
-    task = Induction(alphabet=4, length=9)
+    task = make_task("induction", {"alphabet": 4, "length": 9})
     seq = np.array([HAND_X + HAND_HOP[1]])
     mask = np.zeros_like(seq, dtype=bool)
     mask[:, :9] = True
@@ -155,7 +155,7 @@ def test_wrong_answer_on_a_none_position_costs_token_acc_only():
         ({"k": 0}, "k must be an integer >= 1, got 0"),
         ({"alphabet": 1}, "alphabet must be an integer >= 2, got 1"),
         ({"length": 1}, "length must be an integer >= 2, got 1"),
-        ({"k": "two"}, "k must be an integer"),
+        ({"k": "two"}, "k must be an integer, got 'two'"),
     ],
 )
 def test_bad_parameters_are_usage_errors(params, message):
@@ -163,12 +163,12 @@ def test_bad_parameters_are_usage_errors(params, message):
         make_task("induction", params)
 
 
-def test_registry_and_string_parameters():
+def test_registry_and_parameters():
     assert TASKS["induction"] is Induction
-    assert "TASKS.md" in Induction.__doc__
-    assert Induction.description and "\n" not in Induction.description
+    assert "docs/tasks.md" in Induction.__doc__
+    assert Induction.description() and "\n" not in Induction.description()
     assert task_parameters("induction") == {"k": 1, "alphabet": 16, "length": 64}
-    task = make_task("induction", {"k": "2"})
+    task = make_task("induction", {"k": 2})
     assert task.params() == {"k": 2, "alphabet": 16, "length": 64}
     assert (task.vocab_size, task.seq_len, task.input_len) == (17, 128, 64)
     assert task.describe() == "induction(k=2, alphabet=16, length=64)"

@@ -195,7 +195,7 @@ def test_shaped_settings():
 
 @pytest.mark.parametrize("bad, message", [
     ({"n_heads": 5}, "n_heads must divide d_model"),
-    ({"attention": "linear"}, "unknown attention 'linear'; allowed: softmax, mixing"),
+    ({"attention": "linear"}, "unknown attention kind 'linear'; allowed: softmax, mixing"),
     ({"d_model": -4}, "d_model must be a positive integer"),
     ({"activation": "gelu"}, "unknown activation"),
 ])
@@ -205,5 +205,5 @@ def test_bad_model_config(bad, message):
 
 
 def test_unknown_config_key_is_an_error():
-    with pytest.raises(UsageError, match="unknown model config key"):
+    with pytest.raises(UsageError, match="unknown model option"):
         ModelConfig.from_dict({"vocab_size": 3, "n_ctx": 4, "d_modle": 8})

@@ -126,7 +126,7 @@ def test_signal_propagation_shape_determinism_and_json():
     ({"depths": []}, "depths must be"),
     ({"shaped": None}, "shaped must be True or False"),
     ({"model_overrides": {"n_layers": 3}}, "may not set n_layers"),
-    ({"model_overrides": {"init_sd": 0.1}}, "unknown model config key"),
+    ({"model_overrides": {"init_sd": 0.1}}, "unknown model option"),
 ])
 def test_bad_inputs_are_refused(kwargs, message):
     args = {"variants": ["standard"], "depths": [1], "seeds": (0,), **TINY, **kwargs}
@@ -158,13 +158,13 @@ def test_signal_command_writes_json_and_png_and_never_overwrites(tmp_path, capsy
     before = (out / "signal.json").read_bytes()
     assert main([*SMALL_CLI, "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "already exists; choose another --out" in err and len(err.strip().splitlines()) == 1
+    assert "already exists; choose another output directory" in err and len(err.strip().splitlines()) == 1
     assert (out / "signal.json").read_bytes() == before
 
 
 def test_signal_command_no_sink_changes_only_mixit(tmp_path, capsys):
     assert main([*SMALL_CLI, "--out", str(tmp_path / "a")]) == 0
-    assert main([*SMALL_CLI, "--no-sink", "--out", str(tmp_path / "b")]) == 0
+    assert main([*SMALL_CLI, "--no-mixing-sink", "--out", str(tmp_path / "b")]) == 0
     capsys.readouterr()
     a, b = (json.loads((tmp_path / d / "signal.json").read_text()) for d in ("a", "b"))
     assert b["config"]["model"]["mixing_sink"] is False

@@ -1,4 +1,4 @@
-"""The synthetic tasks (../shared/spec/TASKS.md): seeded determinism, token
+"""The synthetic tasks (docs/tasks.md): seeded determinism, token
 ranges, right answers, exact loss masks, disjoint splits, scoring, registry."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from mixit.config import field_docs
 from mixit.errors import UsageError
 from mixit.tasks import IGNORE, TASKS, ParamCounts, make_batch, make_task, task_parameters
-from mixit.tasks.addition import Addition
-from mixit.tasks.dyck import Dyck
 
 # Small parameters: every test runs in milliseconds.
 SMALL = {
@@ -45,10 +44,13 @@ def test_registry_has_every_task():
     assert set(TASKS) == set(SMALL) | {"lm", "sentiment"}  # the real-text tasks: tests/test_text_tasks.py
     for name, cls in TASKS.items():
         assert cls.name == name
-        assert "TASKS.md" in cls.__doc__
-        assert cls.description and "\n" not in cls.description
-        assert set(cls.default_train) <= {"steps", "batch_size", "lr", "d_model", "n_layers", "n_heads",
-                                          "eval_batch_size"}
+        assert "docs/tasks.md" in cls.__doc__
+        assert cls.description() and "\n" not in cls.description()
+        assert set(cls.defaults) <= {"steps", "batch_size", "lr", "d_model", "n_layers", "n_heads",
+                                     "eval_batch_size"}
+        # Every parameter has a docstring (it becomes --help and `mixit list`).
+        assert set(field_docs(cls.Config)) == set(task_parameters(name))
+        assert all(field_docs(cls.Config).values())
 
 
 @pytest.mark.parametrize(
@@ -121,7 +123,7 @@ def digits(x: int, n_digits: int) -> list[int]:
 
 
 def test_addition_hand_example_tokens_and_mask():
-    task = Addition(n_digits=3)
+    task = make_task("addition", {"n_digits": 3})
     seq, mask = task.encode(np.array([digits(123, 3), digits(123, 3)]), np.array([digits(989, 3), digits(456, 3)]))
     # 123 + 989 = 1112 and 123 + 456 = 579, digits least-significant first.
     assert seq.tolist() == [
@@ -136,7 +138,7 @@ def test_addition_hand_example_tokens_and_mask():
 
 
 def test_addition_reference_mask_skips_first_digit_and_scores_pad():
-    task = Addition(n_digits=3, reference_mask=True)
+    task = make_task("addition", {"n_digits": 3, "reference_mask": True})
     seq, mask = task.encode(np.array([digits(123, 3), digits(123, 3)]), np.array([digits(989, 3), digits(456, 3)]))
     # Current token >= 20, never the last column: the first answer digit (predicted
     # at '=', position 7) is not scored; for 579 the pad after stop is.
@@ -147,7 +149,7 @@ def test_addition_reference_mask_skips_first_digit_and_scores_pad():
 
 @pytest.mark.parametrize("n_digits", [1, 4, 18])
 def test_addition_answers_are_right(n_digits):
-    task = Addition(n_digits=n_digits, test_size=200)
+    task = make_task("addition", {"n_digits": n_digits}, test_size=200)
     seq, mask = task.train_examples(0, 300) if n_digits > 1 else task.sample(np.random.default_rng(0), 300)
     d = n_digits
     for row, row_mask in zip(seq.tolist(), mask):
@@ -164,7 +166,7 @@ def test_addition_answers_are_right(n_digits):
 
 
 def test_addition_train_batches_never_contain_a_test_row():
-    task = Addition(n_digits=2, test_size=2000)  # 90 * 90 = 8100 possible examples
+    task = make_task("addition", {"n_digits": 2}, test_size=2000)  # 90 * 90 = 8100 possible examples
     test = rows(task.test_examples()[0])
     raw = rows(task.sample(np.random.default_rng(5), 2000)[0])
     assert raw & test  # without rejection, collisions would happen
@@ -260,10 +262,10 @@ def test_dyck_majority_baseline_hand_example():
     seq = np.array([[1, 2, 3, 2, 0, 0, 0], [1, 3, 1, 0, 0, 0, 0], [2, 1, 3, 1, 0, 0, 0]])
     mask = seq == 3
     batch = make_batch(seq, mask)
-    metrics = Dyck(max_pairs=2).score(perfect_preds(batch), batch)
+    metrics = make_task("dyck", {"max_pairs": 2}).score(perfect_preds(batch), batch)
     assert metrics == {"token_acc": 1.0, "majority_baseline": pytest.approx(2 / 3)}
     preds = torch.full_like(batch.targets, 1)  # always '(' : right on 2 of 3
-    assert Dyck(max_pairs=2).score(preds, batch)["token_acc"] == pytest.approx(2 / 3)
+    assert make_task("dyck", {"max_pairs": 2}).score(preds, batch)["token_acc"] == pytest.approx(2 / 3)
 
 
 # -- memorization ------------------------------------------------------------------
@@ -335,23 +337,29 @@ def test_retrieval_train_batches_never_contain_a_test_row():
 # -- registry and validation -------------------------------------------------------
 
 
-def test_make_task_coerces_strings():
-    task = make_task("addition", {"n_digits": "5", "reference_mask": "true"})
+def test_make_task_checks_types_strictly():
+    """Parameters are typed by the task's Config: strings are parsed only on the
+    command line (-p), never in Python or config files."""
+    task = make_task("addition", {"n_digits": 5, "reference_mask": True})
     assert task.params() == {"n_digits": 5, "reference_mask": True}
-    task = make_task("modular_addition", {"p": "7", "train_fraction": "0.5"})
+    task = make_task("modular_addition", {"p": 7, "train_fraction": 0.5})
     assert task.params() == {"p": 7, "train_fraction": 0.5}
+    # An integer is a float (the value is converted): 1 for a float field gives 1.0.
+    assert make_task("memorization", {"n": 4, "fraction": 1}).params()["fraction"] == 1.0
     assert task_parameters("addition") == {"n_digits": 10, "reference_mask": False}
 
 
 @pytest.mark.parametrize(
     "name, params, message",
     [
-        ("nope", {}, "unknown task 'nope'; choose one of: addition"),
-        ("addition", {"digits": 3}, "unknown parameter 'digits' for task addition; allowed: n_digits=10"),
-        ("addition", {"n_digits": "abc"}, "n_digits must be an integer, got 'abc'"),
+        ("nope", {}, "unknown task 'nope'; allowed: addition"),
+        ("addition", {"digits": 3}, r"unknown task parameter\(s\) digits; allowed: n_digits, reference_mask"),
+        ("addition", {"n_digits": "5"}, "n_digits must be an integer, got '5'"),
         ("addition", {"n_digits": 2.5}, "n_digits must be an integer"),
-        ("addition", {"reference_mask": "maybe"}, "reference_mask must be true or false"),
-        ("modular_addition", {"train_fraction": "half"}, "train_fraction must be a number"),
+        ("addition", {"n_digits": True}, "n_digits must be an integer, got True"),
+        ("addition", {"reference_mask": "true"}, "reference_mask must be true or false, got 'true'"),
+        ("modular_addition", {"train_fraction": "half"}, "train_fraction must be a finite number"),
+        ("modular_addition", {"train_fraction": float("nan")}, "train_fraction must be a finite number"),
         ("addition", {"n_digits": 0}, r"n_digits must be an integer in \[1, 18\]"),
         ("modular_addition", {"p": 1}, "p must be"),
         ("modular_addition", {"train_fraction": 1.0}, "train_fraction must be in"),

@@ -16,7 +16,7 @@ from mixit.models.attention import bidirectional_mixing, layer_generator, mixit_
 from mixit.tasks import make_task
 from mixit.tasks.text import epoch_indices
 from mixit.text.tokenizer import encode_documents
-from mixit.train.loop import run_config, train
+from mixit import run_config, train
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,7 @@ def test_sentiment_training_beats_the_majority_baseline(reviews, tmp_path):
 
 # -- command line ------------------------------------------------------------------
 LM_ARGS = ["--task", "lm", "-p", "length=16", "-p", "vocab=300", "-p", "held_out=0.1", "--d-model", "32",
-           "--n-heads", "2", "--n-layers", "1", "--steps", "20", "--batch-size", "8", "--quiet"]
+           "--n-heads", "2", "--n-layers", "1", "--steps", "20", "--batch-size", "8", "--no-progress"]
 
 
 def test_sample_and_eval_use_the_runs_own_tokenizer(corpus, tmp_path, capsys, monkeypatch):
@@ -224,7 +224,7 @@ def test_sample_and_eval_use_the_runs_own_tokenizer(corpus, tmp_path, capsys, mo
 def test_sample_refuses_a_classifier_run_and_bad_options(reviews, tmp_path, capsys):
     run = tmp_path / "cls"
     assert main(["train", "--task", "sentiment", "-p", f"dataset={reviews}", "-p", "vocab=300", "--d-model", "32",
-                 "--n-heads", "2", "--n-layers", "1", "--steps", "5", "--quiet", "--out", str(run)]) == 0
+                 "--n-heads", "2", "--n-layers", "1", "--steps", "5", "--no-progress", "--out", str(run)]) == 0
     capsys.readouterr()
     assert main(["sample", str(run)]) == 2
     err = capsys.readouterr().err
@@ -234,7 +234,7 @@ def test_sample_refuses_a_classifier_run_and_bad_options(reviews, tmp_path, caps
     assert "unknown corpus" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
     assert main(["train", "--task", "sentiment", "--pooling", "max", "--out", str(tmp_path / "y")]) == 2
-    assert "unknown pooling" in capsys.readouterr().err
+    assert "model.pooling: expected one of 'last', 'mean', got 'max'" in capsys.readouterr().err
     assert main(["train", "--task", "lm", "-p", f"corpus={reviews}", "--causal", "false", "--out", str(tmp_path / "z")]) == 2
     assert "would read the tokens it predicts" in capsys.readouterr().err
     assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
@@ -243,7 +243,7 @@ def test_sample_refuses_a_classifier_run_and_bad_options(reviews, tmp_path, caps
 def test_analyze_works_on_a_classifier_run(reviews, tmp_path, capsys):
     run = tmp_path / "cls"
     assert main(["train", "--task", "sentiment", "--variant", "mixit", "-p", f"dataset={reviews}", "-p", "vocab=300",
-                 "--d-model", "32", "--n-heads", "2", "--n-layers", "2", "--steps", "5", "--quiet",
+                 "--d-model", "32", "--n-heads", "2", "--n-layers", "2", "--steps", "5", "--no-progress",
                  "--out", str(run)]) == 0
     assert main(["analyze", str(run), "--batch", "4"]) == 0
     summary = (run / "analysis" / "summary.md").read_text()

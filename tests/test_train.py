@@ -5,12 +5,12 @@ import math
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from mixit import Run, build, run_config, train
 from mixit.config import TrainConfig
 from mixit.errors import UsageError
-from mixit.train import checkpoint as ckpt
-from mixit.train.loop import build, run_config, train
-from mixit.train.optim import lr_at
+from mixit.training.optim import lr_at
 
 
 def tiny_cfg(**kw):
@@ -21,6 +21,15 @@ def tiny_cfg(**kw):
     task = base.pop("task", "addition")
     variant = base.pop("variant", "standard")
     return run_config(task, variant, params, **base)
+
+
+def load_latest(run_dir, model):
+    run = Run.open(run_dir)
+    run.load_model_state(model, run.latest_checkpoint())
+
+
+def latest_weights(run_dir):
+    return load_file(str(Run.open(run_dir).latest_checkpoint() / "model.safetensors"))
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
@@ -78,12 +87,12 @@ def test_checkpoint_reload_gives_identical_logits(tmp_path):
     cfg = tiny_cfg(variant="mixit", steps=10, checkpoint_every=10)
     train(cfg, tmp_path / "run", progress=False)
     task, trained, _ = build(cfg)
-    ckpt.load_model_state(ckpt.latest_checkpoint(tmp_path / "run"), trained)
+    load_latest(tmp_path / "run", trained)
     # A model built with another seed has other weights and other MixiT buffers; loading restores both.
     other_cfg = run_config("addition", "mixit", {"n_digits": 2}, d_model=32, n_heads=2, n_layers=1, seed=7)
     _, other, _ = build(other_cfg)
     assert not torch.equal(other.blocks[0].attn.mixing, trained.blocks[0].attn.mixing)
-    ckpt.load_model_state(ckpt.latest_checkpoint(tmp_path / "run"), other)
+    load_latest(tmp_path / "run", other)
     x = task.test_batch().inputs[:16]
     assert torch.equal(other.eval()(x), trained.eval()(x))
     assert torch.equal(other.blocks[0].attn.mixing, trained.blocks[0].attn.mixing)
@@ -107,8 +116,7 @@ def test_resume_continues_from_saved_step_and_matches_uninterrupted_run(tmp_path
     resumed = train(cfg, tmp_path / "cut", resume=True, progress=False)
     assert resumed["resumed_from"] == 20
     assert resumed["test"] == full["test"]
-    a = ckpt._load_tensors(ckpt.latest_checkpoint(tmp_path / "full") / "model.safetensors")
-    b = ckpt._load_tensors(ckpt.latest_checkpoint(tmp_path / "cut") / "model.safetensors")
+    a, b = latest_weights(tmp_path / "full"), latest_weights(tmp_path / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)
     steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["event"] == "train"]
@@ -132,23 +140,24 @@ def test_guards_on_the_run_directory(tmp_path):
     with pytest.raises(UsageError, match="not empty and holds no mixit run"):
         train(cfg, foreign, progress=False)
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
-    with pytest.raises(UsageError, match="cannot resume"):
+    with pytest.raises(UsageError, match="run directory .*nothing does not exist"):
         train(cfg, tmp_path / "nothing", resume=True, progress=False)
 
 
 def test_corrupt_checkpoint_is_a_usage_error(tmp_path):
     cfg = tiny_cfg(steps=10)
     train(cfg, tmp_path / "run", progress=False)
-    path = ckpt.latest_checkpoint(tmp_path / "run")
+    run = Run.open(tmp_path / "run")
+    path = run.latest_checkpoint()
     (path / "model.safetensors").write_bytes(b"not a safetensors file")
     _, model, _ = build(cfg)
     with pytest.raises(UsageError, match="corrupt or unreadable"):
-        ckpt.load_model_state(path, model)
+        run.load_model_state(model, path)
 
 
 def test_sequence_longer_than_n_ctx_is_refused(tmp_path):
     with pytest.raises(UsageError, match="longer than n_ctx=5"):
-        build(tiny_cfg(n_ctx=5))
+        tiny_cfg(n_ctx=5)
 
 
 @pytest.mark.parametrize("variant", ["standard", "mixit"])
@@ -160,7 +169,7 @@ def test_compiled_training_matches_eager(tmp_path, variant):
     compiled = train(cfg, tmp_path / "compiled", progress=False, compile=True)
     assert compiled["test"]["loss"] == pytest.approx(eager["test"]["loss"], rel=1e-4)
     a, b = build(cfg)[1], build(cfg)[1]
-    ckpt.load_model_state(ckpt.latest_checkpoint(tmp_path / "eager"), a)
-    ckpt.load_model_state(ckpt.latest_checkpoint(tmp_path / "compiled"), b)
+    load_latest(tmp_path / "eager", a)
+    load_latest(tmp_path / "compiled", b)
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=name)

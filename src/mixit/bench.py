@@ -43,16 +43,17 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-import mixit
 from mixit.config import ModelConfig, TrainConfig
 from mixit.errors import UsageError
+from mixit.experiment import model_config
+from mixit.files import check_output_dir, write_json
 from mixit.freezing import VARIANTS, apply_variant
 from mixit.models import Transformer
-from mixit.runtime import release_free_memory
+from mixit.runtime import release_free_memory, resolve_device
 from mixit.tasks import make_task
-from mixit.train.checkpoint import git_commit
-from mixit.train.loop import resolve_device, train_step
-from mixit.train.optim import build_optimizer
+from mixit.training.optim import build_optimizer
+from mixit.training.step import train_step
+from mixit.version import __version__, git_commit
 
 HF_NAME = "hf_llama"
 PEAK_NAME = "matmul_peak"
@@ -72,14 +73,14 @@ class Shape:
 
     def __post_init__(self) -> None:
         for name, value in dataclasses.asdict(self).items():
-            if not (isinstance(value, int) and value > 0):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
                 raise UsageError(f"{name} must be a positive integer, got {value!r}")
-        self.model_config("softmax")  # refuses what no model could have (heads not dividing the width, odd RoPE)
+        self.model_config("standard")  # refuses what no model could have (heads not dividing the width, odd RoPE)
 
-    def model_config(self, attention: str) -> ModelConfig:
-        """The mixit model of this shape with attention kind `attention`."""
-        return ModelConfig(vocab_size=self.vocab_size, n_ctx=self.seq_len, d_model=self.d_model,
-                           n_layers=self.n_layers, n_heads=self.n_heads, attention=attention)
+    def model_config(self, variant: str) -> ModelConfig:
+        """The mixit model of this shape for `variant` (with the variant's own settings)."""
+        return model_config(variant, vocab_size=self.vocab_size, n_ctx=self.seq_len, d_model=self.d_model,
+                            n_layers=self.n_layers, n_heads=self.n_heads)
 
     @property
     def tokens(self) -> int:
@@ -255,7 +256,7 @@ def _autocast(device: torch.device, dtype: torch.dtype):
 def bench_variant(variant: str, shape: Shape, device: torch.device, dtype: torch.dtype,
                   compile: bool = False) -> Contender:
     """`variant` at `shape`, trained with mixit's own step on a fixed batch."""
-    model = Transformer(shape.model_config(VARIANTS[variant].attention))
+    model = Transformer(shape.model_config(variant))
     report = apply_variant(model, variant)
     model.to(device).train()
     optimizer = build_optimizer(model, TrainConfig(), device)
@@ -328,7 +329,7 @@ def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int, b
     return statistics.median(times)
 
 
-def run_bench(shape: Shape, variants: Sequence[str] = tuple(VARIANTS), device: str = "auto", dtype: str = "fp32",
+def run_bench(shape: Shape, variants: Sequence[str] = VARIANTS.names(), device: str = "auto", dtype: str = "fp32",
               warmup: int = 3, steps: int = 3, repeats: int = 5, compile: bool = False, baseline: bool = True,
               task: str | None = None, task_params: dict[str, Any] | None = None, profile: bool = False,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -391,7 +392,7 @@ def run_bench(shape: Shape, variants: Sequence[str] = tuple(VARIANTS), device: s
     return {
         "shape": dataclasses.asdict(shape), "device": str(dev), "device_name": _device_name(dev),
         "dtype": dtype, "threads": torch.get_num_threads(), "compile": compile,
-        "torch": torch.__version__, "mixit": mixit.__version__, "git_commit": git_commit(),
+        "torch": torch.__version__, "mixit": __version__, "git_commit": git_commit(),
         "timing": {"warmup": warmup, "steps": steps, "repeats": repeats},
         "peak": peak, "task": task, "task_params": task_params or {},
         "data_ms_per_batch": None if data_s is None else 1e3 * data_s,
@@ -441,3 +442,56 @@ def format_profiles(result: dict[str, Any]) -> str:
         lines += [f"  {100 * op['share']:5.1f}%  {op['self_ms']:9.1f} ms  {op['calls']:5d} calls  {op['op']}"
                   for op in row["profile"]]
     return "\n".join(lines)
+
+
+def bench_command(out: Path | None = None, variants: Sequence[str] = VARIANTS.names(), d_model: int = 256,
+                  n_layers: int = 4, n_heads: int = 4, vocab_size: int | None = None, seq_len: int | None = None,
+                  batch_size: int = 64, task: str | None = None, task_params: dict[str, Any] | None = None,
+                  device: str = "auto", dtype: str = "fp32", compile: bool = False, warmup: int = 3, steps: int = 3,
+                  repeats: int = 5, baseline: bool = True, profile: bool = False,
+                  progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], Path]:
+    """Time training steps of every variant at one model shape (median of repeats after warm-up), with tokens/s,
+    peak memory and model FLOPs utilisation against this device's measured matmul peak, beside a Hugging Face
+    Llama of the same shape; write the result as JSON.
+
+    Args:
+        out: JSON file to write (default runs/bench-<time>.json); never overwritten.
+        variants: comma-separated variants.
+        d_model: model width.
+        n_layers: blocks.
+        n_heads: attention heads.
+        vocab_size: vocabulary (default 512, or the task's).
+        seq_len: tokens per sequence (default 128, or what the task's model reads).
+        batch_size: sequences per step.
+        task: take vocabulary and sequence length from this task and measure how long one of its training
+            batches takes to generate.
+        task_params: the task's parameters (with task).
+        device: auto, cpu, cuda or cuda:N.
+        dtype: fp32, or bf16 (autocast; cuda only).
+        compile: torch.compile the models.
+        warmup: untimed steps first, during which peak memory is measured.
+        steps: steps per timed block.
+        repeats: timed blocks; the median is reported.
+        baseline: time the Hugging Face Llama row.
+        profile: after timing, profile one more step of each row and print where its time goes.
+        progress: called with a line of text as each phase starts.
+    """
+    out = out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    if out.exists():
+        raise UsageError(f"{out} already exists; choose another --out")
+    check_output_dir(out.parent)
+    if task_params and task is None:
+        raise UsageError("task parameters need a task")
+    seq, vocab = 128, 512
+    if task is not None:
+        made = make_task(task, task_params)
+        seq, vocab = made.input_len, made.vocab_size
+    shape = Shape(d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                  vocab_size=vocab if vocab_size is None else vocab_size,
+                  seq_len=seq if seq_len is None else seq_len, batch_size=batch_size)
+    result = run_bench(shape, list(variants), device=device, dtype=dtype, warmup=warmup, steps=steps,
+                       repeats=repeats, compile=compile, baseline=baseline, task=task, task_params=task_params,
+                       profile=profile, progress=progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, result)
+    return result, out

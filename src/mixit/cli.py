@@ -1,4 +1,17 @@
-"""`mixit <subcommand>`: train, eval, sample, analyze, signal, bench, list.
+"""`mixit <command>`: train, eval, sample, analyze, signal, bench, list.
+
+This module only parses and dispatches. Every option is generated from the
+one place it is declared: a field of `ModelConfig`, `TrainConfig`,
+`RunConfig` or a task's Config (``mixit train``), or a parameter of the
+library function a command calls (the others), with its type, default and
+docstring. jsonargparse parses the values by their type hints (it is
+argparse underneath, so a bad value is an exception we can print on one
+line; see docs/design.md, "Configuration", for why it was chosen over tyro).
+
+Spelling: a model option is ``--model.d_model`` (its path in config.json)
+or ``--d-model``; a training option ``--train.lr`` or ``--lr``; other options
+``--data-seed`` or ``--data_seed``. A bool option given alone means true
+(``--compile``), ``--no-compile`` false. Lists are comma-separated.
 
 Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
@@ -8,357 +21,367 @@ stderr naming the problem and what is allowed, and exit status 2.
 from __future__ import annotations
 
 import argparse
+import collections.abc
+import dataclasses
+import inspect
 import json
+import re
 import sys
 import time
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, NoReturn, get_args, get_origin
 
-from mixit import __version__
+import docstring_parser
+import yaml
+from jsonargparse import ArgumentParser
+
+from mixit.analysis.report import analyze_run
+from mixit.analysis.signal import format_signal, signal_command
+from mixit.bench import bench_command, format_profiles, format_table
+from mixit.catalogue import catalogue_text
+from mixit.config import ModelConfig, TrainConfig, field_docs, field_hints
 from mixit.errors import UsageError
-from mixit.freezing import VARIANTS
+from mixit.experiment import DERIVED, RunConfig, as_request, merge, resolve
+from mixit.files import read_json
+from mixit.generate import sample_run
+from mixit.run import Run, load_config_file
 from mixit.runtime import tune_allocator
+from mixit.tasks import TASKS
+from mixit.training.evaluate import evaluate_run
+from mixit.training.loop import headline, train
+from mixit.version import __version__
 
-VARIANT_NAMES = tuple(VARIANTS)
-
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes"):
-        return True
-    if value in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+# -- generating options ----------------------------------------------------------------
 
 
-# CLI flag -> RunConfig override name, for the options that map one to one.
-MODEL_FLAGS = {
-    "d_model": int, "n_layers": int, "n_heads": int, "d_mlp": int, "n_ctx": int,
-    "attention": str, "mixing_alpha": float, "init_std": float, "seed": int, "pooling": str, "causal": _bool,
-}
-TRAIN_FLAGS = {
-    "steps": int, "batch_size": int, "lr": float, "weight_decay": float, "warmup_steps": int,
-    "grad_clip": float, "eval_every": int, "checkpoint_every": int, "log_every": int,
-    "data_seed": int, "test_size": int,
-}
-FLAG_HELP = {
-    "d_model": "model width (128)", "n_layers": "number of blocks (2)",
-    "n_heads": "attention heads, must divide d_model (4)", "d_mlp": "MLP hidden size (4 * d_model)",
-    "n_ctx": "longest sequence the model is built for (the task's input length)",
-    "attention": "attention kind: softmax or mixing (set by the variant; only 'random' may change it)",
-    "mixing_alpha": "MixiT scale of the centred random part (1.0)",
-    "init_std": "std of the normal initialisation of weights and embeddings (0.02)", "seed": "model initialisation seed (0)",
-    "pooling": "classifier pooling over real tokens: last or mean (last; sentiment only)",
-    "causal": "true or false: causal attention (true; sentiment: false for mixit, as the reference)",
-    "steps": "optimizer steps (task default)", "batch_size": "examples per step (task default)",
-    "lr": "peak learning rate (task default)", "weight_decay": "AdamW weight decay on matrices (0.01)",
-    "warmup_steps": "linear warmup steps (min(100, steps/10))", "grad_clip": "global grad-norm clip, 0 = off (1.0)",
-    "eval_every": "evaluate on the test set every N steps (steps/10)",
-    "checkpoint_every": "checkpoint every N steps (steps/4)", "log_every": "log the training loss every N steps",
-    "data_seed": "seed of the test set and training stream (0)", "test_size": "test-set size (4000)",
-}
+@dataclasses.dataclass
+class Option:
+    name: str
+    hint: Any
+    default: Any  # inspect.Parameter.empty: required
+    doc: str
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse that reports an error as one line and exits 2."""
+def options_of(target: Any, skip: Sequence[str] = ()) -> list[Option]:
+    """The options a dataclass (its fields) or a function (its parameters) declares, with their docs."""
+    if dataclasses.is_dataclass(target):
+        hints, docs = field_hints(target), field_docs(target)  # type: ignore[arg-type]
+        out = []
+        for f in dataclasses.fields(target):
+            default = (f.default if f.default is not dataclasses.MISSING else
+                       f.default_factory() if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty)
+            out.append(Option(f.name, hints[f.name], default, docs.get(f.name, "")))
+        return [o for o in out if o.name not in skip]
+    hints = typing.get_type_hints(target)
+    docs = {p.arg_name: " ".join((p.description or "").split())
+            for p in docstring_parser.parse_from_object(target).params}
+    return [Option(name, hints[name], param.default, docs.get(name, ""))
+            for name, param in inspect.signature(target).parameters.items() if name not in skip]
 
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+
+class CommaList:
+    """argparse type: comma-separated values of one item type -> tuple."""
+
+    def __init__(self, item: type):
+        self.item = item
+
+    def __call__(self, text: Any) -> tuple[Any, ...]:
+        if isinstance(text, (list, tuple)):  # jsonargparse re-checks a parsed value
+            return tuple(self.item(v) for v in text)
+        try:
+            return tuple(self.item(v.strip()) for v in str(text).strip("()[] ").split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {self!r}, got {text!r}") from None
+
+    def __repr__(self) -> str:
+        return {int: "comma-separated integers", str: "comma-separated names"}.get(
+            self.item, f"comma-separated {self.item.__name__}s")
 
 
-def _task_param(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. n_digits=5), got {text!r}")
-    return key.strip(), value.strip()
+def _arg_type(hint: Any) -> Any:
+    """The argparse type of a hint: comma lists for sequences, else the hint itself (jsonargparse parses it)."""
+    options = ([a for a in get_args(hint) if a is not type(None)]
+               if get_origin(hint) in (typing.Union, types.UnionType) else [hint])
+    if len(options) == 1 and get_origin(options[0]) in (tuple, list, collections.abc.Sequence):
+        return CommaList(get_args(options[0])[0])
+    return hint
 
 
-def _int_list(text: str) -> list[int]:
+def _is_bool(hint: Any) -> bool:
+    return hint is bool
+
+
+def add_options(parser: ArgumentParser, options: list[Option], prefix: str = "", show_defaults: bool = True) -> None:
+    """Add `options` to `parser`: ``--{prefix}{name}`` plus its short spellings (module docstring)."""
+    for opt in options:
+        dashed = opt.name.replace("_", "-")
+        required_positional = opt.default is inspect.Parameter.empty and not prefix
+        if required_positional:
+            parser.add_argument(opt.name, type=_arg_type(opt.hint), help=opt.doc)
+            continue
+        flags = [f"--{dashed}", f"--{opt.name}"] if not prefix else [f"--{prefix}{opt.name}", f"--{dashed}"]
+        flags = list(dict.fromkeys(flags))
+        kwargs: dict[str, Any] = {"type": _arg_type(opt.hint), "help": opt.doc, "dest": prefix + opt.name}
+        if show_defaults and opt.default is not inspect.Parameter.empty:
+            kwargs["default"] = list(opt.default) if isinstance(opt.default, tuple) else opt.default
+        if _is_bool(opt.hint):
+            kwargs.update(nargs="?", const=True)
+        parser.add_argument(*flags, **kwargs)
+        if _is_bool(opt.hint):
+            parser.add_argument(f"--no-{dashed}", dest=prefix + opt.name, action="store_const", const=False,
+                                help=f"same as --{dashed} false")
+
+
+class Parser(ArgumentParser):
+    """jsonargparse's parser, raising on errors (printed on one line by `main`)."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(exit_on_error=False, print_config=None, **kwargs)
+
+
+# -- mixit train ------------------------------------------------------------------------
+
+TRAIN_OPTIONS = [o for o in options_of(train, skip=("cfg", "run_dir", "on_step"))]
+RUN_OPTIONS = options_of(RunConfig, skip=("model", "train", "task_params"))
+
+
+class KeyValue:
+    """argparse type of ``-p KEY=VALUE``: -> (key, value text)."""
+
+    def __call__(self, text: Any) -> tuple[str, str]:
+        if isinstance(text, (list, tuple)):  # jsonargparse re-checks a parsed value
+            return tuple(text)  # type: ignore[return-value]
+        key, sep, value = str(text).partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. n_digits=5), got {text!r}")
+        return key.strip(), value.strip()
+
+    def __repr__(self) -> str:
+        return "KEY=VALUE"
+
+
+def train_parser() -> Parser:
+    epilog = "task parameters (-p KEY=VALUE):\n" + "\n".join(
+        f"  {name}: " + ", ".join(f"{k}={v}" for k, v in cls.Config().to_dict().items())
+        for name, cls in TASKS.items())
+    p = Parser(description="Train a model on a task under a variant, into a run directory. Each task sets its own "
+                           "default steps, batch size and learning rate (`mixit list`); the defaults shown here "
+                           "apply where it does not.",
+               epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path,
+                   help="a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
+                        "data_seed, test_size), or a run's config.json or directory, replayed; flags override it")
+    run_options = [dataclasses.replace(o, default="addition") if o.name == "task" else o for o in RUN_OPTIONS]
+    add_options(p, run_options, show_defaults=True)
+    p.add_argument("-p", "--task-param", action="append", type=KeyValue(), metavar="KEY=VALUE",
+                   help="a task parameter, typed by the task's own parameter class (repeatable; see `mixit list`)")
+    add_options(p, [o for o in options_of(ModelConfig) if o.name not in DERIVED["model"]], prefix="model.")
+    add_options(p, options_of(TrainConfig), prefix="train.")
+    p.add_argument("--out", type=Path, help="run directory (default: runs/<task>-<variant>-<time>)")
+    add_options(p, TRAIN_OPTIONS)
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config as JSON and exit without training")
+    return p
+
+
+def load_request_file(path: Path) -> dict[str, Any]:
+    """A request from a config file: a user's YAML/TOML/JSON, or a run's config.json (or its directory),
+    which is turned into the smallest request that replays that run (`as_request`)."""
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UsageError(f"config file {path} does not exist")
+    text = path.read_text()
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        if path.suffix == ".toml":
+            import tomllib
+            data: Any = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = read_json(path, "a config file")
+        else:
+            data = yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise UsageError(f"config file {path} cannot be parsed: {' '.join(str(e).split())}") from None
+    if isinstance(data, dict) and isinstance(data.get("config"), dict) and "mixit_version" in data:
+        return as_request(load_config_file(path))
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
+    return data
 
 
-def _name_list(text: str) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()]
+def _given(ns: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    return {k: ns[k] for k in names if k in ns}
 
 
-def build_parser() -> Parser:
-    parser = Parser(prog="mixit", description="Train and compare transformers with frozen or random parts.")
-    parser.add_argument("--version", action="version", version=f"mixit {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-
-    tr = sub.add_parser("train", help="train one model on one task",
-                        description="Train one variant on one task; writes a run directory.")
-    tr.add_argument("--task", help="task name (addition); see `mixit list`")
-    tr.add_argument("--variant", help="standard, frozen_qk, frozen_mlp, mixit or random (standard)")
-    tr.add_argument("-p", "--task-param", action="append", type=_task_param, default=[], metavar="KEY=VALUE",
-                    help="task parameter, repeatable (e.g. -p n_digits=5); see `mixit list`")
-    for name, kind in {**MODEL_FLAGS, **TRAIN_FLAGS}.items():
-        tr.add_argument("--" + name.replace("_", "-"), type=kind, help=FLAG_HELP[name])
-    tr.add_argument("--no-sink", dest="mixing_sink", action="store_const", const=False,
-                    help="MixiT without the reference's sink head (head 0 = 0.5 I + 0.5 on token 0)")
-    tr.add_argument("--shaped", action="store_true",
-                    help="signal-propagation settings: residual sqrt(1/2), shaped LeakyReLU, width scaling")
-    tr.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N")
-    tr.add_argument("--out", type=Path, help="run directory (runs/<task>-<variant>-<time>)")
-    tr.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    tr.add_argument("--quiet", action="store_true", help="no progress bar")
-    tr.add_argument("--compile", action="store_true", help="torch.compile the training forward pass")
-
-    ev = sub.add_parser("eval", help="re-evaluate a run's checkpoint on its test set",
-                        description="Load RUN_DIR's latest checkpoint and evaluate it on the task's fixed test set.")
-    ev.add_argument("run_dir", type=Path)
-    ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    ev.add_argument("--batch-size", type=int, default=1000, help="examples per forward pass (1000)")
-
-    sm = sub.add_parser("sample", help="sample text from a trained language model (task lm)",
-                        description="Continue a prompt with text sampled from RUN_DIR's latest checkpoint.")
-    sm.add_argument("run_dir", type=Path)
-    sm.add_argument("--prompt", default="", help="text to continue (empty: start a new document)")
-    sm.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate at most (200)")
-    sm.add_argument("--temperature", type=float, default=0.8, help="sampling temperature, 0 = greedy (0.8)")
-    sm.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens, 0 = all (50)")
-    sm.add_argument("--num-samples", type=int, default=1, help="independent continuations (1)")
-    sm.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
-    sm.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-
-    an = sub.add_parser("analyze", help="head scores, attention maps and signal propagation of a trained run",
-                        description="Write RUN_DIR/analysis/: head scores (previous-token, induction, "
-                                    "duplicate-token), the in-context gap, attention maps, the MixiT matrices, "
-                                    "token similarity per layer, and a summary.md.")
-    an.add_argument("run_dir", type=Path)
-    an.add_argument("--example", type=int, default=0, help="test example whose attention maps are drawn (0)")
-    an.add_argument("--tokens", type=_int_list, help="draw the attention maps of these token ids instead, "
-                                                       "comma-separated (e.g. 3,2,1,10,9)")
-    an.add_argument("--batch", type=int, default=64, help="repeated random sequences for the head scores (64)")
-    an.add_argument("--seed", type=int, default=0, help="seed of those sequences (0)")
-    an.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-
-    sg = sub.add_parser("signal", help="token similarity against depth at initialisation (rank collapse)",
-                        description="Measure, for freshly initialised models, the mean cosine similarity and "
-                                    "covariance between token representations after each layer, for several "
-                                    "variants and depths; write signal.json and signal.png.")
-    sg.add_argument("--variants", type=_name_list, default=["standard", "mixit", "random"],
-                    help="comma-separated variants (standard,mixit,random)")
-    sg.add_argument("--depths", type=_int_list, default=[2, 4, 8, 16, 32], help="comma-separated depths (2,4,8,16,32)")
-    sg.add_argument("--d-model", type=int, default=128, help="width (128)")
-    sg.add_argument("--n-heads", type=int, default=4, help="heads (4)")
-    sg.add_argument("--n-ctx", type=int, default=64, help="sequence length of the random inputs (64)")
-    sg.add_argument("--seeds", type=int, default=3, help="initialisations averaged per point (3)")
-    sg.add_argument("--shaped", action="store_true", help="use the signal-propagation settings")
-    sg.add_argument("--no-sink", action="store_true",
-                    help="MixiT without the reference's sink head (head 0 = 0.5 I + 0.5 on token 0)")
-    sg.add_argument("--out", type=Path, default=Path("signal"), help="output directory (./signal)")
-
-    bn = sub.add_parser("bench", help="training throughput, memory and MFU per variant, beside HF Llama",
-                        description="Time training steps of every variant at one model shape (median of "
-                                    "repeats after warm-up), with tokens/s, peak memory and model FLOPs "
-                                    "utilisation against this device's measured matmul peak, beside a Hugging "
-                                    "Face Llama of the same shape; print a table and write JSON.")
-    bn.add_argument("--variants", type=_name_list, default=list(VARIANT_NAMES),
-                    help=f"comma-separated variants ({','.join(VARIANT_NAMES)})")
-    bn.add_argument("--d-model", type=int, default=256, help="width (256)")
-    bn.add_argument("--n-layers", type=int, default=4, help="blocks (4)")
-    bn.add_argument("--n-heads", type=int, default=4, help="heads (4)")
-    bn.add_argument("--vocab-size", type=int, help="vocabulary (512, or the task's)")
-    bn.add_argument("--seq-len", type=int, help="tokens per sequence (128, or what the task's model reads)")
-    bn.add_argument("--batch-size", type=int, default=64, help="sequences per step (64)")
-    bn.add_argument("--task", help="take vocabulary and sequence length from this task and measure how long "
-                                   "one of its training batches takes to generate")
-    bn.add_argument("-p", "--task-param", action="append", type=_task_param, default=[], metavar="KEY=VALUE",
-                    help="task parameter, repeatable (with --task)")
-    bn.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    bn.add_argument("--dtype", default="fp32", help="fp32, or bf16 (autocast; cuda only)")
-    bn.add_argument("--compile", action="store_true", help="torch.compile the models")
-    bn.add_argument("--warmup", type=int, default=3, help="untimed steps first, during which peak memory is measured (3)")
-    bn.add_argument("--steps", type=int, default=3, help="steps per timed block (3)")
-    bn.add_argument("--repeats", type=int, default=5, help="timed blocks; the median is reported (5)")
-    bn.add_argument("--no-baseline", action="store_true", help="skip the Hugging Face Llama row")
-    bn.add_argument("--profile", action="store_true",
-                    help="after timing, profile one more step of each row and print where its time goes")
-    bn.add_argument("--out", type=Path, help="JSON file to write (runs/bench-<time>.json); never overwritten")
-
-    ls = sub.add_parser("list", help="list tasks, variants and their parameters")
-    ls.add_argument("--json", action="store_true", help="machine-readable output")
-    return parser
+def train_request(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The request that the flags (and --config file) of `mixit train` make."""
+    base = load_request_file(args["config"]) if "config" in args else {}
+    flags: dict[str, Any] = _given(args, [o.name for o in RUN_OPTIONS])
+    for group in ("model", "train"):
+        if group in args:
+            flags[group] = dict(args[group])
+    request = merge(base, flags)
+    if args.get("task_param"):
+        request = merge(request, {"task_params": task_params(request.get("task", "addition"), args["task_param"])})
+    return request
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    out = {name: getattr(args, name) for name in {**MODEL_FLAGS, **TRAIN_FLAGS} if getattr(args, name) is not None}
-    if args.mixing_sink is not None:
-        out["mixing_sink"] = args.mixing_sink
-    if args.shaped:
-        from mixit.config import ModelConfig
-        out = {**ModelConfig.shaped(), **out}
-    return out
+def task_params(task: str, pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """`-p KEY=VALUE` pairs, each parsed by the type of its field in the task's Config."""
+    if not isinstance(task, str):
+        raise UsageError(f"task must be a string, got {task!r}")
+    config = TASKS.get(task).Config
+    options = options_of(config)
+    names = [o.name for o in options]
+    unknown = [k for k, _ in pairs if k not in names]
+    if unknown:
+        allowed = ", ".join(f"{k}={v}" for k, v in config().to_dict().items())
+        raise UsageError(f"unknown parameter {unknown[0]!r} for task {task}; allowed: {allowed}")
+    parser = Parser(prog=f"-p (task {task})")
+    add_options(parser, options, show_defaults=False)
+    try:
+        parsed = parser.parse_args([item for k, v in pairs for item in (f"--{k}", v)], defaults=False)
+    except argparse.ArgumentError as e:
+        raise UsageError(f"task parameter {_one_line(e)}") from None
+    return dict(parsed.as_dict())
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from mixit.train import checkpoint as ckpt
-    from mixit.train.loop import run_config, train
-
-    task_params = dict(args.task_param)
-    overrides = _overrides(args)
-    if args.resume:
-        if args.out is None:
+def cmd_train(args: Mapping[str, Any]) -> int:
+    request = train_request(args)
+    session = _given(args, [o.name for o in TRAIN_OPTIONS])
+    if session.get("resume"):
+        if "out" not in args:
             raise UsageError("--resume needs --out RUN_DIR, the run to continue")
-        cfg = ckpt.load_config(args.out)
-        requested = run_config(args.task or cfg.task, args.variant or cfg.variant, {**cfg.task_params, **task_params},
-                               **{**_saved_overrides(cfg), **overrides})
-    else:
-        cfg = requested = run_config(args.task or "addition", args.variant or "standard", task_params, **overrides)
-    out = args.out or Path("runs") / f"{cfg.task}-{cfg.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
-    summary = train(requested, out, device=args.device, resume=args.resume, progress=not args.quiet,
-                    compile=args.compile)
-    print(_format_summary(summary))
-    return 0
-
-
-def _saved_overrides(cfg) -> dict[str, Any]:
-    """A saved RunConfig as run_config() overrides, so a resumed run rebuilds it exactly."""
-    d = cfg.to_dict()
-    model = {k: v for k, v in d["model"].items() if k != "vocab_size"}
-    return {**model, **d["train"], "data_seed": cfg.data_seed, "test_size": cfg.test_size}
-
-
-def _format_summary(summary: dict[str, Any]) -> str:
+        saved = Run.open(args["out"]).config
+        request = merge(as_request(saved), request)
+    cfg = resolve(request)
+    if args.get("print_config"):
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return 0
+    out = args.get("out") or Path("runs") / f"{cfg.task}-{cfg.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
+    summary = train(cfg, out, **session)
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in summary["test"].items() if isinstance(v, float))
-    return (f"{summary['task']} {summary['variant']}: after {summary['steps']} steps, test {metrics}\n"
-            f"run directory: {summary['run_dir']}")
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from mixit.train import checkpoint as ckpt
-    from mixit.train.evaluate import evaluate
-    from mixit.train.loop import build, resolve_device
-
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be a positive integer, got {args.batch_size}")
-    if not args.run_dir.is_dir():
-        raise UsageError(f"run directory {args.run_dir} does not exist")
-    cfg = ckpt.load_config(args.run_dir)
-    last = ckpt.latest_checkpoint(args.run_dir)
-    if last is None:
-        raise UsageError(f"{args.run_dir} has no checkpoint yet")
-    device = resolve_device(args.device)
-    task, model, _ = build(cfg, args.run_dir)
-    ckpt.load_model_state(last, model)
-    metrics = evaluate(model.to(device), task, device, args.batch_size)
-    print(json.dumps({"run_dir": str(args.run_dir), "checkpoint": last.name, "task": task.describe(),
-                      "variant": cfg.variant, "test": metrics}, indent=2))
+    print(f"{summary['task']} {summary['variant']}: after {summary['steps']} steps, test {metrics}\n"
+          f"run directory: {summary['run_dir']}")
     return 0
 
 
-def cmd_sample(args: argparse.Namespace) -> int:
-    from mixit.generate import sample_run
+# -- the other commands -------------------------------------------------------------------
 
-    texts = sample_run(args.run_dir, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                       top_k=args.top_k or None, num_samples=args.num_samples, seed=args.seed, device=args.device)
+
+def cmd_eval(args: Mapping[str, Any]) -> int:
+    print(json.dumps(evaluate_run(**args), indent=2))
+    return 0
+
+
+def cmd_sample(args: Mapping[str, Any]) -> int:
+    texts = sample_run(**args)
+    prompt = args.get("prompt", "")
     for i, text in enumerate(texts):
         if len(texts) > 1:
             print(f"--- sample {i + 1}")
-        print(args.prompt + text)
+        print(prompt + text)
     return 0
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    from mixit.freezing import VARIANTS
-    from mixit.tasks import TASKS, task_parameters
-
-    tasks = {name: {"description": cls.description, "parameters": task_parameters(name),
-                    "train_defaults": cls.default_train} for name, cls in TASKS.items()}
-    variants = {name: {"attention": v.attention, "description": v.description} for name, v in VARIANTS.items()}
-    if args.json:
-        print(json.dumps({"tasks": tasks, "variants": variants}, indent=2))
-        return 0
-    print("tasks (pass parameters with -p KEY=VALUE):")
-    for name, info in tasks.items():
-        params = ", ".join(f"{k}={v}" for k, v in info["parameters"].items())
-        print(f"  {name:<17} {info['description']}\n  {'':<17} parameters: {params}")
-    print("variants (--variant):")
-    for name, info in variants.items():
-        print(f"  {name:<17} [{info['attention']}] {info['description']}")
+def cmd_analyze(args: Mapping[str, Any]) -> int:
+    analyze_run(**args)
+    out = Run(args["run_dir"]).analysis_dir
+    print((out / "summary.md").read_text().strip())
+    print(f"\nwritten to {out}")
     return 0
 
 
-def cmd_analyze(args: argparse.Namespace) -> int:
-    from mixit.analysis.report import analyze_run
-
-    if args.batch < 1:
-        raise UsageError(f"--batch must be a positive integer, got {args.batch}")
-    analyze_run(args.run_dir, device=args.device, example=args.example, tokens=args.tokens,
-                           batch=args.batch, seed=args.seed)
-    print((args.run_dir / "analysis" / "summary.md").read_text().strip())
-    print(f"\nwritten to {args.run_dir / 'analysis'}")
+def cmd_signal(args: Mapping[str, Any]) -> int:
+    result, written = signal_command(**args)
+    print(format_signal(result))
+    print("written to " + " and ".join(str(p) for p in written))
     return 0
 
 
-def cmd_signal(args: argparse.Namespace) -> int:
-    from mixit.analysis.signal import plot_signal, signal_propagation
-
-    if args.out.exists() and not args.out.is_dir():
-        raise UsageError(f"--out {args.out} exists and is not a directory")
-    for name in ("signal.json", "signal.png"):
-        if (args.out / name).exists():
-            raise UsageError(f"{args.out / name} already exists; choose another --out")
-    result = signal_propagation(args.variants, args.depths, d_model=args.d_model, n_heads=args.n_heads,
-                                n_ctx=args.n_ctx, seeds=tuple(range(args.seeds)), shaped=args.shaped,
-                                model_overrides={"mixing_sink": False} if args.no_sink else None)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "signal.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot_signal(result, args.out / "signal.png")
-    print("variant      " + "".join(f"{d:>9}" for d in args.depths) + "   (mean token cosine after the last layer)")
-    for variant, by_depth in result["results"].items():
-        print(f"{variant:<12} " + "".join(f"{by_depth[str(d)]['cosine']:>9.4f}" for d in args.depths))
-    print(f"written to {args.out / 'signal.json'} and {args.out / 'signal.png'}")
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from mixit.bench import Shape, format_profiles, format_table, run_bench
-    from mixit.tasks import make_task
-
-    out = args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    if out.exists():
-        raise UsageError(f"{out} already exists; choose another --out")
-    if args.task_param and args.task is None:
-        raise UsageError("-p/--task-param needs --task")
-    seq_len, vocab_size = 128, 512
-    if args.task is not None:
-        task = make_task(args.task, dict(args.task_param))
-        seq_len, vocab_size = task.input_len, task.vocab_size
-    shape = Shape(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-                  vocab_size=args.vocab_size or vocab_size, seq_len=args.seq_len or seq_len,
-                  batch_size=args.batch_size)
-    result = run_bench(shape, args.variants, device=args.device, dtype=args.dtype, warmup=args.warmup,
-                       steps=args.steps, repeats=args.repeats, compile=args.compile, baseline=not args.no_baseline,
-                       task=args.task, task_params=dict(args.task_param), profile=args.profile,
-                       progress=lambda message: print(f"... {message}", file=sys.stderr, flush=True))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+def cmd_bench(args: Mapping[str, Any]) -> int:
+    args = dict(args)
+    if "task_param" in args:
+        if "task" not in args:
+            raise UsageError("-p/--task-param needs --task")
+        args["task_params"] = task_params(args["task"], args.pop("task_param"))
+    result, out = bench_command(progress=lambda message: print(f"... {message}", file=sys.stderr, flush=True),
+                                **args)
     print(format_table(result))
-    if args.profile:
+    if args.get("profile"):
         print(format_profiles(result))
     print(f"written to {out}")
     return 0
 
 
-COMMANDS = {"train": cmd_train, "bench": cmd_bench, "eval": cmd_eval, "sample": cmd_sample, "analyze": cmd_analyze,
-            "signal": cmd_signal, "list": cmd_list}
+def cmd_list(args: Mapping[str, Any]) -> int:
+    print(catalogue_text(**args))
+    return 0
+
+
+Command = tuple[Callable[[Mapping[str, Any]], int], Callable[..., Any] | None, str]
+COMMANDS: dict[str, Command] = {
+    "train": (cmd_train, None, "train a model on a task under a variant (see --help; `mixit list` for the choices)"),
+    "eval": (cmd_eval, evaluate_run, "re-evaluate a run's latest checkpoint on its test set"),
+    "sample": (cmd_sample, sample_run, "sample text from a trained language model (task lm)"),
+    "analyze": (cmd_analyze, analyze_run, "head scores, attention maps and signal propagation of a trained run"),
+    "signal": (cmd_signal, signal_command, "token similarity against depth at initialisation (rank collapse)"),
+    "bench": (cmd_bench, bench_command, "training throughput, memory and MFU per variant, beside HF Llama"),
+    "list": (cmd_list, catalogue_text, "list tasks, variants and their parameters"),
+}
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="mixit", description="Which trainable parts of a transformer do which jobs: train, "
+                                              "evaluate and analyse the paper's variants.")
+    parser.add_argument("--version", action="version", version=f"mixit {__version__}")
+    sub = parser.add_subcommands(dest="command")
+    for name, (_, function, summary) in COMMANDS.items():
+        if function is None:
+            sub.add_subcommand(name, train_parser(), help=summary)
+            continue
+        p = Parser(description=docstring_parser.parse_from_object(function).short_description)
+        skip = ("progress", "task_params") if name == "bench" else ()
+        add_options(p, options_of(function, skip=skip))
+        if name == "bench":
+            p.add_argument("-p", "--task-param", action="append", type=KeyValue(), metavar="KEY=VALUE",
+                           help="task parameter, repeatable (with --task)")
+        sub.add_subcommand(name, p, help=summary)
+    return parser
+
+
+def _one_line(error: BaseException) -> str:
+    """An argparse/jsonargparse message on one line, in plain words rather than Python type reprs."""
+    text = " ".join(str(error).split())
+    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text)
+    text = re.sub(r"typing\.Literal\[(.*?)\]", r"one of \1", text)
+    text = re.sub(r"Does not validate against any of the Union subtypes Subtypes: \[(.*?)\].*Given value: (.*)$",
+                  lambda m: f"Expected a {m[1].replace('NoneType', 'null').replace(', ', ' or ')}. Got value: {m[2]}",
+                  text)
+    text = re.sub(r'Parser key "([^"]+)": Expected a (.+?)\. Got value: (.*)$', r"\1: expected \2, got '\3'", text)
+    return re.sub(r'Parser key "([^"]+)":', r"\1:", text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:  # --help, --version, or a parse error already reported on one line
+        parsed = parser.parse_args(args, defaults=False).as_dict()
+    except SystemExit as e:  # --help and --version
         return int(e.code or 0)
+    except argparse.ArgumentError as e:
+        command = args[0] if args and args[0] in COMMANDS else None
+        print(f"mixit{' ' + command if command else ''}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    command = parsed["command"]
     tune_allocator()
     try:
-        return COMMANDS[args.command](args)
+        return COMMANDS[command][0](dict(parsed.get(command) or {}))
     except UsageError as e:
-        print(f"mixit {args.command}: error: {e}", file=sys.stderr)
+        print(f"mixit {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("mixit: interrupted; a run continues from its last checkpoint with --resume --out RUN_DIR",
@@ -366,5 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
+def _entry() -> NoReturn:
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    _entry()

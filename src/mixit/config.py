@@ -1,136 +1,239 @@
-"""Typed, validated configuration: the model, the training run, and both together.
+"""Typed, validated configuration: the model, the optimisation, and the base of every task's parameters.
 
-Every config is a dataclass validated once, at construction: a wrong value
-fails there with a `UsageError` naming the key and what is allowed, before any
-work starts. `from_dict` refuses unknown keys, so a config file cannot carry a
-typo silently. Names follow one glossary: d_model, n_layers, n_heads, d_head,
-d_mlp, n_ctx, vocab_size (../shared/STYLE.md).
+Each option is declared exactly once, as a dataclass field with a type, a
+default and a docstring. Everything else is generated from these
+declarations: the command line and its ``--help`` (`mixit.cli`), ``mixit
+list``, ``config.json`` and the checks below. Adding an option is one field
+here (docs/extending.md shows it).
+
+Validation happens once, at construction (``__post_init__``): every value
+is checked against its field's type, strictly (``"false"`` is not a bool,
+``1.5`` is not an int, floats must be finite), then against its range. A
+mapping with a key the class does not have is refused by `Config.from_dict`,
+so a config file cannot carry a typo silently. Every failure is a
+`UsageError` naming the key and what is allowed.
+
+The run as a whole (task, variant, these two, seeds) is `mixit.experiment.RunConfig`.
+Names follow one glossary: d_model, n_layers, n_heads, d_head, d_mlp, n_ctx,
+vocab_size (docs/model.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from dataclasses import dataclass, field
-from typing import Any
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Self, TypeVar, get_args, get_origin
+
+import docstring_parser
 
 from mixit.errors import UsageError
+from mixit.registry import Registry
 
-ATTENTION_KINDS = ("softmax", "mixing")
-ACTIVATIONS = ("silu", "shaped_leaky_relu")
-HEADS = ("lm", "classifier")
-POOLINGS = ("last", "mean")
+C = TypeVar("C", bound="Config")
 
 
-def _check(ok: bool, message: str) -> None:
+def check(ok: bool, message: str) -> None:
+    """Raise `UsageError(message)` unless `ok`."""
     if not ok:
         raise UsageError(message)
 
 
-def _positive_int(name: str, value: Any) -> None:
-    _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-           f"{name} must be a positive integer, got {value!r}")
+def _type_name(hint: Any) -> str:
+    if get_origin(hint) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(hint))
+    if get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(hint))
+    if hint is type(None):
+        return "null"
+    if get_origin(hint) is tuple:
+        return f"a list of {_type_name(get_args(hint)[0])}"
+    return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(
+        hint, getattr(hint, "__name__", str(hint)))
 
 
-def _from_dict(cls, data: dict[str, Any], what: str):
-    """Build dataclass `cls` from `data`, refusing keys it does not have."""
-    if not isinstance(data, dict):
-        raise UsageError(f"{what} must be a JSON object, got {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise UsageError(f"unknown {what} key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
-    return cls(**data)
+def _coerce(hint: Any, value: Any) -> tuple[bool, Any]:
+    """(True, value as `hint`) if `value` is of type `hint` under strict rules, else (False, None).
+
+    Strict: a bool is not an int, an int is a float (converted), a float must
+    be finite, a string is never parsed. Lists of a tuple type become tuples.
+    """
+    origin = get_origin(hint)
+    if origin is Literal:
+        ok = any(value == a and type(value) is type(a) for a in get_args(hint))
+        return ok, value if ok else None
+    if origin in (typing.Union, types.UnionType):
+        for arg in get_args(hint):
+            ok, out = _coerce(arg, value)
+            if ok:
+                return True, out
+        return False, None
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            return False, None
+        (item,) = {a for a in get_args(hint) if a is not Ellipsis}
+        parts = [_coerce(item, v) for v in value]
+        return (True, tuple(v for _, v in parts)) if all(ok for ok, _ in parts) else (False, None)
+    if hint is type(None):
+        return value is None, None
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return ok, float(value) if ok else None
+    if hint is str:
+        return isinstance(value, str), value
+    raise TypeError(f"config fields of type {hint!r} are not supported")
+
+
+@functools.cache
+def field_hints(cls: type) -> dict[str, Any]:
+    """The resolved type of each dataclass field of `cls`."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of `cls` (and its bases), on one line."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            for param in docstring_parser.parse_from_object(klass).params:
+                docs[param.arg_name] = " ".join((param.description or "").split())
+    return docs
+
+
+def short_doc(obj: object) -> str:
+    """The first sentence-line of an object's docstring."""
+    return (docstring_parser.parse_from_object(obj).short_description or "").strip()
+
+
+class Config:
+    """Base of the config dataclasses: strict type checks at construction,
+    `from_dict` that refuses unknown keys, `to_dict` for JSON."""
+
+    what: ClassVar[str] = "option"  # how error messages name one field of this config
+
+    def __post_init__(self) -> None:
+        for name, hint in field_hints(type(self)).items():
+            value = getattr(self, name)
+            ok, converted = _coerce(hint, value)
+            check(ok, f"{name} must be {_type_name(hint)}, got {value!r}")
+            setattr(self, name, converted)
+        self.validate()
+
+    def validate(self) -> None:
+        """Range and cross-field checks of a subclass; types are checked already."""
+
+    @classmethod
+    def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
+        """Build from a mapping, refusing keys that are not fields."""
+        if not isinstance(data, Mapping):
+            raise UsageError(f"{cls.what}s must be a mapping of names to values, got {type(data).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        unknown = sorted(set(data) - set(names))
+        check(not unknown, f"unknown {cls.what}(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
+        missing = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                   if f.name not in data and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        check(not missing, f"missing {cls.what}(s) {', '.join(missing)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v
+                for k, v in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
+
+
+def positive_int(name: str, value: int) -> None:
+    check(value > 0, f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass
-class ModelConfig:
-    """The decoder of ../shared/spec/MODEL.md.
+class ModelConfig(Config):
+    """The decoder (docs/model.md): width, depth, attention kind and initialisation."""
 
-    attention: "softmax" (causal softmax with RoPE on Q and K) or "mixing"
-        (MixiT: a fixed random (n_ctx, n_ctx) matrix per head; no Q or K, so
-        the model gets learned absolute position embeddings instead of RoPE).
-    mixing_alpha, mixing_sink: MixiT's scale on the centred random part and
-        the reference's "sink head" (head 0 of each layer = 0.5 I + 0.5 on
-        token 0). The sink is on by default for fidelity to the reference code.
-    skip_scale, branch_scale: h = skip_scale * h + branch_scale * block(h).
-        1 and 1 is the standard residual; the signal-propagation setting is
-        sqrt(1/2) and sqrt(1/2) (see `shaped`).
-    activation: "silu" (standard) or "shaped_leaky_relu" (LeakyReLU with
-        negative slope 1 + leaky_c / sqrt(d_model), times the gain
-        sqrt(2 / (1 + slope^2))).
-    width_scaling: multiply the output of every linear layer inside the blocks
-        by sqrt(base_width / fan_in) and initialise those weights with std
-        1/sqrt(base_width), so each has effective variance 1/fan_in. The MLP
-        down projection follows the same rule (fan_in = d_mlp); the reference
-        passes no base there and scales by 1/sqrt(d_mlp), which shrinks the MLP
-        branch as the model widens, so we do not copy it.
-    seed: seeds the parameter initialisation and, separately per layer, the
-        MixiT matrices, which are rebuilt identically from it.
-    causal: each position reads only itself and earlier positions. False
-        (sequence classification) lets every position read the whole
-        unpadded sequence; the non-causal MixiT matrix is then centred over
-        the whole row (MODEL.md, "Non-causal use").
-    head: "lm" (logits over the vocabulary at every position) or
-        "classifier" (one vector of n_classes logits per sequence, read from
-        the final hidden states by `pooling`: "last", the last real token,
-        or "mean", the mean over real tokens).
-    pad_id: the padding token. Inputs are right-padded with it; positions
-        holding it are left out of pooling and, without causality, out of
-        attention, so padding never changes a classification. None: no padding.
-    """
+    what: ClassVar[str] = "model option"
+    named: ClassVar[dict[str, Registry[Any]]] = {}
+    """Options whose value names a registered part (attention, activation): the
+    module holding each registry adds it here, so a typo fails at construction."""
 
     vocab_size: int
+    """Vocabulary size; always the task's, never set by hand."""
     n_ctx: int
+    """Longest sequence the model is built for; defaults to the task's input length. MixiT's matrices are n_ctx x n_ctx."""
     d_model: int = 128
+    """Model width."""
     n_layers: int = 2
+    """Number of blocks."""
     n_heads: int = 4
-    d_mlp: int | None = None  # None: 4 * d_model
+    """Attention heads; must divide d_model."""
+    d_mlp: int | None = None
+    """Hidden size of the gated MLP; null means 4 * d_model."""
     attention: str = "softmax"
+    """Attention kind (softmax or mixing); set by the variant, and only the random variant may change it."""
     bias: bool = True
+    """Biases on every linear layer inside the blocks (q, k, v, o, gate, up, down), as the reference code."""
     rope_base: float = 10000.0
+    """Base of the rotary position embedding of softmax attention."""
     init_std: float = 0.02
+    """Standard deviation of the normal initialisation of weights and embeddings."""
     mixing_alpha: float = 1.0
+    """MixiT: scale of the centred random part of each mixing matrix."""
     mixing_sink: bool = True
+    """MixiT: head 0 of every layer is the reference code's sink head (0.5 I + 0.5 on token 0)."""
     skip_scale: float = 1.0
+    """Residual: h = skip_scale * h + branch_scale * block(h); 1 is the standard residual."""
     branch_scale: float = 1.0
+    """Residual: the scale of each block's output (see skip_scale)."""
     activation: str = "silu"
+    """MLP activation: silu, or shaped_leaky_relu (slope 1 + leaky_c / sqrt(d_model), times its gain)."""
     leaky_c: float = -1.0
+    """Shaped LeakyReLU: c in the negative slope 1 + c / sqrt(d_model)."""
     width_scaling: bool = False
+    """Multiply each block linear's output by sqrt(base_width / fan_in) and initialise it with std 1/sqrt(base_width)."""
     base_width: int = 512
+    """Width scaling: the width at which the multiplier is 1."""
     seed: int = 0
+    """Seed of the parameter initialisation and of the MixiT matrices."""
     causal: bool = True
-    head: str = "lm"
+    """Each position reads only itself and earlier ones; false (classifiers only) reads the whole unpadded text."""
+    head: Literal["lm", "classifier"] = "lm"
+    """Output head: lm (next-token logits at every position) or classifier (one label per sequence)."""
     n_classes: int = 2
-    pooling: str = "last"
+    """Classifier head: number of labels."""
+    pooling: Literal["last", "mean"] = "last"
+    """Classifier head: read the last real token, or the mean over real tokens."""
     pad_id: int | None = None
+    """The padding token (inputs are right-padded with it); null means inputs are never padded."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
+        for name, registry in self.named.items():
+            registry.get(getattr(self, name))
         if self.d_mlp is None:
             self.d_mlp = 4 * self.d_model
         for name in ("vocab_size", "n_ctx", "d_model", "n_layers", "n_heads", "d_mlp", "base_width"):
-            _positive_int(name, getattr(self, name))
-        _check(self.d_model % self.n_heads == 0,
-               f"n_heads must divide d_model: d_model={self.d_model} is not a multiple of n_heads={self.n_heads}")
-        _check(self.attention in ATTENTION_KINDS,
-               f"unknown attention {self.attention!r}; allowed: {', '.join(ATTENTION_KINDS)}")
-        _check(self.activation in ACTIVATIONS,
-               f"unknown activation {self.activation!r}; allowed: {', '.join(ACTIVATIONS)}")
-        _check(self.attention != "softmax" or self.d_head % 2 == 0,
-               f"RoPE needs an even d_head, got d_model/n_heads = {self.d_head}")
-        _check(self.init_std > 0, f"init_std must be > 0, got {self.init_std}")
-        _check(self.rope_base > 0, f"rope_base must be > 0, got {self.rope_base}")
-        _check(self.skip_scale >= 0 and self.branch_scale > 0,
-               f"skip_scale must be >= 0 and branch_scale > 0, got {self.skip_scale}, {self.branch_scale}")
-        _check(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
-        _check(self.head in HEADS, f"unknown head {self.head!r}; allowed: {', '.join(HEADS)}")
-        _check(self.pooling in POOLINGS, f"unknown pooling {self.pooling!r}; allowed: {', '.join(POOLINGS)}")
-        _check(isinstance(self.n_classes, int) and self.n_classes >= 2,
-               f"n_classes must be an integer >= 2, got {self.n_classes!r}")
-        _check(self.causal or self.head == "classifier",
-               "causal=False needs the classifier head: a non-causal language model would read the tokens it predicts")
-        _check(self.pad_id is None or (isinstance(self.pad_id, int) and 0 <= self.pad_id < self.vocab_size),
-               f"pad_id must be None or a token id in [0, {self.vocab_size}), got {self.pad_id!r}")
+            positive_int(name, getattr(self, name))
+        check(self.d_model % self.n_heads == 0,
+              f"n_heads must divide d_model: d_model={self.d_model} is not a multiple of n_heads={self.n_heads}")
+        check(self.attention != "softmax" or self.d_head % 2 == 0,
+              f"RoPE needs an even d_head, got d_model/n_heads = {self.d_head}")
+        check(self.init_std > 0, f"init_std must be > 0, got {self.init_std}")
+        check(self.rope_base > 0, f"rope_base must be > 0, got {self.rope_base}")
+        check(self.skip_scale >= 0 and self.branch_scale > 0,
+              f"skip_scale must be >= 0 and branch_scale > 0, got {self.skip_scale}, {self.branch_scale}")
+        check(self.n_classes >= 2, f"n_classes must be an integer >= 2, got {self.n_classes}")
+        check(self.causal or self.head == "classifier",
+              "causal=false needs the classifier head: a non-causal language model would read the tokens it predicts")
+        check(self.pad_id is None or 0 <= self.pad_id < self.vocab_size,
+              f"pad_id must be null or a token id in [0, {self.vocab_size}), got {self.pad_id!r}")
 
     @property
     def d_head(self) -> int:
@@ -138,86 +241,87 @@ class ModelConfig:
 
     @staticmethod
     def shaped(**overrides: Any) -> dict[str, Any]:
-        """The signal-propagation ("shaped") settings of MODEL.md, as keyword arguments."""
+        """The signal-propagation ("shaped") settings of docs/model.md, as keyword arguments."""
         s = math.sqrt(0.5)
         return {"skip_scale": s, "branch_scale": math.sqrt(1 - s * s),
                 "activation": "shaped_leaky_relu", "width_scaling": True, **overrides}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        return _from_dict(cls, data, "model config")
-
 
 @dataclass
-class TrainConfig:
-    """Optimisation and bookkeeping of one training run.
+class TrainConfig(Config):
+    """Optimisation and bookkeeping: AdamW on the trainable parameters, linear
+    warmup then cosine decay, global-norm gradient clipping, periodic
+    evaluation and checkpoints. Each task sets its own steps, batch size and
+    learning rate (`mixit list`); the defaults below apply where it does not."""
 
-    AdamW on the trainable parameters only; linear warmup over warmup_steps,
-    then cosine decay to min_lr_ratio * lr at the last step; gradients clipped
-    to grad_clip in global L2 norm (0 turns clipping off). The test set is
-    evaluated every eval_every steps and at the end; a checkpoint is written
-    every checkpoint_every steps and at the end.
-    """
+    what: ClassVar[str] = "training option"
 
     steps: int = 2000
+    """Optimizer steps."""
     batch_size: int = 256
+    """Training examples per step."""
     lr: float = 1e-3
+    """Peak learning rate."""
     weight_decay: float = 0.01
+    """AdamW weight decay, applied to matrices only (not to biases or norm gains)."""
     beta1: float = 0.9
+    """AdamW beta1."""
     beta2: float = 0.98
-    warmup_steps: int = 100
+    """AdamW beta2."""
+    warmup_steps: int | None = None
+    """Steps of linear warmup; null means min(100, steps / 10)."""
     min_lr_ratio: float = 0.1
+    """The cosine schedule ends at min_lr_ratio * lr."""
     grad_clip: float = 1.0
-    eval_every: int = 500
-    log_every: int = 50
-    checkpoint_every: int = 500
+    """Clip gradients to this global L2 norm; 0 turns clipping off."""
+    eval_every: int | None = None
+    """Evaluate on the test set every this many steps (and at the end); null means steps / 10."""
+    log_every: int | None = None
+    """Log the training loss every this many steps; null means min(50, steps / 20)."""
+    checkpoint_every: int | None = None
+    """Write a checkpoint every this many steps (and at the end); null means steps / 4."""
     eval_batch_size: int = 1000
+    """Examples per forward pass when evaluating."""
 
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every", "eval_batch_size"):
-            _positive_int(name, getattr(self, name))
-        _check(isinstance(self.warmup_steps, int) and 0 <= self.warmup_steps,
-               f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
-        _check(self.lr > 0, f"lr must be > 0, got {self.lr}")
-        _check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
-        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
-        _check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        _check(self.grad_clip >= 0, f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
+    def validate(self) -> None:
+        positive_int("steps", self.steps)
+        # Cadences that scale with the run's length unless given: resolved here, so
+        # config.json records the numbers that were used.
+        if self.warmup_steps is None:
+            self.warmup_steps = min(100, self.steps // 10)
+        if self.eval_every is None:
+            self.eval_every = max(self.steps // 10, 1)
+        if self.checkpoint_every is None:
+            self.checkpoint_every = max(self.steps // 4, 1)
+        if self.log_every is None:
+            self.log_every = max(min(50, self.steps // 20), 1)
+        for name in ("batch_size", "eval_every", "log_every", "checkpoint_every", "eval_batch_size"):
+            positive_int(name, getattr(self, name))
+        check(self.warmup_steps >= 0, f"warmup_steps must be an integer >= 0, got {self.warmup_steps}")
+        check(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+              f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
+        check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        check(self.grad_clip >= 0, f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        return _from_dict(cls, data, "train config")
+    @property
+    def cadence(self) -> tuple[int, int, int, int]:
+        """(warmup_steps, eval_every, log_every, checkpoint_every), resolved (never None after construction)."""
+        values = (self.warmup_steps, self.eval_every, self.log_every, self.checkpoint_every)
+        assert all(v is not None for v in values)
+        return typing.cast(tuple[int, int, int, int], values)
 
 
 @dataclass
-class RunConfig:
-    """Everything that defines a run: task, variant, model and optimisation.
+class TaskConfig(Config):
+    """Base of the task parameter classes: one dataclass per task, declared in
+    the task's own module, validated at construction like every config."""
 
-    The model's vocab_size and n_ctx come from the task; `seed` seeds the
-    model and `data_seed` the task (test set and training stream), so the same
-    data can be used with different initialisations.
-    """
+    what: ClassVar[str] = "task parameter"
 
-    task: str
-    variant: str
-    model: ModelConfig
-    train: TrainConfig = field(default_factory=TrainConfig)
-    task_params: dict[str, Any] = field(default_factory=dict)
-    data_seed: int = 0
-    test_size: int = 4000
-
-    def __post_init__(self) -> None:
-        _positive_int("test_size", self.test_size)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
-        data = dict(data)
-        for key in ("model", "train"):
-            if key not in data:
-                raise UsageError(f"run config is missing {key!r}")
-        data["model"] = ModelConfig.from_dict(data["model"])
-        data["train"] = TrainConfig.from_dict(data["train"])
-        return _from_dict(cls, data, "run config")
+    def for_run(self, run_dir: Path) -> Self:
+        """These parameters, pointing at what the task saved in `run_dir` (its
+        tokenizer, say), so that an existing run is rebuilt exactly as it was
+        trained; unchanged unless a task saves something."""
+        return self

@@ -1,6 +1,7 @@
 """The paper's training regimes ("variants") as explicit, checked freeze rules.
 
-A variant names an attention kind and a freeze rule (MODEL.md, "Variants"):
+A variant names an attention kind and a freeze rule (docs/model.md, "Variants"),
+and is registered in `VARIANTS`:
 
     standard    softmax attention, everything trained
     frozen_qk   softmax attention, q and k projections (weights and biases) frozen
@@ -13,22 +14,26 @@ A rule selects modules by structure (``block.attn.q``), never by name
 substring; `apply_variant` freezes them with ``requires_grad_(False)`` and
 returns a `FreezeReport` listing exactly what it froze. A rule that selects
 nothing is an error (frozen_qk on MixiT attention, which has no q or k). The
-optimizer is built afterwards from the trainable parameters only.
+optimizer is built afterwards from the trainable parameters only. A new
+variant is one `Variant` (with its rule) added to `VARIANTS` (docs/extending.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
 from mixit.errors import UsageError
+from mixit.models.transformer import Transformer
+from mixit.registry import Registry
 
-Rule = Callable[[nn.Module], dict[str, nn.Module]]
+Rule = Callable[[Transformer], dict[str, nn.Module]]
 
 
-def _block_parts(model: nn.Module, part: str, names: tuple[str, ...]) -> dict[str, nn.Module]:
+def _block_parts(model: Transformer, part: str, names: tuple[str, ...]) -> dict[str, nn.Module]:
     found = {}
     for i, block in enumerate(model.blocks):
         parent = getattr(block, part)
@@ -39,46 +44,51 @@ def _block_parts(model: nn.Module, part: str, names: tuple[str, ...]) -> dict[st
     return found
 
 
-def query_key(model: nn.Module) -> dict[str, nn.Module]:
+def query_key(model: Transformer) -> dict[str, nn.Module]:
     """The q and k projections of every layer."""
     return _block_parts(model, "attn", ("q", "k"))
 
 
-def mlps(model: nn.Module) -> dict[str, nn.Module]:
+def mlps(model: Transformer) -> dict[str, nn.Module]:
     """gate, up and down of every MLP."""
     return _block_parts(model, "mlp", ("gate", "up", "down"))
 
 
-def all_but_embeddings(model: nn.Module) -> dict[str, nn.Module]:
+def all_but_embeddings(model: Transformer) -> dict[str, nn.Module]:
     """Every block and the final norm: all but the embeddings and the LM head."""
-    found = {f"blocks.{i}": block for i, block in enumerate(model.blocks)}
+    found: dict[str, nn.Module] = {f"blocks.{i}": block for i, block in enumerate(model.blocks)}
     found["norm_f"] = model.norm_f
     return found
 
 
 @dataclass(frozen=True)
 class Variant:
+    """A training regime: an attention kind, what is frozen, and the model settings it brings."""
+
     name: str
     attention: str
     freeze: Rule | None
     description: str
     any_attention: bool = False  # may be combined with another attention kind
+    model_defaults: dict[str, Any] = field(default_factory=dict)  # model options this variant sets unless given
 
 
-VARIANTS: dict[str, Variant] = {v.name: v for v in (
+VARIANTS: Registry[Variant] = Registry("variant")
+"""Name -> `Variant`; one `VARIANTS.add` line per variant."""
+
+for _variant in (
     Variant("standard", "softmax", None, "softmax attention with RoPE, everything trained"),
     Variant("frozen_qk", "softmax", query_key, "query and key projections frozen at initialisation"),
     Variant("frozen_mlp", "softmax", mlps, "every MLP (gate, up, down) frozen at initialisation"),
     Variant("mixit", "mixing", None, "MixiT: fixed random mixing matrices instead of attention"),
     Variant("random", "softmax", all_but_embeddings,
             "only embeddings and LM head trained (Zhong & Andreas)", any_attention=True),
-)}
+):
+    VARIANTS.add(_variant.name, _variant)
 
 
 def get_variant(name: str) -> Variant:
-    if name not in VARIANTS:
-        raise UsageError(f"unknown variant {name!r}; allowed: {', '.join(VARIANTS)}")
-    return VARIANTS[name]
+    return VARIANTS.get(name)
 
 
 def check_attention(variant: Variant, attention: str) -> None:
@@ -109,12 +119,12 @@ class FreezeReport:
         return (f"variant {self.variant}: {self.n_trainable:,} of {total:,} parameters trainable, "
                 f"{len(self.frozen)} tensors ({self.n_frozen:,} parameters) frozen")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"variant": self.variant, "n_trainable": self.n_trainable, "n_frozen": self.n_frozen,
                 "frozen": self.frozen, "trainable": self.trainable}
 
 
-def apply_variant(model: nn.Module, variant: str | Variant) -> FreezeReport:
+def apply_variant(model: Transformer, variant: str | Variant) -> FreezeReport:
     """Freeze what `variant`'s rule selects in `model` and report it.
 
     Raises UsageError if the rule selects no parameter at all.

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import nn
-
 from mixit.errors import UsageError
+from mixit.models import Transformer
+from mixit.run import Run
 
 
 @torch.no_grad()
-def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+def generate(model: Transformer, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, generator: torch.Generator | None = None,
              stop_token: int | None = None) -> torch.Tensor:
     """Extend `prompt` (B, T0) ids by up to `max_new_tokens` sampled tokens -> (B, T0 + n).
@@ -49,15 +49,28 @@ def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temper
     return out
 
 
-def sample_run(run_dir: str | Path, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
-               top_k: int | None = 50, num_samples: int = 1, seed: int = 0, device: str = "auto") -> list[str]:
-    """Continuations of `prompt` from the latest checkpoint of a language-model run,
-    each ending where the model ends its document (EOS) or after max_new_tokens."""
-    from mixit.analysis.report import load_run
+def sample_run(run_dir: Path, prompt: str = "", max_new_tokens: int = 200, temperature: float = 0.8,
+               top_k: int = 50, num_samples: int = 1, seed: int = 0, device: str = "auto") -> list[str]:
+    """Continue a prompt with text sampled from a language-model run's latest checkpoint.
 
+    Each continuation ends where the model ends its document (EOS) or after max_new_tokens.
+
+    Args:
+        run_dir: the run directory (a run of task lm).
+        prompt: text to continue (empty: start a new document).
+        max_new_tokens: tokens to generate at most.
+        temperature: sampling temperature; 0 takes the most likely token.
+        top_k: sample among the k most likely tokens; 0 means all.
+        num_samples: independent continuations.
+        seed: sampling seed.
+        device: auto, cpu, cuda or cuda:N.
+    """
     if max_new_tokens < 1 or num_samples < 1:
         raise UsageError(f"max_new_tokens and num_samples must be positive, got {max_new_tokens}, {num_samples}")
-    cfg, task, model, _ = load_run(Path(run_dir), device)
+    if top_k < 0:
+        raise UsageError(f"top_k must be >= 0 (0 = all), got {top_k}")
+    loaded = Run.open(run_dir).load(device)
+    cfg, task, model = loaded.cfg, loaded.task, loaded.model
     tokenizer = getattr(task, "tokenizer", None)
     if tokenizer is None or cfg.model.head != "lm":
         raise UsageError(f"{run_dir} is a {cfg.task} run; sampling needs a language-model run (--task lm)")
@@ -67,7 +80,7 @@ def sample_run(run_dir: str | Path, prompt: str, max_new_tokens: int = 200, temp
         ids = [tokenizer.eos_id]  # an empty prompt starts a fresh document
     x = torch.tensor([ids] * num_samples, dtype=torch.long, device=dev)
     g = torch.Generator(device=dev).manual_seed(seed)
-    out = generate(model, x, max_new_tokens, temperature, top_k, g, stop_token=tokenizer.eos_id)
+    out = generate(model, x, max_new_tokens, temperature, top_k or None, g, stop_token=tokenizer.eos_id)
     texts = []
     for row in out[:, len(ids):].tolist():
         if tokenizer.eos_id in row:  # the document ended: keep the text up to its end marker

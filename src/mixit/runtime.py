@@ -1,4 +1,4 @@
-"""Process-level settings that make CPU training faster.
+"""The device a command runs on, and process-level settings that make CPU training faster.
 
 glibc's malloc serves a request above its mmap threshold with a fresh
 ``mmap`` and returns it with ``munmap`` on free; the threshold adapts upwards
@@ -23,6 +23,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import platform
+
+import torch
+
+from mixit.errors import UsageError
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -56,3 +60,19 @@ def release_free_memory() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or name.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {name!r} requested but no CUDA GPU is available; allowed here: auto, cpu")
+        index = name.partition(":")[2]
+        if index and not (index.isdigit() and int(index) < torch.cuda.device_count()):
+            raise UsageError(f"device {name!r}: this machine has CUDA devices 0..{torch.cuda.device_count() - 1}")
+        return torch.device(name)
+    raise UsageError(f"unknown device {name!r}; allowed: auto, cpu, cuda, cuda:N")

@@ -1,5 +1,8 @@
 """Attention maps: every layer's and head's pattern on one input, as arrays and a PNG grid.
 
+Figures are drawn with matplotlib's object interface (`Figure`), never
+pyplot, so no backend or global state is touched.
+
 Patterns come through the model's pattern hook (`capture_patterns`), so a
 softmax head and a MixiT head are drawn by the same code. Models whose attention
 has an input-independent pattern (MixiT) also expose it as
@@ -46,9 +49,7 @@ def plot_pattern_grid(patterns: np.ndarray, path: str | Path, title: str,
     Non-negative patterns (softmax) use a sequential map on [0, 1]; patterns
     with negative weights (MixiT) a diverging map centred on 0.
     """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     n_layers, n_heads, T, _ = patterns.shape
     signed = bool((patterns < -1e-6).any())
@@ -58,8 +59,8 @@ def plot_pattern_grid(patterns: np.ndarray, path: str | Path, title: str,
     else:
         kwargs = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0}
     cell = 2.6 if T <= 40 else 2.2
-    fig, axes = plt.subplots(n_layers, n_heads, figsize=(cell * n_heads + 1.2, cell * n_layers + 0.8),
-                             squeeze=False, constrained_layout=True)
+    fig = Figure(figsize=(cell * n_heads + 1.2, cell * n_layers + 0.8), layout="constrained")
+    axes = fig.subplots(n_layers, n_heads, squeeze=False)
     image = None
     for layer in range(n_layers):
         for head in range(n_heads):
@@ -78,19 +79,16 @@ def plot_pattern_grid(patterns: np.ndarray, path: str | Path, title: str,
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     fig.suptitle(title, fontsize=11)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_score_tables(scores: dict[str, list[list[float]]], path: str | Path, title: str) -> None:
     """Heatmaps (layers x heads) of the head scores, values written in the cells."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     keys = ["previous_token", "induction", "duplicate_token"]
     n_layers, n_heads = len(scores[keys[0]]), len(scores[keys[0]][0])
-    fig, axes = plt.subplots(1, 3, figsize=(3 * (0.6 * n_heads + 1.6), 0.55 * n_layers + 1.8),
-                             squeeze=False, constrained_layout=True)
+    fig = Figure(figsize=(3 * (0.6 * n_heads + 1.6), 0.55 * n_layers + 1.8), layout="constrained")
+    axes = fig.subplots(1, 3, squeeze=False)
     for ax, key in zip(axes[0], keys):
         table = np.asarray(scores[key])
         image = ax.imshow(table, cmap="magma", vmin=min(0.0, float(table.min())), vmax=1.0)
@@ -105,4 +103,3 @@ def plot_score_tables(scores: dict[str, list[list[float]]], path: str | Path, ti
     fig.colorbar(image, ax=axes, shrink=0.8, label="mean attention on target")
     fig.suptitle(title, fontsize=11)
     fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -13,7 +13,7 @@ The files are derived from the run's checkpoint and are rewritten by each
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,46 +24,48 @@ from mixit.analysis.attention_maps import (attention_patterns, fixed_patterns, p
                                            plot_score_tables)
 from mixit.analysis.induction import head_scores, strongest
 from mixit.analysis.signal import token_similarity
+from mixit.config import check
 from mixit.errors import UsageError
-from mixit.train import checkpoint as ckpt
-from mixit.train.loop import build, resolve_device
+from mixit.experiment import build_model
+from mixit.files import write_json, write_text
+from mixit.run import Run
 
 
-def load_run(run_dir: Path, device: str = "auto"):
-    """(cfg, task, model with the latest checkpoint loaded, checkpoint path) of a run directory."""
-    if not run_dir.is_dir():
-        raise UsageError(f"run directory {run_dir} does not exist")
-    cfg = ckpt.load_config(run_dir)
-    last = ckpt.latest_checkpoint(run_dir)
-    if last is None:
-        raise UsageError(f"{run_dir} has no checkpoint yet")
-    task, model, _ = build(cfg, run_dir)
-    ckpt.load_model_state(last, model)
-    return cfg, task, model.to(resolve_device(device)), last
-
-
-def analyze_run(run_dir: str | Path, device: str = "auto", example: int = 0, tokens: list[int] | None = None,
+def analyze_run(run_dir: Path, device: str = "auto", example: int = 0, tokens: Sequence[int] | None = None,
                 batch: int = 64, seed: int = 0) -> dict[str, Any]:
-    """Run every analysis on `run_dir`'s latest checkpoint; return what summary.md says."""
-    run_dir = Path(run_dir)
-    cfg, task, model, last = load_run(run_dir, device)
+    """Run every analysis on a run's latest checkpoint and write RUN_DIR/analysis/; return what summary.md says.
+
+    Args:
+        run_dir: the run directory.
+        device: auto, cpu, cuda or cuda:N.
+        example: the test example whose attention maps are drawn.
+        tokens: draw the attention maps of these token ids instead (comma-separated on the command line).
+        batch: repeated random sequences for the head scores.
+        seed: seed of those sequences.
+    """
+    check(batch > 0, f"batch must be a positive integer, got {batch}")
+    run = Run.open(run_dir)
+    loaded = run.load(device)
+    cfg, task, model, last = loaded.cfg, loaded.task, loaded.model, loaded.checkpoint
     test_inputs = task.test_batch().inputs
     if tokens is None:
         if not 0 <= example < len(test_inputs):
             raise UsageError(f"example must be in [0, {len(test_inputs)}), got {example}")
         x = test_inputs[example]
     else:
-        x = torch.as_tensor(tokens, dtype=torch.long)
         bad = [t for t in tokens if not 0 <= t < cfg.model.vocab_size]
         if bad or not 1 <= len(tokens) <= cfg.model.n_ctx:
             raise UsageError(f"tokens must be 1..{cfg.model.n_ctx} ids in [0, {cfg.model.vocab_size}), "
                              f"got {len(tokens)} tokens" + (f" with out-of-range ids {bad[:5]}" if bad else ""))
-    out_dir = run_dir / "analysis"
+        x = torch.as_tensor(list(tokens), dtype=torch.long)
+    out_dir = run.analysis_dir
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"{out_dir} exists and is not a directory")
     out_dir.mkdir(exist_ok=True)
-    name = f"{cfg.task}/{cfg.variant} ({run_dir.name}, {last.name})"
+    name = f"{cfg.task}/{cfg.variant} ({run.path.name}, {last.name})"
 
     scores = head_scores(model, task.analysis_tokens(), batch=batch, seed=seed)
-    (out_dir / "head_scores.json").write_text(json.dumps(scores, indent=2) + "\n")
+    write_json(out_dir / "head_scores.json", scores)
     plot_score_tables(scores, out_dir / "head_scores.png", f"head scores: {name}")
 
     patterns = attention_patterns(model, x)
@@ -76,12 +78,12 @@ def analyze_run(run_dir: str | Path, device: str = "auto", example: int = 0, tok
         plot_pattern_grid(fixed, out_dir / "fixed_patterns.png", f"fixed mixing matrices: {name}")
 
     probe = test_inputs[: min(len(test_inputs), batch)].to(next(model.parameters()).device)
-    _, fresh, _ = build(cfg, run_dir)
+    fresh, _ = build_model(cfg)
     signal = {"trained": token_similarity(model, probe), "init": token_similarity(fresh.to(probe.device), probe)}
-    (out_dir / "signal.json").write_text(json.dumps(signal, indent=2) + "\n")
+    write_json(out_dir / "signal.json", signal)
 
     findings = summarize(scores, signal)
-    (out_dir / "summary.md").write_text(render_summary(name, findings, fixed is not None))
+    write_text(out_dir / "summary.md", render_summary(name, findings, fixed is not None))
     return findings
 
 

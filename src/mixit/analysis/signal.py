@@ -1,6 +1,6 @@
 """Signal propagation at initialisation: do token representations collapse with depth?
 
-The paper's depth experiment (MODEL.md, "Paper results", depth) reports that
+The paper's depth experiment (docs/model.md, "The paper's numbers") reports that
 the covariance between token representations of the random transformer rises
 from 0.0022 at 2 layers to 0.054 at 32 while MixiT's stays flat: rank
 collapse, the residual stream of every token drifting towards one shared
@@ -25,11 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
-import mixit
 from mixit.config import ModelConfig
 from mixit.errors import UsageError
+from mixit.experiment import model_config
+from mixit.files import check_output_dir, write_json
 from mixit.freezing import VARIANTS
 from mixit.models import Transformer
+from mixit.version import __version__
 
 # Random inputs are drawn from a generator of their own, so they do not share a
 # stream with the parameter initialisation that uses `seed` directly.
@@ -100,9 +102,8 @@ def _check_inputs(variants: Sequence[str], depths: Sequence[int], seeds: Sequenc
                   n_ctx: int, shaped: bool, model_overrides: dict[str, Any]) -> None:
     if not variants:
         raise UsageError(f"variants must be a non-empty list of names; allowed: {', '.join(VARIANTS)}")
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise UsageError(f"unknown variant(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(VARIANTS)}")
+    for v in variants:
+        VARIANTS.get(v)
     if len(set(variants)) != len(variants):
         raise UsageError(f"variants must not repeat, got {list(variants)}")
     if not depths or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in depths):
@@ -132,7 +133,7 @@ def signal_propagation(variants: Sequence[str], depths: Sequence[int], d_model: 
     """Token similarity of freshly initialised models, for every variant x depth, averaged over seeds.
 
     For each (variant, depth, seed) a new `Transformer` is built with
-    ModelConfig(attention=VARIANTS[variant].attention, n_layers=depth, seed=seed, ...)
+    `model_config(variant, n_layers=depth, seed=seed, ...)` (the variant's own settings)
     and `token_similarity` is measured on `batch` random sequences of n_ctx
     uniformly random ids (drawn from seed + TOKEN_SEED_OFFSET, so every variant
     of one seed sees the same inputs). A variant matters here only through its
@@ -141,7 +142,7 @@ def signal_propagation(variants: Sequence[str], depths: Sequence[int], d_model: 
     paper's random transformer: a softmax model of which only the embeddings
     and head are trained) give identical numbers.
 
-    shaped: False builds the standard settings of MODEL.md for every variant,
+    shaped: False builds the standard settings of docs/model.md for every variant,
         True the signal-propagation settings (`ModelConfig.shaped()`) for every
         variant. Nothing is chosen per attention kind; run both to compare.
     model_overrides: further ModelConfig fields applied to every model (for
@@ -163,23 +164,21 @@ def signal_propagation(variants: Sequence[str], depths: Sequence[int], d_model: 
     _check_inputs(variants, depths, seeds, batch, n_ctx, shaped, model_overrides)
     settings = {**(ModelConfig.shaped() if shaped else {}), **model_overrides}
 
-    def config(attention: str, depth: int, seed: int) -> ModelConfig:
-        return ModelConfig.from_dict({"vocab_size": vocab_size, "n_ctx": n_ctx, "d_model": d_model,
-                                      "n_heads": n_heads, "n_layers": depth, "attention": attention,
-                                      "seed": seed, **settings})
+    def config(variant: str, depth: int, seed: int) -> ModelConfig:
+        return model_config(variant, vocab_size=vocab_size, n_ctx=n_ctx, d_model=d_model, n_heads=n_heads,
+                            n_layers=depth, seed=seed, **settings)
 
-    # Validate the model settings of every attention kind before any work.
-    example = {v: config(VARIANTS[v].attention, depths[0], seeds[0]) for v in variants}
+    # Validate the model settings of every variant before any work.
+    example = {v: config(v, depths[0], seeds[0]) for v in variants}
     inputs = {s: torch.randint(vocab_size, (batch, n_ctx),  # (batch, n_ctx)
                                generator=torch.Generator().manual_seed(s + TOKEN_SEED_OFFSET))
               for s in seeds}
 
     results: dict[str, dict[str, Any]] = {}
     for variant in variants:
-        attention = VARIANTS[variant].attention
         results[variant] = {}
         for depth in depths:
-            runs = [token_similarity(Transformer(config(attention, depth, s)), inputs[s]) for s in seeds]
+            runs = [token_similarity(Transformer(config(variant, depth, s)), inputs[s]) for s in seeds]
             entry: dict[str, Any] = {}
             for key in ("cosine", "covariance", "norm"):
                 entry[key], entry[f"{key}_std"] = _mean_std([r[key][-1] for r in runs])
@@ -192,8 +191,8 @@ def signal_propagation(variants: Sequence[str], depths: Sequence[int], d_model: 
         "config": {"variants": variants, "depths": depths, "d_model": d_model, "n_heads": n_heads, "n_ctx": n_ctx,
                    "vocab_size": vocab_size, "batch": batch, "seeds": seeds, "shaped": shaped,
                    "model_overrides": model_overrides,
-                   "attention": {v: VARIANTS[v].attention for v in variants},
-                   "model": model, "mixit_version": mixit.__version__},
+                   "attention": {v: example[v].attention for v in variants},
+                   "model": model, "mixit_version": __version__},
         "results": results,
     }
 
@@ -206,14 +205,13 @@ def plot_signal(result: dict[str, Any], path: str | Path) -> None:
     random) would hide each other, so later lines get smaller markers and
     thinner lines, and the legend names the variant a line repeats.
     """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     cfg = result["config"]
     depths = cfg["depths"]
     markers, dashes = "osD^vx*P", ["-", "--", ":", "-."]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), constrained_layout=True)
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    axes = fig.subplots(1, 2)
     panels = [("cosine", "mean cosine similarity between tokens"),
               ("covariance", "mean off-diagonal token covariance\n(RMS-normalised Gram / d)")]
     results = list(result["results"].items())
@@ -240,4 +238,43 @@ def plot_signal(result: dict[str, Any], path: str | Path) -> None:
     fig.suptitle(f"Token similarity after the last block at initialisation: d_model={cfg['d_model']}, "
                  f"n_ctx={cfg['n_ctx']}, {settings}{extra}, {len(cfg['seeds'])} seeds", fontsize=10)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+
+
+def signal_command(out: Path = Path("signal"), variants: Sequence[str] = ("standard", "mixit", "random"),
+                   depths: Sequence[int] = (2, 4, 8, 16, 32), d_model: int = 128, n_heads: int = 4, n_ctx: int = 64,
+                   seeds: int = 3, shaped: bool = False,
+                   mixing_sink: bool = True) -> tuple[dict[str, Any], list[Path]]:
+    """Measure, for freshly initialised models of several variants and depths, the mean cosine similarity and
+    covariance between token representations after each layer; write signal.json and signal.png to `out`.
+
+    Args:
+        out: output directory; signal.json and signal.png there are never overwritten.
+        variants: the variants to build (comma-separated).
+        depths: the depths to build (comma-separated).
+        d_model: model width.
+        n_heads: attention heads.
+        n_ctx: sequence length of the random inputs.
+        seeds: initialisations averaged per point (seeds 0..seeds-1).
+        shaped: build every variant with the signal-propagation settings.
+        mixing_sink: MixiT with the reference code's sink head (head 0 = 0.5 I + 0.5 on token 0).
+    """
+    files = (out / "signal.json", out / "signal.png")
+    check_output_dir(out, tuple(f.name for f in files))
+    if seeds < 1:
+        raise UsageError(f"seeds must be a positive integer, got {seeds}")
+    result = signal_propagation(list(variants), list(depths), d_model=d_model, n_heads=n_heads, n_ctx=n_ctx,
+                                seeds=tuple(range(seeds)), shaped=shaped,
+                                model_overrides=None if mixing_sink else {"mixing_sink": False})
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(files[0], result)
+    plot_signal(result, files[1])
+    return result, list(files)
+
+
+def format_signal(result: dict[str, Any]) -> str:
+    """The last-layer cosine of each variant and depth, as a text table."""
+    depths = result["config"]["depths"]
+    lines = ["variant      " + "".join(f"{d:>9}" for d in depths) + "   (mean token cosine after the last layer)"]
+    for variant, by_depth in result["results"].items():
+        lines.append(f"{variant:<12} " + "".join(f"{by_depth[str(d)]['cosine']:>9.4f}" for d in depths))
+    return "\n".join(lines)

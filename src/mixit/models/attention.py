@@ -1,4 +1,4 @@
-"""Attention kinds, one class each, chosen in one place through `ATTENTION`.
+"""Attention kinds, one class each, registered in `ATTENTION` and chosen in one place (the block).
 
 - `SoftmaxAttention`: causal softmax(Q K^T / sqrt(d_head)) V with rotary
   position embeddings on Q and K; separate q, k, v, o projections so Q and K
@@ -29,12 +29,46 @@ from torch import nn
 from mixit.config import ModelConfig
 from mixit.models.hooks import HookPoint
 from mixit.models.layers import block_linear, fused_linear, trains_alike
+from mixit.registry import Registry
+
+
+class Attention(nn.Module):
+    """The interface every attention kind implements (docs/extending.md).
+
+    A kind is built as ``cls(cfg, layer)`` and called as ``attn(x, valid)``
+    with x (B, T, d_model) and valid (B, T) bool or None (the unpadded
+    positions, used only without causality); it returns (B, T, d_model) and
+    sends its (B, H, T, T) pattern through ``self.hook_pattern`` whenever a
+    hook is attached.
+    """
+
+    learned_positions: bool = False
+    """True for a kind that cannot see positions itself: the model then adds learned absolute position embeddings."""
+    hook_pattern: HookPoint
+
+    @property
+    def fixed_pattern(self) -> torch.Tensor | None:
+        """The (H, n_ctx, n_ctx) pattern if it does not depend on the input, else None."""
+        return None
+
+    def matmul_flops(self, batch: int, seq: int) -> int:
+        """FLOPs of one training step's products between activations (the
+        projections are counted as linear layers)."""
+        raise NotImplementedError(f"{type(self).__name__} does not count its FLOPs")
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+
+
+ATTENTION: Registry[type[Attention]] = Registry("attention kind")
+"""Name -> attention class; ``ModelConfig.attention`` picks one."""
+ModelConfig.named["attention"] = ATTENTION
 
 
 def mixit_noise(n_heads: int, n_ctx: int, d_head: int, generator: torch.Generator) -> torch.Tensor:
     """The random part of one layer's MixiT matrices, (n_heads, n_ctx, n_ctx) float64, not yet masked or centred.
 
-    MODEL.md, "MixiT attention", with T = n_ctx: W_h ~ N(0, sigma_h^2) entrywise, with
+    docs/model.md, "MixiT attention", with T = n_ctx: W_h ~ N(0, sigma_h^2) entrywise, with
       sigma_h = 1/sqrt(T d_head) + u_h (1/sqrt(T) - 1/sqrt(T d_head)), u_h ~ U(0, 1).
     """
     T = n_ctx
@@ -57,7 +91,7 @@ def mixit_matrices(n_heads: int, n_ctx: int, d_head: int, generator: torch.Gener
                    alpha: float = 1.0, sink: bool = True) -> torch.Tensor:
     """The causal MixiT mixing matrices of one layer, (n_heads, n_ctx, n_ctx).
 
-    MODEL.md, "MixiT attention": W_h from `mixit_noise`, kept lower-triangular;
+    docs/model.md, "MixiT attention": W_h from `mixit_noise`, kept lower-triangular;
       Wbar_h[i] = sum_{j<=i} W_h[i, j] / (i + 1)          (centring over the causal support)
       A_h = tril(I + alpha (W_h - Wbar_h))
     so every row sums to exactly 1 and row 0 is [1, 0, ...]. With `sink`,
@@ -85,7 +119,7 @@ def bidirectional_mixing(noise: torch.Tensor, alpha: float = 1.0, sink: bool = T
       A[i, j] = I[i, j] + alpha (W[i, j] - mean_{k real} W[i, k])   for real j, else 0,
     so every row sums to exactly 1 and a padded sequence is mixed exactly as
     its unpadded copy. (The reference skips tril but still divides by i + 1,
-    so its rows do not sum to 1; MODEL.md, "Non-causal use".)
+    so its rows do not sum to 1; docs/model.md, "Non-causal use".)
     Returns (H, T, T) without `valid`, else (B, H, T, T).
     """
     T = noise.shape[-1]
@@ -121,12 +155,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-class SoftmaxAttention(nn.Module):
+@ATTENTION.register("softmax")
+class SoftmaxAttention(Attention):
     """Multi-head softmax attention with RoPE on Q and K, causal unless the
     config says otherwise (then padded keys are masked out)."""
-
-    learned_positions = False
-    fixed_pattern = None  # the pattern depends on the input
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -187,7 +219,8 @@ class SoftmaxAttention(nn.Module):
         return self.o(y.transpose(1, 2).reshape(B, T, D))
 
 
-class MixingAttention(nn.Module):
+@ATTENTION.register("mixing")
+class MixingAttention(Attention):
     """MixiT: y_h = A_h V_h with a fixed random A_h per head: causal
     (`mixit_matrices`, stored as ``mixing``) or, for a non-causal config,
     centred over each sequence's real tokens (`bidirectional_mixing`, built
@@ -239,5 +272,3 @@ class MixingAttention(nn.Module):
         y = a @ v  # (B, H, T, d_head)
         return self.o(y.transpose(1, 2).reshape(B, T, D))
 
-
-ATTENTION: dict[str, type[nn.Module]] = {"softmax": SoftmaxAttention, "mixing": MixingAttention}

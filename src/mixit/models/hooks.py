@@ -2,7 +2,7 @@
 
 Every attention kind passes its (B, H, T, T) pattern through its
 ``hook_pattern`` (a `HookPoint`), so analysis never branches on the variant
-(../shared/STYLE.md, habit 5). Fast attention kernels never materialise the
+(docs/design.md, "Looking inside"). Fast attention kernels never materialise the
 pattern; an attention module builds it explicitly only while a hook is attached
 (`HookPoint.active`), which `capture_patterns` arranges.
 """

@@ -16,7 +16,7 @@ class Linear(nn.Linear):
     """nn.Linear whose output is multiplied by a fixed `multiplier`.
 
     The multiplier is sqrt(base_width / fan_in) under width scaling
-    (MODEL.md, signal-propagation settings) and exactly 1 otherwise, in which
+    (docs/model.md, "Signal-propagation settings") and exactly 1 otherwise, in which
     case no multiplication is done.
     """
 

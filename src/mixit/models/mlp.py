@@ -1,4 +1,5 @@
-"""The gated MLP of every block: down(act(gate(x)) * up(x)) (MODEL.md, base block)."""
+"""The gated MLP of every block, down(act(gate(x)) * up(x)) (docs/model.md,
+"The block"), and its activations, registered in `ACTIVATIONS`."""
 
 from __future__ import annotations
 
@@ -8,8 +9,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from collections.abc import Callable
+
 from mixit.config import ModelConfig
 from mixit.models.layers import block_linear
+from mixit.registry import Registry
+
+ACTIVATIONS: Registry[Callable[[ModelConfig], nn.Module]] = Registry("activation")
+"""Name -> factory of the MLP activation from the model config; ``ModelConfig.activation`` picks one."""
+ModelConfig.named["activation"] = ACTIVATIONS
+
+ACTIVATIONS.add("silu", lambda cfg: nn.SiLU())
 
 
 class ShapedLeakyReLU(nn.Module):
@@ -30,19 +40,18 @@ class ShapedLeakyReLU(nn.Module):
         return F.leaky_relu(x, self.slope) * self.gain
 
 
-def make_activation(cfg: ModelConfig) -> nn.Module:
-    if cfg.activation == "silu":
-        return nn.SiLU()
-    return ShapedLeakyReLU(cfg.d_model, cfg.leaky_c)
+ACTIVATIONS.add("shaped_leaky_relu", lambda cfg: ShapedLeakyReLU(cfg.d_model, cfg.leaky_c))
 
 
 class GatedMLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate = block_linear(cfg, cfg.d_model, cfg.d_mlp)
-        self.up = block_linear(cfg, cfg.d_model, cfg.d_mlp)
-        self.down = block_linear(cfg, cfg.d_mlp, cfg.d_model)
-        self.act = make_activation(cfg)
+        d_mlp = cfg.d_mlp
+        assert d_mlp is not None  # resolved by ModelConfig
+        self.gate = block_linear(cfg, cfg.d_model, d_mlp)
+        self.up = block_linear(cfg, cfg.d_model, d_mlp)
+        self.down = block_linear(cfg, d_mlp, cfg.d_model)
+        self.act = ACTIVATIONS.get(cfg.activation)(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d_model)
         return self.down(self.act(self.gate(x)) * self.up(x))

@@ -1,13 +1,14 @@
-"""The decoder of ../shared/spec/MODEL.md: pre-norm blocks, gated MLP, untied head.
+"""The decoder of docs/model.md: pre-norm blocks, gated MLP, untied head.
 
     h = skip_scale * h + branch_scale * attn(norm1(h))
     h = skip_scale * h + branch_scale * mlp(norm2(h))
     logits = lm_head(norm_f(h))
 
-The attention kind comes from `ATTENTION[cfg.attention]`; a kind without Q and
-K (MixiT) declares ``learned_positions`` and the model adds learned absolute
-position embeddings for it. What is trained is decided afterwards, by
-`mixit.freezing.apply_variant`, never inside the model.
+The attention kind comes from `ATTENTION.get(cfg.attention)`, the one place it
+is chosen; a kind without Q and K (MixiT) declares ``learned_positions`` and
+the model adds learned absolute position embeddings for it. What is trained
+is decided afterwards, by `mixit.freezing.apply_variant`, never inside the
+model.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.norm1 = nn.RMSNorm(cfg.d_model, eps=1e-6)
-        self.attn = ATTENTION[cfg.attention](cfg, layer)
+        self.attn = ATTENTION.get(cfg.attention)(cfg, layer)
         self.norm2 = nn.RMSNorm(cfg.d_model, eps=1e-6)
         self.mlp = GatedMLP(cfg)
         self.skip_scale, self.branch_scale = cfg.skip_scale, cfg.branch_scale
@@ -46,7 +47,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        learned_positions = ATTENTION[cfg.attention].learned_positions
+        learned_positions = ATTENTION.get(cfg.attention).learned_positions
         self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model) if learned_positions else None
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.norm_f = nn.RMSNorm(cfg.d_model, eps=1e-6)

@@ -1,5 +1,5 @@
-"""Decimal addition with reversed digits (../shared/spec/TASKS.md, "addition";
-the reference code calls it additionstream_N).
+"""Decimal addition with reversed digits (docs/tasks.md, "addition"; the
+reference code calls it additionstream_N).
 
 An example for n_digits=3, 123 + 989 = 1112, reads (digits least-significant
 first, output digits shifted by 20)::
@@ -11,10 +11,12 @@ padded with 12 to 3*n_digits + 4 tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from mixit.errors import UsageError
-from mixit.tasks.base import Task
+from mixit.config import TaskConfig, check
+from mixit.tasks.base import TASKS, Task
 
 PLUS = 10
 EQUALS = 11
@@ -24,33 +26,43 @@ STOP = 30
 VOCAB = 31
 
 
+@dataclass
+class AdditionConfig(TaskConfig):
+    """Decimal addition of two n_digits numbers, digits least-significant first."""
+
+    n_digits: int = 10
+    """Digits of each operand, 1 to 18."""
+    reference_mask: bool = False
+    """Score the positions the reference code scores (never the first answer digit; the pad after stop instead), to compare with its results."""
+
+    def validate(self) -> None:
+        check(1 <= self.n_digits <= 18, f"n_digits must be an integer in [1, 18], got {self.n_digits}")
+
+
+@TASKS.register("addition")
 class Addition(Task):
     """a + b for two n_digits-digit integers, answer digits least-significant first.
 
-    TASKS.md, "addition". Scored positions are the predictions of every answer
-    digit and of the stop token, i.e. the positions of '=' and of each answer
-    digit. ``reference_mask=True`` reproduces the reference code's mask (the
-    positions whose current token is an output digit or stop), which never
-    scores the first answer digit and scores the pad after stop instead; use it
-    only to compare with results of that code.
+    docs/tasks.md, "addition". Scored positions are the predictions of every
+    answer digit and of the stop token, i.e. the positions of '=' and of each
+    answer digit. ``reference_mask=True`` reproduces the reference code's mask
+    (the positions whose current token is an output digit or stop), which
+    never scores the first answer digit and scores the pad after stop instead;
+    use it only to compare with results of that code.
     """
 
     name = "addition"
-    description = "decimal addition of two n_digits numbers, digits least-significant first"
+    Config = AdditionConfig
+    cfg: AdditionConfig
     exact_match = True
-    default_train = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
+    defaults = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
-    def __init__(self, n_digits: int = 10, reference_mask: bool = False, seed: int = 0, test_size: int = 4000):
-        super().__init__(seed=seed, test_size=test_size)
-        if not 1 <= n_digits <= 18:
-            raise UsageError(f"n_digits must be an integer in [1, 18], got {n_digits}")
-        self.n_digits = n_digits
-        self.reference_mask = reference_mask
+    def __init__(self, cfg: AdditionConfig | None = None, seed: int = 0, test_size: int = 4000):
+        super().__init__(cfg, seed=seed, test_size=test_size)
+        self.n_digits = self.cfg.n_digits
+        self.reference_mask = self.cfg.reference_mask
         self.vocab_size = VOCAB
-        self.seq_len = 3 * n_digits + 4
-
-    def params(self) -> dict[str, object]:
-        return {"n_digits": self.n_digits, "reference_mask": self.reference_mask}
+        self.seq_len = 3 * self.n_digits + 4
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         d = self.n_digits

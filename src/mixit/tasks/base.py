@@ -1,9 +1,11 @@
-"""What every synthetic task shares: the example format, the fixed test set,
-the seeded training stream that never repeats a test example, and scoring.
+"""What every task shares: the registry, the example format, the fixed test
+set, the seeded training stream that never repeats a test example, and scoring.
 
-A task produces whole token sequences ``seq`` (N, L) and a boolean loss mask
-``mask`` (N, L): ``mask[i, t]`` says the prediction made at position t (of
-token t+1) is trained and scored (../shared/spec/TASKS.md, "Common rules").
+A task is registered under its CLI name in `TASKS` and declares its
+parameters once, as a `TaskConfig` dataclass (``Task.Config``). It produces
+whole token sequences ``seq`` (N, L) and a boolean loss mask ``mask`` (N, L):
+``mask[i, t]`` says the prediction made at position t (of token t+1) is
+trained and scored (docs/tasks.md, "Common rules").
 The model never sees the last token, so a `Batch` holds
 
     inputs  = seq[:, :-1]                                   # (N, L-1)
@@ -21,15 +23,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from mixit.errors import UsageError
+from mixit.config import TaskConfig, check, short_doc
+from mixit.registry import Registry
 
 IGNORE = -100
 """Target value of a position that is neither trained nor scored."""
+
+TASKS: Registry[type[Task]] = Registry("task")
+"""CLI name -> task class. A task module registers its class with ``@TASKS.register(name)``."""
 
 
 @dataclass
@@ -85,28 +92,37 @@ class ParamCounts:
 
 
 class Task:
-    """Base class of the synthetic tasks.
+    """Base class of the tasks.
 
-    A subclass sets ``name``, ``vocab_size``, ``seq_len`` and implements
-    `sample`. Tasks with a finite example space that use fixed splits
-    (modular addition, memorization) override `test_examples` and
-    `train_examples` instead.
+    A subclass sets ``name``, its parameter class ``Config``, ``vocab_size``
+    and ``seq_len``, and implements `sample`. Tasks with a finite example
+    space that use fixed splits (modular addition, memorization) override
+    `test_examples` and `train_examples` instead. ``defaults`` holds the
+    task's own training (and model) defaults, by option name.
     """
 
     name: ClassVar[str]
-    description: ClassVar[str]
+    Config: ClassVar[type[TaskConfig]] = TaskConfig
     vocab_size: int
     seq_len: int  # whole sequence length L; the model reads L-1 tokens
     exact_match: ClassVar[bool] = False  # report whole-answer accuracy (multi-token answers)
-    default_train: ClassVar[dict[str, Any]] = {}  # per-task training defaults (steps, lr, ...)
+    defaults: ClassVar[dict[str, Any]] = {}  # per-task option defaults (steps, lr, ...)
 
-    def __init__(self, seed: int = 0, test_size: int = 4000):
-        if test_size < 1:
-            raise UsageError(f"test_size must be a positive integer, got {test_size}")
+    def __init__(self, cfg: TaskConfig | None = None, seed: int = 0, test_size: int = 4000):
+        cfg = self.Config() if cfg is None else cfg
+        check(isinstance(cfg, self.Config),
+              f"task {self.name} takes {self.Config.__name__}, got {type(cfg).__name__}")
+        check(test_size > 0, f"test_size must be a positive integer, got {test_size}")
+        self.cfg = cfg
         self.seed = seed
         self.test_size = test_size
         self._test: tuple[np.ndarray, np.ndarray] | None = None
         self._test_keys: np.ndarray | None = None
+
+    @classmethod
+    def description(cls) -> str:
+        """One line on what the task is: the first line of its Config's docstring."""
+        return short_doc(cls.Config)
 
     # -- to implement -------------------------------------------------------
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -114,8 +130,8 @@ class Task:
         raise NotImplementedError(f"{type(self).__name__} must implement sample()")
 
     def params(self) -> dict[str, Any]:
-        """The task's own parameters, as given to its constructor."""
-        return {}
+        """The task's own parameters."""
+        return self.cfg.to_dict()
 
     # -- test set and training stream ---------------------------------------
     def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
@@ -134,10 +150,8 @@ class Task:
             if drawn > 100 * n + 10_000:
                 # Otherwise a test set covering the whole example space (e.g.
                 # addition with n_digits=1: 81 pairs) loops forever.
-                raise UsageError(
-                    f"{self.describe()}: nearly every example drawn is in the test set of"
-                    f" {self.test_size}; lower test_size or enlarge the task"
-                )
+                check(False, f"{self.describe()}: nearly every example drawn is in the test set of"
+                             f" {self.test_size}; lower test_size or enlarge the task")
             drawn += n - have
             seq, mask = self.sample(rng, n - have)
             keep = ~np.isin(row_hashes(seq), self._test_keys)
@@ -165,7 +179,7 @@ class Task:
         """Metrics derived from the mean test loss (perplexity for language modelling)."""
         return {}
 
-    def save_artifacts(self, run_dir: Any) -> None:
+    def save_artifacts(self, run_dir: Path) -> None:
         """Write what evaluating the run later needs besides its config (a tokenizer); nothing by default."""
 
     def to_batch(self, seq: np.ndarray, mask: np.ndarray) -> Batch:

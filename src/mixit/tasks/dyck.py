@@ -1,4 +1,4 @@
-"""Parenthesis balancing, Dyck-1 (../shared/spec/TASKS.md, "dyck"; reference
+"""Parenthesis balancing, Dyck-1 (docs/tasks.md, "dyck"; reference
 dyckstream_K).
 
 An example is a string of '(' and ')', then '?', then the label: ')' if the
@@ -10,20 +10,22 @@ start balanced, and half of those get a mutation code m in {0, 1, 2, 3}
 (bit 1: swaps, bit 2: flips), so that the unbalanced examples include near
 misses of even length.
 
-Where TASKS.md is silent the public reference code (task_dyckstream.py of
+Where the task's description is silent the public reference code (task_dyckstream.py of
 Zhong & Andreas) decides: the random strings get a mutation code too, and a
 swap whose two positions are not in increasing order is skipped. The result is
 about 52% balanced examples (the reference's own rate), not the "about 30%"
-TASKS.md states, so the majority baseline is about 52%.
+one might expect from the description, so the majority baseline is about 52%.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from mixit.errors import UsageError
-from mixit.tasks.base import Batch, ParamCounts, Task
+from mixit.config import TaskConfig, check
+from mixit.tasks.base import TASKS, Batch, ParamCounts, Task
 
 PAD = 0
 OPEN = 1
@@ -33,7 +35,7 @@ _PENDING_CLOSE = -1  # work-stack entry of `_balanced_string`: emit ')'
 
 
 def _balanced_string(n_pairs: int, uniforms: list[float]) -> list[int]:
-    """A random balanced string of n_pairs pairs, built as TASKS.md describes:
+    """A random balanced string of n_pairs pairs, built as docs/tasks.md describes:
     with probability 1/2 wrap a string of t-1 pairs in parentheses, else
     concatenate strings of u and t-u pairs, u uniform in [1, t-1].
 
@@ -74,28 +76,36 @@ def is_balanced(parens: np.ndarray) -> np.ndarray:
     return (depth.min(axis=1) >= 0) & (depth[:, -1] == 0)
 
 
+@dataclass
+class DyckConfig(TaskConfig):
+    """Say whether a string of up to 2*max_pairs parentheses is balanced."""
+
+    max_pairs: int = 30
+    """Longest string: 2 * max_pairs parentheses."""
+
+    def validate(self) -> None:
+        check(self.max_pairs >= 1, f"max_pairs must be an integer >= 1, got {self.max_pairs}")
+
+
+@TASKS.register("dyck")
 class Dyck(Task):
     """Is a string of parentheses balanced? The answer token follows '?'.
 
-    TASKS.md, "dyck". Only the label is scored (the prediction made at '?').
-    `score` also reports the majority-class baseline of the batch (the
+    docs/tasks.md, "dyck". Only the label is scored (the prediction made at
+    '?'). `score` also reports the majority-class baseline of the batch (the
     accuracy of always giving the more frequent label) beside the accuracy.
     """
 
     name = "dyck"
-    description = "say whether a string of up to 2*max_pairs parentheses is balanced"
-    default_train = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
+    Config = DyckConfig
+    cfg: DyckConfig
+    defaults = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
-    def __init__(self, max_pairs: int = 30, seed: int = 0, test_size: int = 4000):
-        super().__init__(seed=seed, test_size=test_size)
-        if max_pairs < 1:
-            raise UsageError(f"max_pairs must be an integer >= 1, got {max_pairs}")
-        self.max_pairs = max_pairs
+    def __init__(self, cfg: DyckConfig | None = None, seed: int = 0, test_size: int = 4000):
+        super().__init__(cfg, seed=seed, test_size=test_size)
+        self.max_pairs = self.cfg.max_pairs
         self.vocab_size = 4
-        self.seq_len = 2 * max_pairs + 3
-
-    def params(self) -> dict[str, object]:
-        return {"max_pairs": self.max_pairs}
+        self.seq_len = 2 * self.max_pairs + 3
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         max_len = 2 * self.max_pairs

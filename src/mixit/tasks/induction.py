@@ -1,4 +1,4 @@
-"""k-hop induction heads (../shared/spec/TASKS.md, "induction"; Sanford, Hsu &
+"""k-hop induction heads (docs/tasks.md, "induction"; Sanford, Hsu &
 Telgarsky 2024; the paper's "5-layer, 16-hop" row of Table 1). Not in the
 public reference code.
 
@@ -32,11 +32,13 @@ with an answer (alphabet=16, length=64, 100k sequences): 0.754 for k=1
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from mixit.errors import UsageError
-from mixit.tasks.base import IGNORE, Batch, ParamCounts, Task
+from mixit.config import TaskConfig, check
+from mixit.tasks.base import IGNORE, TASKS, Batch, ParamCounts, Task
 
 
 def find_positions(x: np.ndarray) -> np.ndarray:
@@ -68,35 +70,45 @@ def hop_labels(x: np.ndarray, k: int, none: int) -> np.ndarray:
     return np.where(at >= 0, np.take_along_axis(x, np.maximum(at, 0), axis=1), none)
 
 
+@dataclass
+class InductionConfig(TaskConfig):
+    """At every position, output the token reached by k induction hops (find^k) back."""
+
+    k: int = 1
+    """Induction hops; 1 is the classic induction head."""
+    alphabet: int = 16
+    """Input tokens are 0..alphabet-1; the answer NONE is the token alphabet."""
+    length: int = 64
+    """Tokens per input sequence."""
+
+    def validate(self) -> None:
+        check(self.k >= 1, f"k must be an integer >= 1, got {self.k}")
+        check(self.alphabet >= 2, f"alphabet must be an integer >= 2, got {self.alphabet}")
+        check(self.length >= 2, f"length must be an integer >= 2, got {self.length}")
+
+
+@TASKS.register("induction")
 class Induction(Task):
     """At every position, the token k induction hops back (hop_k(x)_i).
 
-    TASKS.md, "induction". Rows are ``[x, hop_k(x)]``; the model reads x and
-    every one of its positions is scored. `score` adds answered_acc (accuracy
-    where the answer is not NONE) and none_fraction.
+    docs/tasks.md, "induction". Rows are ``[x, hop_k(x)]``; the model reads x
+    and every one of its positions is scored. `score` adds answered_acc
+    (accuracy where the answer is not NONE) and none_fraction.
     """
 
     name = "induction"
-    description = "at every position, output the token reached by k induction hops (find^k) back"
-    default_train = {"steps": 1000, "batch_size": 64, "lr": 1e-3}
+    Config = InductionConfig
+    cfg: InductionConfig
+    defaults = {"steps": 1000, "batch_size": 64, "lr": 1e-3}
 
-    def __init__(self, k: int = 1, alphabet: int = 16, length: int = 64, seed: int = 0, test_size: int = 4000):
-        super().__init__(seed=seed, test_size=test_size)
-        if k < 1:
-            raise UsageError(f"k must be an integer >= 1, got {k}")
-        if alphabet < 2:
-            raise UsageError(f"alphabet must be an integer >= 2, got {alphabet}")
-        if length < 2:
-            raise UsageError(f"length must be an integer >= 2, got {length}")
-        self.k = k
-        self.alphabet = alphabet
-        self.length = length
-        self.none = alphabet  # the answer where find^k is undefined
-        self.vocab_size = alphabet + 1
-        self.seq_len = 2 * length  # [x, hop_k(x)]
-
-    def params(self) -> dict[str, object]:
-        return {"k": self.k, "alphabet": self.alphabet, "length": self.length}
+    def __init__(self, cfg: InductionConfig | None = None, seed: int = 0, test_size: int = 4000):
+        super().__init__(cfg, seed=seed, test_size=test_size)
+        self.k = self.cfg.k
+        self.alphabet = self.cfg.alphabet
+        self.length = self.cfg.length
+        self.none = self.alphabet  # the answer where find^k is undefined
+        self.vocab_size = self.alphabet + 1
+        self.seq_len = 2 * self.length  # [x, hop_k(x)]
 
     @property
     def input_len(self) -> int:

@@ -1,5 +1,5 @@
-"""Memorizing a random lookup table (../shared/spec/TASKS.md, "memorization";
-reference hdmemorize_512_2_1.0), the task behind the paper's capacity-in-bits
+"""Memorizing a random lookup table (docs/tasks.md, "memorization"; reference
+hdmemorize_512_2_1.0), the task behind the paper's capacity-in-bits
 measurements (Table 4).
 
 Every pair (x, y) in [0, n)^2 gets an independent uniform label z in [0, n),
@@ -11,32 +11,46 @@ does not depend on ``fraction``; the kept subset comes from
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from mixit.errors import UsageError
-from mixit.tasks.base import Batch, FixedSplitTask, ParamCounts, bits_metrics
+from mixit.config import TaskConfig, check
+from mixit.tasks.base import TASKS, Batch, FixedSplitTask, ParamCounts, bits_metrics
 
 
+@dataclass
+class MemorizationConfig(TaskConfig):
+    """Recall a random label in [0, n) for every pair (x, y) in [0, n)^2."""
+
+    n: int = 512
+    """Keys and labels range over 0..n-1; the table has n*n pairs."""
+    fraction: float = 1.0
+    """Fraction of the n*n pairs kept in the table."""
+
+    def validate(self) -> None:
+        check(self.n >= 2, f"n must be an integer >= 2, got {self.n}")
+        check(0 < self.fraction <= 1, f"fraction must be in (0, 1], got {self.fraction}")
+
+
+@TASKS.register("memorization")
 class Memorization(FixedSplitTask):
     """[x, n + y, z]: recall the random label z of the pair (x, y).
 
-    TASKS.md, "memorization". There is no held-out set: `test_examples` is the
-    whole (kept) table, whatever ``test_size`` says, and training batches are
-    drawn uniformly with replacement from the same table.
+    docs/tasks.md, "memorization". There is no held-out set: `test_examples`
+    is the whole (kept) table, whatever ``test_size`` says, and training
+    batches are drawn uniformly with replacement from the same table.
     """
 
     name = "memorization"
-    description = "recall a random label in [0, n) for every pair (x, y) in [0, n)^2"
-    default_train = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
+    Config = MemorizationConfig
+    cfg: MemorizationConfig
+    defaults = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
-    def __init__(self, n: int = 512, fraction: float = 1.0, seed: int = 0, test_size: int = 4000):
-        super().__init__(seed=seed, test_size=test_size)
-        if n < 2:
-            raise UsageError(f"n must be an integer >= 2, got {n}")
-        if not 0 < fraction <= 1:
-            raise UsageError(f"fraction must be in (0, 1], got {fraction}")
+    def __init__(self, cfg: MemorizationConfig | None = None, seed: int = 0, test_size: int = 4000):
+        super().__init__(cfg, seed=seed, test_size=test_size)
+        n, fraction = self.cfg.n, self.cfg.fraction
         self.n = n
         self.fraction = fraction
         self.vocab_size = 2 * n
@@ -51,9 +65,6 @@ class Memorization(FixedSplitTask):
             table = table[keep]
         # No held-out part: the model is trained and scored on the whole table.
         self.train_table = self.test_table = table
-
-    def params(self) -> dict[str, object]:
-        return {"n": self.n, "fraction": self.fraction}
 
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
         """token_acc plus capacity: bits = correct * log2(n), and bits per parameter."""

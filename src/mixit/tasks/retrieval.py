@@ -1,5 +1,5 @@
-"""Key-value retrieval, "needle in a haystack" (../shared/spec/TASKS.md,
-"retrieval"; reference condattendstream_K).
+"""Key-value retrieval, "needle in a haystack" (docs/tasks.md, "retrieval";
+reference condattendstream_K).
 
 With vocab V and max_pairs K, key j has marker token j + V/2 and query token
 j + K + V/2; values are tokens in [1, V/2 - 1]; 0 is padding. An example with
@@ -10,41 +10,53 @@ k = 2 stored pairs, asking for the second key::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from mixit.errors import UsageError
-from mixit.tasks.base import Task
+from mixit.config import TaskConfig, check
+from mixit.tasks.base import TASKS, Task
 
 PAD = 0
 
 
+@dataclass
+class RetrievalConfig(TaskConfig):
+    """Recall the value stored under a queried key among up to max_pairs pairs."""
+
+    max_pairs: int = 30
+    """Most key-value pairs in one example (each example has 1 to max_pairs)."""
+    vocab: int = 512
+    """Vocabulary size: values take 1..vocab/2-1, markers and queries the tokens from vocab/2 up."""
+
+    def validate(self) -> None:
+        check(self.max_pairs >= 1, f"max_pairs must be an integer >= 1, got {self.max_pairs}")
+        # Markers and queries take the 2*max_pairs tokens from vocab/2 up, and
+        # values need at least one token in [1, vocab/2 - 1].
+        min_vocab = max(4, 4 * self.max_pairs)
+        check(self.vocab % 2 == 0 and self.vocab >= min_vocab,
+              f"vocab must be an even integer >= {min_vocab} (4 * max_pairs, at least 4), got {self.vocab}")
+
+
+@TASKS.register("retrieval")
 class Retrieval(Task):
     """Recall the value stored after the marker of the queried key.
 
-    TASKS.md, "retrieval". Only the answer is scored: the prediction made at
-    the query token.
+    docs/tasks.md, "retrieval". Only the answer is scored: the prediction made
+    at the query token.
     """
 
     name = "retrieval"
-    description = "recall the value stored under a queried key among up to max_pairs pairs"
-    default_train = {"steps": 1000, "batch_size": 128, "lr": 1e-3}
+    Config = RetrievalConfig
+    cfg: RetrievalConfig
+    defaults = {"steps": 1000, "batch_size": 128, "lr": 1e-3}
 
-    def __init__(self, max_pairs: int = 30, vocab: int = 512, seed: int = 0, test_size: int = 4000):
-        super().__init__(seed=seed, test_size=test_size)
-        if max_pairs < 1:
-            raise UsageError(f"max_pairs must be an integer >= 1, got {max_pairs}")
-        # Markers and queries take the 2*max_pairs tokens from vocab/2 up, and
-        # values need at least one token in [1, vocab/2 - 1].
-        min_vocab = max(4, 4 * max_pairs)
-        if vocab % 2 or vocab < min_vocab:
-            raise UsageError(f"vocab must be an even integer >= {min_vocab} (4 * max_pairs, at least 4), got {vocab}")
-        self.max_pairs = max_pairs
-        self.vocab = vocab
-        self.vocab_size = vocab
-        self.seq_len = 2 * max_pairs + 3
-
-    def params(self) -> dict[str, object]:
-        return {"max_pairs": self.max_pairs, "vocab": self.vocab}
+    def __init__(self, cfg: RetrievalConfig | None = None, seed: int = 0, test_size: int = 4000):
+        super().__init__(cfg, seed=seed, test_size=test_size)
+        self.max_pairs = self.cfg.max_pairs
+        self.vocab = self.cfg.vocab
+        self.vocab_size = self.vocab
+        self.seq_len = 2 * self.max_pairs + 3
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         max_pairs, half = self.max_pairs, self.vocab // 2

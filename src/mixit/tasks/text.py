@@ -1,5 +1,5 @@
-"""Real-text tasks (../shared/spec/TASKS.md, "Real data"): language modelling
-(`lm`) and sentiment classification (`sentiment`).
+"""Real-text tasks (docs/tasks.md, "Real text"): language modelling (`lm`)
+and sentiment classification (`sentiment`).
 
 Both read a named dataset (`mixit.text.corpora`; offline embedded defaults),
 tokenize it with a tokenizer trained on the training split or named by the
@@ -17,16 +17,18 @@ or a sentiment example) exactly once, in an order drawn from
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
 
-from mixit.errors import UsageError
-from mixit.tasks.base import IGNORE, Batch, ParamCounts, Task
+from mixit.config import TaskConfig, check
+from mixit.tasks.base import IGNORE, TASKS, Batch, ParamCounts, Task
 from mixit.text.cache import load_or_build_array
 from mixit.text.corpora import LABELLED, LM_CORPORA, TextDataset, load_corpus, load_labelled
 from mixit.text.tokenizer import TOKENIZER_FILE, TextTokenizer, encode_documents, get_tokenizer, texts_fingerprint
@@ -58,32 +60,40 @@ def absolute(name: str) -> str:
     return str(Path(name).resolve())
 
 
+@dataclass
+class TextConfig(TaskConfig):
+    """What both text tasks' parameters share: the tokenizer and where the data comes from."""
+
+    tokenizer: str = "bpe"
+    """bpe (a byte-level BPE of `vocab` entries trained on the training split and cached), or a tokenizer.json file or a directory holding one."""
+    data_dir: str = ""
+    """A local copy of a hub dataset's repository to read instead of the hub (empty: the hub)."""
+    max_documents: int = 0
+    """Read at most this many documents (0: all; fineweb-edu streams its first 100,000 unless this says otherwise)."""
+
+    def validate(self) -> None:
+        check(self.max_documents >= 0, f"max_documents must be >= 0 (0 = all), got {self.max_documents}")
+        # Local paths are kept absolute, so a run can be evaluated from any directory.
+        self.tokenizer, self.data_dir = absolute(self.tokenizer), absolute(self.data_dir)
+
+    def for_run(self, run_dir: Path) -> Self:
+        """Read the run's own tokenizer (RUN_DIR/tokenizer.json), never train or fetch one again."""
+        saved = Path(run_dir) / TOKENIZER_FILE
+        return dataclasses.replace(self, tokenizer=str(saved)) if saved.is_file() else self
+
+
 class TextTask(Task):
     """What both text tasks share: the dataset, the tokenizer and its file in the run directory."""
 
+    cfg: TextConfig
     tokenizer: TextTokenizer
     dataset_info: dict[str, Any]
-
-    def _settings(self, source: str, length: int, min_length: int, vocab: int, tokenizer: str, data_dir: str,
-                  max_documents: int, held_out: float) -> str:
-        """Check and keep the parameters both tasks share; returns `source` (made absolute if a path)."""
-        if length < min_length:
-            raise UsageError(f"length must be an integer >= {min_length}, got {length}")
-        if max_documents < 0:
-            raise UsageError(f"max_documents must be >= 0 (0 = all), got {max_documents}")
-        self.length, self.vocab, self.tokenizer_spec = length, vocab, absolute(tokenizer)
-        self.data_dir, self.max_documents, self.held_out = absolute(data_dir), max_documents, held_out
-        return absolute(source)
-
-    def _shared_params(self) -> dict[str, Any]:
-        return {"length": self.length, "vocab": self.vocab, "tokenizer": self.tokenizer_spec,
-                "data_dir": self.data_dir, "max_documents": self.max_documents, "held_out": self.held_out}
 
     def save_artifacts(self, run_dir: Path) -> None:
         """Keep the tokenizer with the run (evaluation and sampling read it from there)."""
         self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
 
-    def analysis_tokens(self) -> list[int]:
+    def analysis_tokens(self) -> list[int]:  # type: ignore[override]
         """Probe sequences use ordinary tokens only (not EOS or PAD)."""
         specials = {self.tokenizer.eos_id, self.tokenizer.pad_id}
         return [i for i in range(self.vocab_size) if i not in specials]
@@ -104,9 +114,29 @@ def _lm_data(corpus: str, data_dir: str, max_documents: int, held_out: float, to
     return tok, streams[0], streams[1], info
 
 
+@dataclass
+class LanguageModelingConfig(TextConfig):
+    """Language modelling on real text (embedded English by default), packed sequences."""
+
+    corpus: str = "english"
+    """english (embedded), wikitext-103, fineweb-edu, or a local file or directory of .txt/.jsonl/.json/.parquet/.csv/.tsv."""
+    length: int = 128
+    """Tokens the model reads per sequence."""
+    vocab: int = 4096
+    """Vocabulary of the BPE tokenizer trained for the run."""
+    held_out: float = 0.05
+    """Fraction of documents held out (by text hash) where the corpus has no test split."""
+
+    def validate(self) -> None:
+        super().validate()
+        check(self.length >= 2, f"length must be an integer >= 2, got {self.length}")
+        self.corpus = absolute(self.corpus)
+
+
+@TASKS.register("lm")
 class LanguageModeling(TextTask):
     """Next-token prediction on real text, packed into fixed-length sequences
-    (../shared/spec/TASKS.md, "Real data", lm).
+    (docs/tasks.md, "lm").
 
     Documents are tokenized, each followed by EOS, and concatenated into one
     stream per split. Training sequence i is stream[i*length : i*length +
@@ -123,31 +153,28 @@ class LanguageModeling(TextTask):
     """
 
     name = "lm"
-    description = "language modelling on real text (embedded English by default), packed sequences"
+    Config = LanguageModelingConfig
+    cfg: LanguageModelingConfig
     # Sized for a laptop CPU (about 15 minutes on 2 cores); the paper used length 256,
     # 8-12 layers of width 512-1024 and 40,000 steps.
-    default_train = {"steps": 2000, "batch_size": 32, "lr": 2e-3, "eval_batch_size": 64, "n_layers": 4}
+    defaults = {"steps": 2000, "batch_size": 32, "lr": 2e-3, "eval_batch_size": 64, "n_layers": 4}
 
-    def __init__(self, corpus: str = "english", length: int = 128, vocab: int = 4096, tokenizer: str = "bpe",
-                 data_dir: str = "", max_documents: int = 0, held_out: float = 0.05,
-                 seed: int = 0, test_size: int = 4000):
-        super().__init__(seed=seed, test_size=test_size)
-        self.corpus = self._settings(corpus, length, 2, vocab, tokenizer, data_dir, max_documents, held_out)
+    def __init__(self, cfg: LanguageModelingConfig | None = None, seed: int = 0, test_size: int = 4000):
+        super().__init__(cfg, seed=seed, test_size=test_size)
+        c = self.cfg
+        self.length = length = c.length
         self.tokenizer, self.train_tokens, self.test_tokens, self.dataset_info = _lm_data(
-            self.corpus, self.data_dir, max_documents, held_out, self.tokenizer_spec, vocab)
+            c.corpus, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab)
         self.vocab_size = self.tokenizer.vocab_size
         self.seq_len = length + 1
         self.n_train = (len(self.train_tokens) - 1) // length
         self.n_test = (len(self.test_tokens) - 1) // length
         if self.n_train < 1 or self.n_test < 1:
             which = "training" if self.n_train < 1 else "held-out"
-            raise UsageError(f"corpus {corpus!r}: the {which} split has fewer than {length + 1} tokens; "
-                             f"lower length or use a larger corpus")
+            check(False, f"corpus {c.corpus!r}: the {which} split has fewer than {length + 1} tokens; "
+                         f"lower length or use a larger corpus")
         counts = np.bincount(self.train_tokens, minlength=self.vocab_size).astype(np.float64) + 1.0
         self._unigram_logp = torch.from_numpy(np.log(counts / counts.sum()))
-
-    def params(self) -> dict[str, Any]:
-        return {"corpus": self.corpus, **self._shared_params()}
 
     def sequences(self, stream: np.ndarray, index: np.ndarray) -> np.ndarray:
         """Packed sequences number `index` of a token stream: (len(index), length + 1) int64."""
@@ -193,9 +220,29 @@ def _sentiment_data(dataset: str, data_dir: str, max_documents: int, held_out: f
     return tok, splits[0], splits[1], info
 
 
+@dataclass
+class SentimentConfig(TextConfig):
+    """Sentiment classification (embedded movie snippets by default, yelp_polarity when reachable)."""
+
+    dataset: str = "movies"
+    """movies (embedded), yelp_polarity, or a local file or directory with text and integer label fields."""
+    length: int = 64
+    """Tokens kept per text (the first ones); shorter texts are right-padded."""
+    vocab: int = 2048
+    """Vocabulary of the BPE tokenizer trained for the run."""
+    held_out: float = 0.2
+    """Fraction of texts held out (by text hash) where the dataset has no test split."""
+
+    def validate(self) -> None:
+        super().validate()
+        check(self.length >= 1, f"length must be an integer >= 1, got {self.length}")
+        self.dataset = absolute(self.dataset)
+
+
+@TASKS.register("sentiment")
 class Sentiment(TextTask):
     """Binary (or n-class) text classification: read a text, output its label
-    (../shared/spec/TASKS.md, "Real data", sentiment).
+    (docs/tasks.md, "sentiment").
 
     Texts are tokenized, truncated to `length` tokens (the first ones) and
     right-padded with PAD; a batch is cut to its longest text. The model's
@@ -209,26 +256,22 @@ class Sentiment(TextTask):
     """
 
     name = "sentiment"
-    description = "sentiment classification (embedded movie snippets by default, yelp_polarity when reachable)"
-    default_train = {"steps": 1000, "batch_size": 64, "lr": 1e-3, "eval_batch_size": 500}
+    Config = SentimentConfig
+    cfg: SentimentConfig
+    defaults = {"steps": 1000, "batch_size": 64, "lr": 1e-3, "eval_batch_size": 500}
 
-    def __init__(self, dataset: str = "movies", length: int = 64, vocab: int = 2048, tokenizer: str = "bpe",
-                 data_dir: str = "", max_documents: int = 0, held_out: float = 0.2,
-                 seed: int = 0, test_size: int = 4000):
-        super().__init__(seed=seed, test_size=test_size)
-        self.dataset = self._settings(dataset, length, 1, vocab, tokenizer, data_dir, max_documents, held_out)
+    def __init__(self, cfg: SentimentConfig | None = None, seed: int = 0, test_size: int = 4000):
+        super().__init__(cfg, seed=seed, test_size=test_size)
+        c = self.cfg
+        self.length = length = c.length
         self.tokenizer, self.train_set, self.test_set, self.dataset_info = _sentiment_data(
-            self.dataset, self.data_dir, max_documents, held_out, self.tokenizer_spec, vocab, length)
+            c.dataset, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab, length)
         labels = np.concatenate([self.train_set[1], self.test_set[1]])
-        if labels.min() < 0:
-            raise UsageError(f"dataset {dataset!r}: labels must be integers >= 0, found {labels.min()}")
+        check(labels.min() >= 0, f"dataset {c.dataset!r}: labels must be integers >= 0, found {labels.min()}")
         self.n_classes = max(int(labels.max()) + 1, 2)
         self.vocab_size = self.tokenizer.vocab_size
         self.seq_len = length + 1  # so that input_len = length
         self.majority = int(np.bincount(self.train_set[1], minlength=self.n_classes).argmax())
-
-    def params(self) -> dict[str, Any]:
-        return {"dataset": self.dataset, **self._shared_params()}
 
     def model_defaults(self, attention: str) -> dict[str, Any]:
         return {"head": "classifier", "n_classes": self.n_classes, "pad_id": self.tokenizer.pad_id,
@@ -247,11 +290,11 @@ class Sentiment(TextTask):
         index = epoch_indices(self.seed, step, batch_size, len(rows))
         return self._batch(rows[index], labels[index])
 
-    def test_examples(self):
-        raise UsageError("sentiment examples are (text, label) pairs; use test_batch()")
+    def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
+        raise TypeError("sentiment examples are (text, label) pairs; use test_batch()")
 
-    def train_examples(self, step: int, n: int):
-        raise UsageError("sentiment examples are (text, label) pairs; use train_batch()")
+    def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        raise TypeError("sentiment examples are (text, label) pairs; use train_batch()")
 
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
         right = (preds == batch.targets) & (batch.targets != IGNORE)

@@ -1,17 +1,17 @@
-"""Evaluation of a model on its task's fixed test set."""
+"""Evaluation of a model on its task's fixed test set, and of a run's latest checkpoint (`mixit eval`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from mixit.tasks import IGNORE, Batch, ParamCounts, Task
-
-
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy (nats) over the scored positions: the one loss of every task."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+from mixit.config import check
+from mixit.run import Run
+from mixit.tasks import Batch, ParamCounts, Task
+from mixit.training.step import loss_fn
 
 
 @torch.no_grad()
@@ -40,3 +40,20 @@ def evaluate(model: nn.Module, task: Task, device: torch.device, batch_size: int
     metrics.update(task.loss_metrics(metrics["loss"]))
     metrics.update(task.score(torch.cat(preds), batch, counts))
     return metrics
+
+
+def evaluate_run(run_dir: Path, device: str = "auto", batch_size: int = 1000) -> dict[str, Any]:
+    """Re-evaluate a run's latest checkpoint on its task's fixed test set.
+
+    Args:
+        run_dir: the run directory.
+        device: auto, cpu, cuda or cuda:N.
+        batch_size: examples per forward pass.
+    """
+    check(batch_size > 0, f"batch_size must be a positive integer, got {batch_size}")
+    run = Run.open(run_dir)
+    loaded = run.load(device)
+    # The frozen parts are frozen again, so bits per trainable parameter count what training could change.
+    metrics = evaluate(loaded.model, loaded.task, next(loaded.model.parameters()).device, batch_size)
+    return {"run_dir": str(run_dir), "checkpoint": loaded.checkpoint.name, "task": loaded.task.describe(),
+            "variant": loaded.cfg.variant, "test": metrics}

@@ -33,9 +33,10 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate for optimizer step `step` (0-based): linear warmup to
     cfg.lr over warmup_steps, then cosine decay to min_lr_ratio * lr at the
     last step."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(cfg.steps - 1 - cfg.warmup_steps, 1)
-    progress = min((step - cfg.warmup_steps) / span, 1.0)
+    warmup = cfg.cadence[0]
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    span = max(cfg.steps - 1 - warmup, 1)
+    progress = min((step - warmup) / span, 1.0)
     floor = cfg.min_lr_ratio
     return cfg.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))

@@ -1,0 +1,64 @@
+"""What can be chosen (`mixit list`): tasks with their typed parameters and
+defaults, variants, attention kinds and activations, all read from the
+registries and the config classes, so the listing cannot drift from the code."""
+
+from __future__ import annotations
+
+import json as jsonlib
+from typing import Any
+
+from mixit.config import field_docs, field_hints
+from mixit.freezing import VARIANTS
+from mixit.models.attention import ATTENTION
+from mixit.models.mlp import ACTIVATIONS
+from mixit.tasks import TASKS
+
+
+def _type_label(hint: Any) -> str:
+    return getattr(hint, "__name__", str(hint).replace("typing.", ""))
+
+
+def catalogue() -> dict[str, Any]:
+    """Every registered choice, as a JSON-serialisable dict."""
+    tasks = {}
+    for name, cls in TASKS.items():
+        hints, docs = field_hints(cls.Config), field_docs(cls.Config)
+        tasks[name] = {
+            "description": cls.description(),
+            "parameters": {key: {"default": value, "type": _type_label(hints[key]), "doc": docs.get(key, "")}
+                           for key, value in cls.Config().to_dict().items()},
+            "defaults": dict(cls.defaults),
+        }
+    variants = {name: {"attention": v.attention, "description": v.description,
+                       "freezes": v.freeze.__name__ if v.freeze is not None else None,
+                       "model_defaults": dict(v.model_defaults)}
+                for name, v in VARIANTS.items()}
+    return {"tasks": tasks, "variants": variants, "attention_kinds": list(ATTENTION.names()),
+            "activations": list(ACTIVATIONS.names())}
+
+
+def format_catalogue(listing: dict[str, Any]) -> str:
+    """`catalogue()` as text for a terminal."""
+    lines = ["tasks (--task NAME; parameters with -p KEY=VALUE; own defaults of other options in brackets):"]
+    for name, info in listing["tasks"].items():
+        params = ", ".join(f"{k}={p['default']!r}" for k, p in info["parameters"].items())
+        own = ", ".join(f"{k}={v}" for k, v in info["defaults"].items())
+        lines += [f"  {name:<17} {info['description']}", f"  {'':<17} parameters: {params}",
+                  f"  {'':<17} [{own}]"]
+    lines.append("variants (--variant NAME):")
+    for name, info in listing["variants"].items():
+        settings = "".join(f"; sets {k}={v}" for k, v in info["model_defaults"].items())
+        lines.append(f"  {name:<17} [{info['attention']}] {info['description']}{settings}")
+    lines.append(f"attention kinds (--attention, random variant only): {', '.join(listing['attention_kinds'])}")
+    lines.append(f"activations (--activation): {', '.join(listing['activations'])}")
+    return "\n".join(lines)
+
+
+def catalogue_text(json: bool = False) -> str:
+    """List tasks with their parameters and defaults, variants, attention kinds and activations.
+
+    Args:
+        json: machine-readable JSON instead of text.
+    """
+    listing = catalogue()
+    return jsonlib.dumps(listing, indent=2) if json else format_catalogue(listing)

@@ -1,0 +1,290 @@
+"""A run's whole configuration (`RunConfig`), how it is resolved from what a
+user asks for, and how it is built into a task and a model.
+
+A *request* is a partial, nested mapping with the shape of a RunConfig:
+
+    {"task": "retrieval", "variant": "mixit", "task_params": {"max_pairs": 10},
+     "model": {"d_model": 256}, "train": {"steps": 500}, "data_seed": 0, "test_size": 4000}
+
+Every key is optional. `resolve` fills in the rest, each layer overriding the
+one before:
+
+    1. the dataclass defaults (`ModelConfig`, `TrainConfig`, the task's Config)
+    2. the task's own defaults (``Task.defaults``: steps, batch size, lr, ...)
+    3. the variant's model settings (``Variant.model_defaults``) and attention kind
+    4. the request
+    5. what only the task can say: vocab_size, n_ctx (its input length unless
+       requested), and the settings a task needs (a classifier head for sentiment)
+
+The command line (flags and ``--config`` files) and `run_config` build
+requests; `as_request` turns a resolved config back into the smallest request
+that resolves to it, which is how ``mixit train --config RUN_DIR/config.json``
+replays a run and lets flags change it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mixit.config import ModelConfig, TaskConfig, TrainConfig, check, field_docs
+from mixit.errors import UsageError
+from mixit.freezing import FreezeReport, apply_variant, check_attention, get_variant
+from mixit.models import Transformer
+from mixit.tasks import TASKS, Task
+
+DEFAULT_TASK = "addition"
+DEFAULT_VARIANT = "standard"
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines a run: task, variant, model, optimisation and data seeds."""
+
+    task: str
+    """Task name (`mixit list`)."""
+    model: ModelConfig
+    """The model (resolved: vocabulary and n_ctx come from the task)."""
+    variant: str = DEFAULT_VARIANT
+    """Training regime: standard, frozen_qk, frozen_mlp, mixit or random (`mixit list`)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimisation and bookkeeping."""
+    task_params: TaskConfig | None = None
+    """The task's parameters (its Config); None means its defaults."""
+    data_seed: int = 0
+    """Seed of the test set and of the training stream (batch k is drawn from (data_seed, k))."""
+    test_size: int = 4000
+    """Examples in the fixed test set (tasks with a fixed split use their whole test part)."""
+
+    def __post_init__(self) -> None:
+        cls = TASKS.get(self.task)
+        if self.task_params is None:
+            self.task_params = cls.Config()
+        check(isinstance(self.task_params, cls.Config),
+              f"task {self.task} takes parameters {cls.Config.__name__}, got {type(self.task_params).__name__}")
+        check(isinstance(self.model, ModelConfig) and isinstance(self.train, TrainConfig),
+              "model and train must be a ModelConfig and a TrainConfig")
+        variant = get_variant(self.variant)
+        check_attention(variant, self.model.attention)
+        for name in ("data_seed", "test_size"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and not isinstance(value, bool),
+                  f"{name} must be an integer, got {value!r}")
+        check(self.test_size > 0, f"test_size must be a positive integer, got {self.test_size}")
+
+    @property
+    def params(self) -> TaskConfig:
+        """The task's parameters (never None after construction)."""
+        assert self.task_params is not None
+        return self.task_params
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "variant": self.variant, "task_params": self.params.to_dict(),
+                "model": self.model.to_dict(), "train": self.train.to_dict(),
+                "data_seed": self.data_seed, "test_size": self.test_size}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        """The inverse of `to_dict`, as strict as the command line: every key known, every value typed."""
+        check(isinstance(data, Mapping), f"a run config must be a mapping, got {type(data).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        check(not unknown, f"unknown run config key(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
+        missing = [k for k in ("task", "model") if k not in data]
+        check(not missing, f"run config is missing {', '.join(missing)}")
+        check(isinstance(data["task"], str), f"task must be a string, got {data['task']!r}")
+        task_cls = TASKS.get(data["task"])
+        return cls(task=data["task"], variant=data.get("variant", DEFAULT_VARIANT),
+                   model=ModelConfig.from_dict(data["model"]), train=TrainConfig.from_dict(data.get("train", {})),
+                   task_params=task_cls.Config.from_dict(data.get("task_params", {})),
+                   data_seed=data.get("data_seed", 0), test_size=data.get("test_size", 4000))
+
+
+# -- requests --------------------------------------------------------------------------
+
+GROUPS: dict[str, type[Any]] = {"model": ModelConfig, "train": TrainConfig}
+"""The nested sections of a request and the config class each is checked by."""
+TOP_LEVEL = ("task", "variant", "task_params", "data_seed", "test_size")
+DERIVED = {"model": ("vocab_size",)}
+"""Options a request may not choose: the task decides them."""
+SOURCES = {"model": ("d_model",), "train": ("steps",)}
+"""Options whose value other defaults are computed from (d_mlp from d_model, the cadences from steps)."""
+
+
+def _flat_names() -> dict[str, str]:
+    """Option name -> its group ('model', 'train' or '' for the top level), for flat overrides."""
+    names: dict[str, str] = {}
+    for group, cls in GROUPS.items():
+        for f in dataclasses.fields(cls):
+            if f.name not in DERIVED.get(group, ()):
+                assert f.name not in names, f"option {f.name} is declared twice"
+                names[f.name] = group
+    for name in ("data_seed", "test_size"):
+        names[name] = ""
+    return names
+
+
+FLAT_NAMES = _flat_names()
+"""Every option that a flat keyword override (`run_config(..., d_model=64)`) may name, with its group."""
+
+
+def nest(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat option overrides as a nested request: {"d_model": 64} -> {"model": {"d_model": 64}}."""
+    unknown = sorted(set(overrides) - set(FLAT_NAMES))
+    check(not unknown, f"unknown option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(FLAT_NAMES))}")
+    request: dict[str, Any] = {}
+    for name, value in overrides.items():
+        group = FLAT_NAMES[name]
+        if group:
+            request.setdefault(group, {})[name] = value
+        else:
+            request[name] = value
+    return request
+
+
+def merge(*requests: Mapping[str, Any]) -> dict[str, Any]:
+    """Later requests override earlier ones, key by key inside each section."""
+    out: dict[str, Any] = {}
+    for request in requests:
+        for key, value in request.items():
+            if key in (*GROUPS, "task_params") and isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = value
+    return out
+
+
+def _section(request: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = request.get(key, {})
+    if isinstance(value, TaskConfig):
+        return value.to_dict()
+    check(isinstance(value, Mapping), f"{key} must be a mapping of names to values, got {value!r}")
+    return dict(value)
+
+
+def resolve(request: Mapping[str, Any]) -> RunConfig:
+    """The complete, validated RunConfig that `request` asks for (module docstring)."""
+    check(isinstance(request, Mapping), f"a request must be a mapping, got {type(request).__name__}")
+    unknown = sorted(set(request) - set(TOP_LEVEL) - set(GROUPS))
+    check(not unknown, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join((*TOP_LEVEL, *GROUPS))}")
+    task_name = request.get("task", DEFAULT_TASK)
+    check(isinstance(task_name, str), f"task must be a string, got {task_name!r}")
+    variant_name = request.get("variant", DEFAULT_VARIANT)
+    check(isinstance(variant_name, str), f"variant must be a string, got {variant_name!r}")
+    task_cls = TASKS.get(task_name)
+    variant = get_variant(variant_name)
+    params = task_cls.Config.from_dict(_section(request, "task_params"))
+    seeds = {k: request[k] for k in ("data_seed", "test_size") if k in request}
+    # Checked here as well as by RunConfig, because the task is built first.
+    for name, value in seeds.items():
+        check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
+    task = task_cls(params, seed=seeds.get("data_seed", 0), test_size=seeds.get("test_size", 4000))
+
+    defaults = nest(task_cls.defaults)
+    model = {**defaults.get("model", {}), **variant.model_defaults, **_section(request, "model")}
+    train = {**defaults.get("train", {}), **_section(request, "train")}
+    if "vocab_size" in model:
+        check(model["vocab_size"] == task.vocab_size,
+              f"vocab_size comes from the task: {task.describe()} has {task.vocab_size} tokens, "
+              f"not {model['vocab_size']!r}")
+    model.setdefault("attention", variant.attention)
+    check(isinstance(model["attention"], str), f"attention must be a string, got {model['attention']!r}")
+    check_attention(variant, model["attention"])
+    model = {**task.model_defaults(model["attention"]), **model, "vocab_size": task.vocab_size}
+    model.setdefault("n_ctx", task.input_len)
+    cfg = RunConfig(task=task_name, variant=variant.name, task_params=params, model=ModelConfig.from_dict(model),
+                    train=TrainConfig.from_dict(train), **seeds)
+    check_fits(cfg, task)
+    return cfg
+
+
+def run_config(task: str = DEFAULT_TASK, variant: str = DEFAULT_VARIANT,
+               task_params: Mapping[str, Any] | TaskConfig | None = None, **overrides: Any) -> RunConfig:
+    """A complete RunConfig for `task` and `variant`, from keyword overrides of
+    any option by its name (``d_model=64, steps=500, data_seed=1``)."""
+    return resolve(merge({"task": task, "variant": variant, "task_params": task_params or {}}, nest(overrides)))
+
+
+def as_request(cfg: RunConfig) -> dict[str, Any]:
+    """The smallest request that resolves to `cfg` with this version of mixit.
+
+    It holds the task, variant, task parameters and seeds, and each model and
+    training option whose value differs from the default it would get. So
+    ``resolve(as_request(cfg)) == cfg``, and a request built from it with, say,
+    another task lets the values that were defaults (n_ctx, the task's steps)
+    follow the new task, while every value that had been changed stays.
+    """
+    base: dict[str, Any] = {"task": cfg.task, "variant": cfg.variant, "task_params": cfg.params.to_dict(),
+                            "data_seed": cfg.data_seed, "test_size": cfg.test_size}
+    plain = resolve(base)
+    # Defaults computed from the run's own source values (d_mlp from its d_model, ...).
+    sources = {group: {name: getattr(getattr(cfg, group), name) for name in names}
+               for group, names in SOURCES.items()}
+    derived = resolve(merge(base, sources))
+    request = dict(base)
+    for group in GROUPS:
+        mine, default, plain_default = getattr(cfg, group), getattr(derived, group), getattr(plain, group)
+        section = {f.name: getattr(mine, f.name) for f in dataclasses.fields(mine)
+                   if f.name not in DERIVED.get(group, ()) and getattr(mine, f.name) != getattr(default, f.name)}
+        for name in SOURCES.get(group, ()):
+            if getattr(mine, name) != getattr(plain_default, name):
+                section[name] = getattr(mine, name)
+        if section:
+            request[group] = section
+    return request
+
+
+def model_config(variant: str, **options: Any) -> ModelConfig:
+    """The model config `variant` gets with these model options: its own
+    settings (``Variant.model_defaults``) and attention kind, unless given.
+    For models built outside a task (`mixit signal`, `mixit bench`)."""
+    v = get_variant(variant)
+    merged = {**v.model_defaults, "attention": v.attention, **options}
+    check_attention(v, merged["attention"])
+    return ModelConfig.from_dict(merged)
+
+
+# -- building ---------------------------------------------------------------------------
+
+
+def check_fits(cfg: RunConfig, task: Task) -> None:
+    """Refuse a model that cannot read the task: another vocabulary, or sequences longer than n_ctx."""
+    if cfg.model.vocab_size != task.vocab_size:
+        raise UsageError(f"model vocab_size={cfg.model.vocab_size} but task {cfg.task} needs {task.vocab_size}")
+    if task.input_len > cfg.model.n_ctx:
+        raise UsageError(f"task {task.describe()} feeds sequences of length {task.input_len}, "
+                         f"longer than n_ctx={cfg.model.n_ctx}; n_ctx must be >= {task.input_len}")
+
+
+def build_task(cfg: RunConfig, run_dir: Path | None = None) -> Task:
+    """The task of `cfg`; with `run_dir`, rebuilt from what the run saved (its tokenizer)."""
+    params = cfg.params if run_dir is None else cfg.params.for_run(run_dir)
+    return TASKS.get(cfg.task)(params, seed=cfg.data_seed, test_size=cfg.test_size)
+
+
+def build_model(cfg: RunConfig) -> tuple[Transformer, FreezeReport]:
+    """A fresh model initialised from cfg.model.seed, with the variant applied."""
+    model = Transformer(cfg.model)
+    return model, apply_variant(model, cfg.variant)
+
+
+def build(cfg: RunConfig, run_dir: Path | None = None) -> tuple[Task, Transformer, FreezeReport]:
+    """The task, the model (initialised from cfg.model.seed) and the applied variant.
+
+    run_dir: the run's directory, whose saved tokenizer (if any) the task then uses.
+    """
+    task = build_task(cfg, run_dir)
+    check_fits(cfg, task)
+    model, report = build_model(cfg)
+    return task, model, report
+
+
+def option_docs() -> dict[str, str]:
+    """The one-line description of every option a request may set, by flat name."""
+    docs = {name: field_docs(RunConfig)[name] for name in ("data_seed", "test_size")}
+    for group, cls in GROUPS.items():
+        docs.update({name: doc for name, doc in field_docs(cls).items() if FLAT_NAMES.get(name) == group})
+    return docs

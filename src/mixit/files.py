@@ -1,0 +1,59 @@
+"""Small file helpers shared by everything that writes results: atomic JSON
+and text writes, and JSON reads that fail with one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mixit.errors import UsageError
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically: a temporary file beside it, flushed
+    to disk, then renamed over `path`, so a reader (or a crash) sees the old
+    file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write `data` as indented JSON, atomically (`write_text`)."""
+    write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_json(path: Path, what: str) -> Any:
+    """The JSON in `path`; UsageError if it is missing or not valid JSON (`what` names it)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist ({what} missing)") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a directory, not {what}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is corrupt ({what} is not valid JSON: {e})") from None
+
+
+def check_output_dir(path: Path, names: tuple[str, ...] = ()) -> None:
+    """Refuse `path` as a directory to write `names` into, before any work: it
+    must be a directory (or creatable as one), writable, and not already hold
+    any of `names` (results are never overwritten)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"output path {path} exists and is not a directory")
+    for name in names:
+        if (path / name).exists():
+            raise UsageError(f"{path / name} already exists; choose another output directory")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"cannot create {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to {path}: {existing} is not writable")

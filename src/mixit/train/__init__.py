@@ -1,1 +1,0 @@
-"""Training: the loop, the optimizer and schedule, evaluation, checkpoints."""

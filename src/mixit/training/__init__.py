@@ -1,0 +1,1 @@
+"""Training: the step, the optimizer and schedule, evaluation, and the loop."""
