@@ -1,5 +1,5 @@
 # `make run`: set everything up and train a small model on the embedded default.
-# `make test`: set everything up and run the whole test suite.
+# `make test`: set everything up, lint, type-check and run the whole test suite.
 # torch is pinned here (not in pyproject) to the CPU wheel these machines carry;
 # an unpinned torch would pull a multi-GB CUDA build onto a CPU-only machine.
 PYTHON ?= python3.11
@@ -21,7 +21,11 @@ setup: $(BIN)/mixit
 run: setup
 	$(BIN)/mixit train --task addition -p n_digits=5 --variant standard
 
+# Lint (ruff: rules and formatting) and types (mypy on src/) are part of the tests.
 test: setup
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/mypy
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests
 
 clean:

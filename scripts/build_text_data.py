@@ -85,15 +85,71 @@ AUSTEN_NOVELS = [
 
 # The 66 books in the order the `bible` program prints them (Genesis..Revelation).
 KJV_BOOKS = [
-    "Genesis", "Exodus", "Leviticus", "Numbers", "Deuteronomy", "Joshua", "Judges", "Ruth",
-    "1 Samuel", "2 Samuel", "1 Kings", "2 Kings", "1 Chronicles", "2 Chronicles", "Ezra",
-    "Nehemiah", "Esther", "Job", "Psalms", "Proverbs", "Ecclesiastes", "Song of Solomon",
-    "Isaiah", "Jeremiah", "Lamentations", "Ezekiel", "Daniel", "Hosea", "Joel", "Amos",
-    "Obadiah", "Jonah", "Micah", "Nahum", "Habakkuk", "Zephaniah", "Haggai", "Zechariah",
-    "Malachi", "Matthew", "Mark", "Luke", "John", "Acts", "Romans", "1 Corinthians",
-    "2 Corinthians", "Galatians", "Ephesians", "Philippians", "Colossians",
-    "1 Thessalonians", "2 Thessalonians", "1 Timothy", "2 Timothy", "Titus", "Philemon",
-    "Hebrews", "James", "1 Peter", "2 Peter", "1 John", "2 John", "3 John", "Jude",
+    "Genesis",
+    "Exodus",
+    "Leviticus",
+    "Numbers",
+    "Deuteronomy",
+    "Joshua",
+    "Judges",
+    "Ruth",
+    "1 Samuel",
+    "2 Samuel",
+    "1 Kings",
+    "2 Kings",
+    "1 Chronicles",
+    "2 Chronicles",
+    "Ezra",
+    "Nehemiah",
+    "Esther",
+    "Job",
+    "Psalms",
+    "Proverbs",
+    "Ecclesiastes",
+    "Song of Solomon",
+    "Isaiah",
+    "Jeremiah",
+    "Lamentations",
+    "Ezekiel",
+    "Daniel",
+    "Hosea",
+    "Joel",
+    "Amos",
+    "Obadiah",
+    "Jonah",
+    "Micah",
+    "Nahum",
+    "Habakkuk",
+    "Zephaniah",
+    "Haggai",
+    "Zechariah",
+    "Malachi",
+    "Matthew",
+    "Mark",
+    "Luke",
+    "John",
+    "Acts",
+    "Romans",
+    "1 Corinthians",
+    "2 Corinthians",
+    "Galatians",
+    "Ephesians",
+    "Philippians",
+    "Colossians",
+    "1 Thessalonians",
+    "2 Thessalonians",
+    "1 Timothy",
+    "2 Timothy",
+    "Titus",
+    "Philemon",
+    "Hebrews",
+    "James",
+    "1 Peter",
+    "2 Peter",
+    "1 John",
+    "2 John",
+    "3 John",
+    "Jude",
     "Revelation",
 ]
 KJV_VERSES = 31102
@@ -160,12 +216,27 @@ def fetch_vader_sdist(tmp: Path) -> dict:
     dest.mkdir()
     spec = f"{VADER_NAME}=={VADER_VERSION}"
     log(f"pip download --no-binary :all: --no-deps {spec}")
-    run([sys.executable, "-m", "pip", "download", "--no-progress", "--no-binary", ":all:", "--no-deps",
-         "--dest", str(dest), spec], f"pip download {spec}")
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-binary",
+            ":all:",
+            "--no-deps",
+            "--dest",
+            str(dest),
+            spec,
+        ],
+        f"pip download {spec}",
+    )
     found = sorted(p for p in dest.iterdir() if p.name.endswith((".tar.gz", ".zip")))
     if len(found) != 1:
-        raise BuildError(f"pip download {spec} failed: expected one sdist in the download directory, "
-                         f"found {len(found)}")
+        raise BuildError(
+            f"pip download {spec} failed: expected one sdist in the download directory, found {len(found)}"
+        )
     log(f"  {found[0].name}")
     return {"path": found[0], "file": found[0].name, "sha256": sha256_file(found[0])}
 
@@ -178,7 +249,7 @@ def import_rdata(tmp: Path):
         pass
     target = tmp / "pylib"
     log("rdata is not importable here: pip install rdata into the temporary directory")
-    run([sys.executable, "-m", "pip", "install", "--no-progress", "--target", str(target), "rdata"], "pip install rdata")
+    run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), "rdata"], "pip install rdata")
     sys.path.insert(0, str(target))
     importlib.invalidate_caches()
     return importlib.import_module("rdata")
@@ -202,7 +273,7 @@ def read_lazyload_db(rdata, base: Path) -> dict[str, object]:
     ctype = int(next(iter(compressed.ravel()))) if hasattr(compressed, "ravel") else int(compressed)
     objects = {}
     for name, (offset, length) in index["variables"].items():
-        chunk = blob[int(offset):int(offset) + int(length)]
+        chunk = blob[int(offset) : int(offset) + int(length)]
         size = int.from_bytes(chunk[:4], "big")
         if ctype == 1:
             raw = zlib.decompress(chunk[4:])
@@ -212,6 +283,7 @@ def read_lazyload_db(rdata, base: Path) -> dict[str, object]:
                 raw = zlib.decompress(payload)
             elif kind == b"2":
                 import bz2
+
                 raw = bz2.decompress(payload)
             elif kind == b"X":
                 raw = lzma.decompress(payload)
@@ -297,7 +369,7 @@ def strip_gutenberg(text: str) -> str:
     end = re.search(r"^\*\*\* ?END OF (THIS|THE) PROJECT GUTENBERG EBOOK.*$", text, re.MULTILINE)
     if not start or not end:
         raise BuildError("mobydick: Project Gutenberg START/END markers not found")
-    body = text[start.end():end.start()]
+    body = text[start.end() : end.start()]
     # The footer's first line ("End of Project Gutenberg's ...") stands before the END marker.
     return re.sub(r"^End of (the )?Project Gutenberg.*$", "", body, flags=re.MULTILINE | re.IGNORECASE)
 
@@ -352,8 +424,9 @@ def kjv_docs(bible_bin: Path, data_dir: Path) -> list[dict]:
     if len(abbrevs) != len(KJV_BOOKS) or len(set(abbrevs)) != len(abbrevs):
         raise BuildError(f"bible: found {len(abbrevs)} books, expected {len(KJV_BOOKS)}")
     if n_verses != KJV_VERSES or len(chapters) != KJV_CHAPTERS:
-        raise BuildError(f"bible: found {n_verses} verses in {len(chapters)} chapters, "
-                         f"expected {KJV_VERSES} in {KJV_CHAPTERS}")
+        raise BuildError(
+            f"bible: found {n_verses} verses in {len(chapters)} chapters, expected {KJV_VERSES} in {KJV_CHAPTERS}"
+        )
     docs = []
     for (book_index, chapter), verses in chapters.items():  # insertion order = Bible order
         book = KJV_BOOKS[book_index]
@@ -378,8 +451,9 @@ def decode_text(raw: bytes) -> tuple[str, str]:
 def movie_rows(sdist: Path) -> tuple[list[tuple[str, str, str]], str]:
     """(id, score, text) rows of movieReviewSnippets_GroundTruth.txt inside the sdist's inner tarball."""
     with tarfile.open(sdist) as outer:
-        inner_member = next((m for m in outer.getmembers()
-                             if m.name.endswith("additional_resources/hutto_ICWSM_2014.tar.gz")), None)
+        inner_member = next(
+            (m for m in outer.getmembers() if m.name.endswith("additional_resources/hutto_ICWSM_2014.tar.gz")), None
+        )
         if inner_member is None:
             raise BuildError(f"{sdist.name}: additional_resources/hutto_ICWSM_2014.tar.gz not found")
         inner_bytes = outer.extractfile(inner_member).read()
@@ -425,8 +499,9 @@ def write_provenance(path: Path, debs: dict, vader: dict, rdata_version: str, co
         "bible-kjv-text": "King James Bible, compressed text",
         "bible-kjv": "`bible` program, used to print the verses",
     }
-    inputs = "\n".join(f"| {what[name]} | {name} | {debs[name]['version']} | `{debs[name]['sha256']}` |"
-                       for name in DEBIAN_PACKAGES)
+    inputs = "\n".join(
+        f"| {what[name]} | {name} | {debs[name]['version']} | `{debs[name]['sha256']}` |" for name in DEBIAN_PACKAGES
+    )
     per_source = "\n".join(f"| {label} | {n:,} | {chars:,} |" for label, n, chars in corpus["groups"])
     text = f"""# Provenance of the embedded data
 
@@ -444,10 +519,10 @@ per line, `{{"source": ..., "title": ..., "text": ...}}`, UTF-8. The lines of a
 paragraph are joined with single spaces (runs of whitespace become one space)
 and paragraphs are separated by one blank line.
 
-- size: {corpus['size']:,} bytes; sha256 `{corpus['sha256']}`
-- documents: {corpus['docs']:,}; characters of text: {corpus['chars']:,}
-  (uncompressed JSON Lines: {corpus['raw_bytes']:,} bytes)
-- document length in characters: min {corpus['min']:,}, median {corpus['median']:,}, max {corpus['max']:,}
+- size: {corpus["size"]:,} bytes; sha256 `{corpus["sha256"]}`
+- documents: {corpus["docs"]:,}; characters of text: {corpus["chars"]:,}
+  (uncompressed JSON Lines: {corpus["raw_bytes"]:,} bytes)
+- document length in characters: min {corpus["min"]:,}, median {corpus["median"]:,}, max {corpus["max"]:,}
 
 | source | documents | characters |
 |---|---:|---:|
@@ -501,13 +576,13 @@ by human raters on a scale from -4 (extremely negative) to +4 (extremely
 positive). xz-compressed UTF-8 TSV with the header `id<TAB>score<TAB>text`,
 one row per snippet in the original order; `score` is the original decimal
 string. Tabs, line breaks and runs of spaces in the text became single spaces
-and `&amp;` became `&`; the source file was decoded as {movies['encoding']}.
+and `&amp;` became `&`; the source file was decoded as {movies["encoding"]}.
 
-- size: {movies['size']:,} bytes; sha256 `{movies['sha256']}`
-- rows: {movies['rows']:,}; score > 0: {movies['pos']:,}; score < 0: {movies['neg']:,}; score == 0: {movies['zero']:,}
+- size: {movies["size"]:,} bytes; sha256 `{movies["sha256"]}`
+- rows: {movies["rows"]:,}; score > 0: {movies["pos"]:,}; score < 0: {movies["neg"]:,}; score == 0: {movies["zero"]:,}
 
 Input: the source distribution of {VADER_NAME} {VADER_VERSION} from PyPI
-(`{vader['file']}`, sha256 `{vader['sha256']}`), file
+(`{vader["file"]}`, sha256 `{vader["sha256"]}`), file
 `additional_resources/hutto_ICWSM_2014.tar.gz`, member
 `hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt`.
 
@@ -567,20 +642,29 @@ def build(out_dir: Path) -> None:
 
         for _, group in groups:
             docs += group
-        payload = "".join(json.dumps({"source": d["source"], "title": d["title"], "text": d["text"]},
-                                     ensure_ascii=False) + "\n" for d in docs).encode("utf-8")
+        payload = "".join(
+            json.dumps({"source": d["source"], "title": d["title"], "text": d["text"]}, ensure_ascii=False) + "\n"
+            for d in docs
+        ).encode("utf-8")
         corpus_path = out_dir / "english.jsonl.xz"
         log(f"compressing {len(payload):,} bytes of JSON Lines (xz preset 9e)")
         write_xz(corpus_path, payload)
         lengths = [len(d["text"]) for d in docs]
         corpus = {
-            "docs": len(docs), "chars": sum(lengths), "raw_bytes": len(payload),
-            "min": min(lengths), "median": int(statistics.median(lengths)), "max": max(lengths),
-            "size": corpus_path.stat().st_size, "sha256": sha256_file(corpus_path),
+            "docs": len(docs),
+            "chars": sum(lengths),
+            "raw_bytes": len(payload),
+            "min": min(lengths),
+            "median": int(statistics.median(lengths)),
+            "max": max(lengths),
+            "size": corpus_path.stat().st_size,
+            "sha256": sha256_file(corpus_path),
             "groups": [(label, len(g), sum(len(d["text"]) for d in g)) for label, g in groups],
         }
-        log(f"wrote {corpus_path}: {corpus['docs']:,} documents, {corpus['chars']:,} characters, "
-            f"{corpus['size']:,} bytes")
+        log(
+            f"wrote {corpus_path}: {corpus['docs']:,} documents, {corpus['chars']:,} characters, "
+            f"{corpus['size']:,} bytes"
+        )
 
         rows, encoding = movie_rows(vader["path"])
         tsv = "id\tscore\ttext\n" + "".join(f"{i}\t{s}\t{t}\n" for i, s, t in rows)
@@ -588,12 +672,18 @@ def build(out_dir: Path) -> None:
         write_xz(movies_path, tsv.encode("utf-8"))
         scores = [float(s) for _, s, _ in rows]
         movies = {
-            "rows": len(rows), "encoding": encoding,
-            "pos": sum(s > 0 for s in scores), "neg": sum(s < 0 for s in scores), "zero": sum(s == 0 for s in scores),
-            "size": movies_path.stat().st_size, "sha256": sha256_file(movies_path),
+            "rows": len(rows),
+            "encoding": encoding,
+            "pos": sum(s > 0 for s in scores),
+            "neg": sum(s < 0 for s in scores),
+            "zero": sum(s == 0 for s in scores),
+            "size": movies_path.stat().st_size,
+            "sha256": sha256_file(movies_path),
         }
-        log(f"wrote {movies_path}: {movies['rows']:,} rows (decoded as {encoding}; score > 0: {movies['pos']:,}, "
-            f"< 0: {movies['neg']:,}, == 0: {movies['zero']:,}), {movies['size']:,} bytes")
+        log(
+            f"wrote {movies_path}: {movies['rows']:,} rows (decoded as {encoding}; score > 0: {movies['pos']:,}, "
+            f"< 0: {movies['neg']:,}, == 0: {movies['zero']:,}), {movies['size']:,} bytes"
+        )
 
         provenance_path = out_dir / "PROVENANCE.md"
         write_provenance(provenance_path, debs, vader, rdata_version, corpus, movies)
@@ -602,10 +692,15 @@ def build(out_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
-                        help=f"where to write the files (default: {DEFAULT_OUT_DIR.relative_to(REPO_ROOT)})")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help=f"where to write the files (default: {DEFAULT_OUT_DIR.relative_to(REPO_ROOT)})",
+    )
     args = parser.parse_args(argv)
     try:
         build(args.out_dir.resolve())

@@ -13,8 +13,9 @@ from mixit.models import Transformer
 
 
 def logit_std(d_model: int, n_heads: int, n_ctx: int = 128, vocab_size: int = 4096, batch: int = 8) -> float:
-    model = Transformer(ModelConfig(vocab_size=vocab_size, n_ctx=n_ctx, d_model=d_model, n_heads=n_heads,
-                                    n_layers=1)).eval()
+    model = Transformer(
+        ModelConfig(vocab_size=vocab_size, n_ctx=n_ctx, d_model=d_model, n_heads=n_heads, n_layers=1)
+    ).eval()
     tokens = torch.randint(0, vocab_size, (batch, n_ctx), generator=torch.Generator().manual_seed(0))
     attn, d_head = model.blocks[0].attn, d_model // n_heads
     with torch.no_grad():

@@ -19,8 +19,10 @@ import subprocess
 import sys
 import time
 
-SHAPES = {"target": dict(d_model=256, n_layers=4, n_heads=4, vocab_size=512, seq_len=128, batch_size=64),
-          "algorithmic": dict(d_model=128, n_layers=2, n_heads=4, vocab_size=31, seq_len=33, batch_size=1000)}
+SHAPES = {
+    "target": dict(d_model=256, n_layers=4, n_heads=4, vocab_size=512, seq_len=128, batch_size=64),
+    "algorithmic": dict(d_model=128, n_layers=2, n_heads=4, vocab_size=31, seq_len=33, batch_size=1000),
+}
 
 
 def child(shape: str, variant: str, tune: bool, compile: bool, steps: int) -> dict[str, float]:
@@ -67,16 +69,34 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     for _ in range(args.rounds):
         for side, settings in sides.items():
-            out = subprocess.run([sys.executable, __file__, "--setting", args.setting, "--shape", args.shape,
-                                  "--variant", args.variant, "--steps", str(args.steps),
-                                  "--child", json.dumps(settings)], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--setting",
+                    args.setting,
+                    "--shape",
+                    args.shape,
+                    "--variant",
+                    args.variant,
+                    "--steps",
+                    str(args.steps),
+                    "--child",
+                    json.dumps(settings),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             results[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"{args.setting} off/on, {args.variant}, {args.shape} shape, {args.rounds} processes per side:")
     for side, runs in results.items():
         steps = [r["step_ms"] for r in runs]
         muls = [r["mul_ms"] for r in runs]
-        print(f"  {args.setting} {side:>3}: step {statistics.median(steps):7.1f} ms (per process "
-              f"{', '.join(f'{s:.0f}' for s in steps)}); 32 MiB multiply {statistics.median(muls):5.2f} ms")
+        print(
+            f"  {args.setting} {side:>3}: step {statistics.median(steps):7.1f} ms (per process "
+            f"{', '.join(f'{s:.0f}' for s in steps)}); 32 MiB multiply {statistics.median(muls):5.2f} ms"
+        )
 
 
 if __name__ == "__main__":

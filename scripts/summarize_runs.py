@@ -19,8 +19,10 @@ def main(paths: list[str]) -> None:
     print("|---|---|---|---|" + "---|" * len(metrics) + "---|")
     for path, s in zip(paths, summaries):
         values = " | ".join(f"{s['test'][k]:.4f}" if k in s["test"] else "-" for k in metrics)
-        print(f"| {Path(path).name} | {s['task']} | {s['variant']} | {s['n_trainable']:,} / {s['n_params']:,} "
-              f"| {values} | {s['train_seconds_this_session']:.0f} |")
+        print(
+            f"| {Path(path).name} | {s['task']} | {s['variant']} | {s['n_trainable']:,} / {s['n_params']:,} "
+            f"| {values} | {s['train_seconds_this_session']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,9 @@ def test_scores_of_hand_built_patterns():
     torch.testing.assert_close(s["duplicate_token"], torch.tensor([0.0, 0.0, 1.0, uniform_second], dtype=torch.float32))
     assert s["previous_token"][3].item() == pytest.approx(uniform_prev)
     # The induction head's second-copy rows look one step back from the duplicate: offset m - 1.
-    assert s["previous_token"][1].item() == pytest.approx(np.mean(
-        [1 / (i + 1) for i in range(1, M)] + [0.0] * M), abs=1e-6)
+    assert s["previous_token"][1].item() == pytest.approx(
+        np.mean([1 / (i + 1) for i in range(1, M)] + [0.0] * M), abs=1e-6
+    )
 
 
 def test_repeated_sequences_are_two_copies_of_distinct_tokens():
@@ -133,8 +134,25 @@ def test_mixit_scores_read_the_fixed_matrices():
     assert fixed_patterns(Transformer(ModelConfig(vocab_size=20, n_ctx=12, d_model=16, n_heads=2))) is None
 
 
-TINY = ["--task", "addition", "-p", "n_digits=2", "--d-model", "32", "--n-heads", "2", "--n-layers", "2",
-        "--steps", "4", "--batch-size", "16", "--test-size", "40", "--no-progress"]
+TINY = [
+    "--task",
+    "addition",
+    "-p",
+    "n_digits=2",
+    "--d-model",
+    "32",
+    "--n-heads",
+    "2",
+    "--n-layers",
+    "2",
+    "--steps",
+    "4",
+    "--batch-size",
+    "16",
+    "--test-size",
+    "40",
+    "--no-progress",
+]
 
 
 @pytest.mark.parametrize("variant", ["standard", "mixit"])
@@ -161,12 +179,15 @@ def test_analyze_command_writes_every_artifact(variant, tmp_path, capsys):
     assert len(signal["trained"]["cosine"]) == 3  # embedding + 2 layers
 
 
-@pytest.mark.parametrize("args, message", [
-    (["analyze", "nowhere"], "run directory nowhere does not exist"),
-    (["analyze", "RUN", "--example", "99999"], "example must be in [0, 40)"),
-    (["analyze", "RUN", "--tokens", "1,2,99"], "out-of-range ids [99]"),
-    (["analyze", "RUN", "--tokens", "1,x"], "expected comma-separated integers"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["analyze", "nowhere"], "run directory nowhere does not exist"),
+        (["analyze", "RUN", "--example", "99999"], "example must be in [0, 40)"),
+        (["analyze", "RUN", "--tokens", "1,2,99"], "out-of-range ids [99]"),
+        (["analyze", "RUN", "--tokens", "1,x"], "expected comma-separated integers"),
+    ],
+)
 def test_analyze_bad_input(args, message, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *TINY, "--out", str(run)]) == 0

@@ -23,22 +23,26 @@ QK, VO, MLP, HEAD = 128, 128, 768, 80
 
 
 def tiny_model(variant: str) -> Transformer:
-    model = Transformer(ModelConfig(vocab_size=10, n_ctx=4, d_model=8, n_layers=1, n_heads=2,
-                                    attention=VARIANTS[variant].attention))
+    model = Transformer(
+        ModelConfig(vocab_size=10, n_ctx=4, d_model=8, n_layers=1, n_heads=2, attention=VARIANTS[variant].attention)
+    )
     apply_variant(model, variant)
     return model
 
 
-@pytest.mark.parametrize("variant, expected", [
-    # 2 FLOPs per multiply-add * 8 tokens * in*out, times 3 (forward, input grad, weight grad) if trained,
-    # else 2; softmax attention 12 * batch * pairs * d (Q K^T and A V, forward and backward);
-    # mixing 4 * batch * pairs * d (A V forward, grad of V).
-    ("standard", 16 * 3 * (QK + VO + MLP + HEAD) + 12 * 2 * 10 * 8),
-    ("frozen_qk", 16 * 2 * QK + 16 * 3 * (VO + MLP + HEAD) + 12 * 2 * 10 * 8),
-    ("frozen_mlp", 16 * 2 * MLP + 16 * 3 * (QK + VO + HEAD) + 12 * 2 * 10 * 8),
-    ("mixit", 16 * 3 * (VO + MLP + HEAD) + 4 * 2 * 10 * 8),
-    ("random", 16 * 2 * (QK + VO + MLP) + 16 * 3 * HEAD + 12 * 2 * 10 * 8),
-])
+@pytest.mark.parametrize(
+    "variant, expected",
+    [
+        # 2 FLOPs per multiply-add * 8 tokens * in*out, times 3 (forward, input grad, weight grad) if trained,
+        # else 2; softmax attention 12 * batch * pairs * d (Q K^T and A V, forward and backward);
+        # mixing 4 * batch * pairs * d (A V forward, grad of V).
+        ("standard", 16 * 3 * (QK + VO + MLP + HEAD) + 12 * 2 * 10 * 8),
+        ("frozen_qk", 16 * 2 * QK + 16 * 3 * (VO + MLP + HEAD) + 12 * 2 * 10 * 8),
+        ("frozen_mlp", 16 * 2 * MLP + 16 * 3 * (QK + VO + HEAD) + 12 * 2 * 10 * 8),
+        ("mixit", 16 * 3 * (VO + MLP + HEAD) + 4 * 2 * 10 * 8),
+        ("random", 16 * 2 * (QK + VO + MLP) + 16 * 3 * HEAD + 12 * 2 * 10 * 8),
+    ],
+)
 def test_step_flops_by_hand(variant, expected):
     assert step_flops(tiny_model(variant), TINY) == expected
 
@@ -52,8 +56,7 @@ def test_hf_baseline_has_the_standard_models_matmuls():
 
 
 def test_run_bench_rows_are_consistent():
-    result = run_bench(TINY, device="cpu", warmup=1, steps=1, repeats=2, task="addition",
-                       task_params={"n_digits": 2})
+    result = run_bench(TINY, device="cpu", warmup=1, steps=1, repeats=2, task="addition", task_params={"n_digits": 2})
     names = [row["name"] for row in result["rows"]]
     assert names[:5] == list(VARIANTS)
     peak = result["peak"]["best_flops_per_s"]
@@ -71,8 +74,9 @@ def test_run_bench_rows_are_consistent():
     assert rows["frozen_qk"]["n_trainable"] == rows["standard"]["n_trainable"] - (QK + 2 * 8)  # q, k weights and biases
     if "hf_llama" in rows:
         for name in VARIANTS:
-            assert rows[name]["speedup_vs_hf"] == pytest.approx(rows[name]["tokens_per_s"]
-                                                                / rows["hf_llama"]["tokens_per_s"])
+            assert rows[name]["speedup_vs_hf"] == pytest.approx(
+                rows[name]["tokens_per_s"] / rows["hf_llama"]["tokens_per_s"]
+            )
     else:
         assert "transformers is not installed" in result["notes"][0]
     table = format_table(result)
@@ -98,13 +102,16 @@ def test_bench_step_trains_the_model():
     assert loss_fn(model(x), y).item() < before - 0.1
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"variants": ["nope"]}, "unknown variant.*'nope'"),
-    ({"dtype": "fp16"}, "unknown dtype 'fp16'; allowed: fp32, bf16"),
-    ({"dtype": "bf16", "device": "cpu"}, "bf16 .* cuda only"),
-    ({"repeats": 0}, "repeats must be an integer >= 1"),
-    ({"warmup": 0}, "warmup must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"variants": ["nope"]}, "unknown variant.*'nope'"),
+        ({"dtype": "fp16"}, "unknown dtype 'fp16'; allowed: fp32, bf16"),
+        ({"dtype": "bf16", "device": "cpu"}, "bf16 .* cuda only"),
+        ({"repeats": 0}, "repeats must be an integer >= 1"),
+        ({"warmup": 0}, "warmup must be an integer >= 1"),
+    ],
+)
 def test_run_bench_bad_input(kwargs, message):
     with pytest.raises(UsageError, match=message):
         run_bench(TINY, **{"device": "cpu", **kwargs})
@@ -117,8 +124,26 @@ def test_shape_bad_input():
         Shape(batch_size=0)
 
 
-SMALL = ["bench", "--d-model", "8", "--n-layers", "1", "--n-heads", "2", "--batch-size", "2", "--warmup", "1",
-         "--steps", "1", "--repeats", "1", "--no-baseline", "--variants", "standard,mixit"]
+SMALL = [
+    "bench",
+    "--d-model",
+    "8",
+    "--n-layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--batch-size",
+    "2",
+    "--warmup",
+    "1",
+    "--steps",
+    "1",
+    "--repeats",
+    "1",
+    "--no-baseline",
+    "--variants",
+    "standard,mixit",
+]
 
 
 def test_bench_command_prints_a_table_and_writes_json(tmp_path, capsys):
@@ -150,13 +175,16 @@ def test_bench_profile_names_the_operators_of_each_row(tmp_path, capsys):
     assert not any("scaled_dot_product" in op["op"] for op in result["rows"][1]["profile"])  # mixit: none
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--variants", "standard,nope"], "unknown variant(s) 'nope'"),
-    (["--n-heads", "3"], "n_heads must divide d_model: d_model=8 is not a multiple of n_heads=3"),
-    (["-p", "n_digits=2"], "-p/--task-param needs --task"),
-    (["--task", "nope"], "unknown task"),
-    (["--device", "tpu"], "unknown device 'tpu'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--variants", "standard,nope"], "unknown variant(s) 'nope'"),
+        (["--n-heads", "3"], "n_heads must divide d_model: d_model=8 is not a multiple of n_heads=3"),
+        (["-p", "n_digits=2"], "-p/--task-param needs --task"),
+        (["--task", "nope"], "unknown task"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
+    ],
+)
 def test_bench_command_bad_input(args, message, tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main([*SMALL, *args, "--out", str(out)]) == 2

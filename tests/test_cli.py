@@ -9,8 +9,25 @@ import pytest
 
 from mixit.cli import main
 
-TINY = ["--task", "addition", "-p", "n_digits=2", "--d-model", "32", "--n-heads", "2", "--n-layers", "1",
-        "--steps", "6", "--batch-size", "16", "--test-size", "50", "--no-progress"]
+TINY = [
+    "--task",
+    "addition",
+    "-p",
+    "n_digits=2",
+    "--d-model",
+    "32",
+    "--n-heads",
+    "2",
+    "--n-layers",
+    "1",
+    "--steps",
+    "6",
+    "--batch-size",
+    "16",
+    "--test-size",
+    "50",
+    "--no-progress",
+]
 
 
 def run_cli(args, capsys):
@@ -43,8 +60,16 @@ def test_resume_from_the_command_line(tmp_path, capsys):
 def test_list_names_every_task_and_variant(capsys):
     code, out, _ = run_cli(["list", "--json"], capsys)
     listing = json.loads(out)
-    assert set(listing["tasks"]) == {"addition", "modular_addition", "dyck", "memorization", "retrieval", "induction",
-                                     "lm", "sentiment"}
+    assert set(listing["tasks"]) == {
+        "addition",
+        "modular_addition",
+        "dyck",
+        "memorization",
+        "retrieval",
+        "induction",
+        "lm",
+        "sentiment",
+    }
     assert set(listing["variants"]) == {"standard", "frozen_qk", "frozen_mlp", "mixit", "random"}
     params = listing["tasks"]["addition"]["parameters"]
     assert {k: p["default"] for k, p in params.items()} == {"n_digits": 10, "reference_mask": False}
@@ -54,22 +79,25 @@ def test_list_names_every_task_and_variant(capsys):
     assert code == 0 and "n_digits=10" in out and "frozen_qk" in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "--task", "sorting"], "unknown task 'sorting'; allowed: addition, dyck, induction"),
-    (["train", "--variant", "frozen_v"], "unknown variant 'frozen_v'; allowed: standard, frozen_qk"),
-    (["train", "--d-model", "30", "--n-heads", "4"], "n_heads must divide d_model"),
-    (["train", "--n-ctx", "10"], "longer than n_ctx=10"),
-    (["train", "--steps", "-5"], "steps must be a positive integer, got -5"),
-    (["train", "--steps", "ten"], "train.steps: expected int, got 'ten'"),
-    (["train", "-p", "n_digits"], "expected KEY=VALUE"),
-    (["train", "-p", "digits=3"], "unknown parameter 'digits' for task addition; allowed: n_digits=10"),
-    (["train", "-p", "n_digits=many"], "task parameter n_digits: expected int, got 'many'"),
-    (["train", "--variant", "frozen_qk", "--attention", "mixing"], "variant 'frozen_qk' uses softmax attention"),
-    (["train", "--device", "tpu"], "unknown device 'tpu'; allowed: auto, cpu, cuda, cuda:N"),
-    (["train", "--resume"], "--resume needs --out RUN_DIR"),
-    (["eval", "does/not/exist"], "run directory does/not/exist does not exist"),
-    (["frobnicate"], "invalid choice: 'frobnicate'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--task", "sorting"], "unknown task 'sorting'; allowed: addition, dyck, induction"),
+        (["train", "--variant", "frozen_v"], "unknown variant 'frozen_v'; allowed: standard, frozen_qk"),
+        (["train", "--d-model", "30", "--n-heads", "4"], "n_heads must divide d_model"),
+        (["train", "--n-ctx", "10"], "longer than n_ctx=10"),
+        (["train", "--steps", "-5"], "steps must be a positive integer, got -5"),
+        (["train", "--steps", "ten"], "train.steps: expected int, got 'ten'"),
+        (["train", "-p", "n_digits"], "-p expects KEY=VALUE"),
+        (["train", "-p", "digits=3"], "unknown parameter 'digits' for task addition; allowed: n_digits=10"),
+        (["train", "-p", "n_digits=many"], "task parameter n_digits: expected int, got 'many'"),
+        (["train", "--variant", "frozen_qk", "--attention", "mixing"], "variant 'frozen_qk' uses softmax attention"),
+        (["train", "--device", "tpu"], "unknown device 'tpu'; allowed: auto, cpu, cuda, cuda:N"),
+        (["train", "--resume"], "--resume needs --out RUN_DIR"),
+        (["eval", "does/not/exist"], "run directory does/not/exist does not exist"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(args) == 2
@@ -81,6 +109,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys, tmp_path, monke
 
 def test_cuda_requested_without_gpu(capsys, tmp_path, monkeypatch):
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("a GPU is present, so --device cuda is valid here")
     monkeypatch.chdir(tmp_path)
@@ -111,9 +140,15 @@ def test_corrupt_checkpoint_and_config(tmp_path, capsys):
 
 def test_real_process_exit_status_and_no_traceback(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mixit.cli", "train", "--n-heads", "3"], cwd=tmp_path,
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mixit.cli", "train", "--n-heads", "3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("mixit train: error: n_heads must divide d_model: "
-                                   "d_model=128 is not a multiple of n_heads=3")
+    assert proc.stderr.strip() == (
+        "mixit train: error: n_heads must divide d_model: d_model=128 is not a multiple of n_heads=3"
+    )
     assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()

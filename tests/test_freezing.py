@@ -15,8 +15,9 @@ def model(attention="softmax"):
 
 
 def names(prefixes, parts, layers=(0, 1)):
-    return {f"blocks.{i}.{p}.{part}.{wb}" for i in layers for p in prefixes for part in parts
-            for wb in ("weight", "bias")}
+    return {
+        f"blocks.{i}.{p}.{part}.{wb}" for i in layers for p in prefixes for part in parts for wb in ("weight", "bias")
+    }
 
 
 def test_standard_freezes_nothing():
@@ -48,10 +49,13 @@ def test_mixit_trains_everything_but_has_no_query_key():
     assert all(not b.requires_grad for b in m.buffers())
 
 
-@pytest.mark.parametrize("attention, trainable", [
-    ("softmax", {"embed.weight", "lm_head.weight"}),
-    ("mixing", {"embed.weight", "pos_embed.weight", "lm_head.weight"}),
-])
+@pytest.mark.parametrize(
+    "attention, trainable",
+    [
+        ("softmax", {"embed.weight", "lm_head.weight"}),
+        ("mixing", {"embed.weight", "pos_embed.weight", "lm_head.weight"}),
+    ],
+)
 def test_random_trains_only_embeddings_and_head(attention, trainable):
     report = apply_variant(model(attention), "random")
     assert set(report.trainable) == trainable

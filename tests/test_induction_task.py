@@ -113,7 +113,8 @@ def test_same_seed_same_examples_and_step_changes_batch():
         np.testing.assert_array_equal(x, y)
     np.testing.assert_array_equal(a.train_examples(3, 64)[0], b.train_examples(3, 64)[0])
     assert not np.array_equal(a.train_examples(3, 64)[0], a.train_examples(4, 64)[0])
-    assert not np.array_equal(a.train_examples(3, 64)[0], make_task("induction", {"length": 10}, seed=1).train_examples(3, 64)[0])
+    other_seed = make_task("induction", {"length": 10}, seed=1)
+    assert not np.array_equal(a.train_examples(3, 64)[0], other_seed.train_examples(3, 64)[0])
 
 
 def test_train_batches_never_contain_a_test_row():

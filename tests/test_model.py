@@ -13,8 +13,9 @@ from mixit.models.mlp import ShapedLeakyReLU
 
 
 def tiny(attention="softmax", **kw):
-    return ModelConfig(**{"vocab_size": 13, "n_ctx": 16, "d_model": 32, "n_layers": 2, "n_heads": 4,
-                          "attention": attention, **kw})
+    return ModelConfig(
+        **{"vocab_size": 13, "n_ctx": 16, "d_model": 32, "n_layers": 2, "n_heads": 4, "attention": attention, **kw}
+    )
 
 
 def matrices(sink=True, alpha=1.0, T=12, H=3, seed=0):
@@ -193,12 +194,15 @@ def test_shaped_settings():
     assert torch.isfinite(model(torch.zeros(1, 16, dtype=torch.long))).all()
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"n_heads": 5}, "n_heads must divide d_model"),
-    ({"attention": "linear"}, "unknown attention kind 'linear'; allowed: softmax, mixing"),
-    ({"d_model": -4}, "d_model must be a positive integer"),
-    ({"activation": "gelu"}, "unknown activation"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"n_heads": 5}, "n_heads must divide d_model"),
+        ({"attention": "linear"}, "unknown attention kind 'linear'; allowed: softmax, mixing"),
+        ({"d_model": -4}, "d_model must be a positive integer"),
+        ({"activation": "gelu"}, "unknown activation"),
+    ],
+)
 def test_bad_model_config(bad, message):
     with pytest.raises(UsageError, match=message):
         tiny(**bad)

@@ -62,8 +62,11 @@ def copy_token_zero_model(n_layers=2):
     Each mixing matrix sends every position to token 0, and skip_scale 0 drops the
     residual, so after a block every token holds f(token 0): cosine and covariance 1.
     """
-    model = Transformer(ModelConfig(vocab_size=16, n_ctx=8, d_model=16, n_heads=2, n_layers=n_layers,
-                                    attention="mixing", skip_scale=0.0))
+    model = Transformer(
+        ModelConfig(
+            vocab_size=16, n_ctx=8, d_model=16, n_heads=2, n_layers=n_layers, attention="mixing", skip_scale=0.0
+        )
+    )
     with torch.no_grad():
         for block in model.blocks:
             block.attn.mixing.zero_()
@@ -118,16 +121,19 @@ def test_signal_propagation_shape_determinism_and_json():
     assert shaped["results"]["mixit"]["1"]["cosine_std"] == 0.0
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"variants": ["mixit", "nope"]}, "unknown variant.*'nope'.*allowed: standard, frozen_qk"),
-    ({"variants": "mixit"}, "variants must be a non-empty list"),
-    ({"depths": [2, 0]}, "depths must be a non-empty list of positive integers"),
-    ({"depths": [2.5]}, "depths must be"),
-    ({"depths": []}, "depths must be"),
-    ({"shaped": None}, "shaped must be True or False"),
-    ({"model_overrides": {"n_layers": 3}}, "may not set n_layers"),
-    ({"model_overrides": {"init_sd": 0.1}}, "unknown model option"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"variants": ["mixit", "nope"]}, "unknown variant.*'nope'.*allowed: standard, frozen_qk"),
+        ({"variants": "mixit"}, "variants must be a non-empty list"),
+        ({"depths": [2, 0]}, "depths must be a non-empty list of positive integers"),
+        ({"depths": [2.5]}, "depths must be"),
+        ({"depths": []}, "depths must be"),
+        ({"shaped": None}, "shaped must be True or False"),
+        ({"model_overrides": {"n_layers": 3}}, "may not set n_layers"),
+        ({"model_overrides": {"init_sd": 0.1}}, "unknown model option"),
+    ],
+)
 def test_bad_inputs_are_refused(kwargs, message):
     args = {"variants": ["standard"], "depths": [1], "seeds": (0,), **TINY, **kwargs}
     with pytest.raises(UsageError, match=message):
@@ -143,8 +149,21 @@ def test_plot_signal_writes_a_png(tmp_path):
     assert len(data) > 1000
 
 
-SMALL_CLI = ["signal", "--variants", "standard,mixit", "--depths", "1,2", "--d-model", "16", "--n-heads", "2",
-             "--n-ctx", "8", "--seeds", "1"]
+SMALL_CLI = [
+    "signal",
+    "--variants",
+    "standard,mixit",
+    "--depths",
+    "1,2",
+    "--d-model",
+    "16",
+    "--n-heads",
+    "2",
+    "--n-ctx",
+    "8",
+    "--seeds",
+    "1",
+]
 
 
 def test_signal_command_writes_json_and_png_and_never_overwrites(tmp_path, capsys):

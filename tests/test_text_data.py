@@ -5,12 +5,12 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from text_fixtures import english_like, sentiment_rows, write_jsonl, write_text_corpus
 
 from mixit.errors import UsageError
 from mixit.text import corpora
 from mixit.text.corpora import hash_split, held_out, load_corpus, load_labelled
 from mixit.text.tokenizer import EOS, PAD, TextTokenizer, encode_documents, get_tokenizer, train_bpe
+from text_fixtures import english_like, sentiment_rows, write_jsonl, write_text_corpus
 
 
 # -- splitting -----------------------------------------------------------------
@@ -108,8 +108,10 @@ def _parquet(path, rows):
 
 def test_wikitext_layout_is_regrouped_into_articles(tmp_path):
     def lines(title, n):
-        return [{"text": ""}, {"text": f" = {title} = \n"}, {"text": ""},
-                {"text": " = = Section = = \n"}] + [{"text": f" {title} line {i} \n"} for i in range(n)]
+        return [{"text": ""}, {"text": f" = {title} = \n"}, {"text": ""}, {"text": " = = Section = = \n"}] + [
+            {"text": f" {title} line {i} \n"} for i in range(n)
+        ]
+
     config = tmp_path / "wikitext-103-raw-v1"
     _parquet(config / "train-00000-of-00001.parquet", lines("Alpha", 3) + lines("Beta", 2))
     _parquet(config / "validation-00000-of-00001.parquet", lines("Gamma", 4))
@@ -121,8 +123,10 @@ def test_wikitext_layout_is_regrouped_into_articles(tmp_path):
 
 
 def test_fineweb_layout_gets_a_hash_split_and_max_documents(tmp_path):
-    _parquet(tmp_path / "sample" / "10BT" / "000_00000.parquet",
-             [{"text": t, "id": str(i), "score": 3.1} for i, t in enumerate(english_like(120))])
+    _parquet(
+        tmp_path / "sample" / "10BT" / "000_00000.parquet",
+        [{"text": t, "id": str(i), "score": 3.1} for i, t in enumerate(english_like(120))],
+    )
     data = load_corpus("fineweb-edu", data_dir=str(tmp_path), max_documents=100, held_out_fraction=0.2)
     assert len(data.train) + len(data.test) == 100
     assert not set(data.train.texts) & set(data.test.texts)
@@ -137,7 +141,7 @@ def test_yelp_layout_reads_text_and_label(tmp_path):
 
 
 def test_hub_dataset_missing_from_local_copy_names_the_pattern(tmp_path):
-    with pytest.raises(UsageError, match="train-\\*.parquet"):
+    with pytest.raises(UsageError, match=r"train-\*.parquet"):
         load_labelled("yelp_polarity", data_dir=str(tmp_path))
 
 

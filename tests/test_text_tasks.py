@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from text_fixtures import sentiment_rows, write_jsonl, write_text_corpus
 
+from mixit import run_config, train
 from mixit.cli import main
 from mixit.config import ModelConfig
 from mixit.freezing import VARIANTS, apply_variant
@@ -16,7 +16,7 @@ from mixit.models.attention import bidirectional_mixing, layer_generator, mixit_
 from mixit.tasks import make_task
 from mixit.tasks.text import epoch_indices
 from mixit.text.tokenizer import encode_documents
-from mixit import run_config, train
+from text_fixtures import sentiment_rows, write_jsonl, write_text_corpus
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +38,8 @@ def test_epoch_indices_visit_every_item_once_per_epoch():
     n_items, batch = 37, 8
     flat = np.concatenate([epoch_indices(5, step, batch, n_items) for step in range(3 * n_items)])  # 8 epochs
     for epoch in range(8):
-        assert sorted(flat[epoch * n_items:(epoch + 1) * n_items]) == list(range(n_items))
-    assert not np.array_equal(flat[:n_items], flat[n_items:2 * n_items])  # a fresh order each epoch
+        assert sorted(flat[epoch * n_items : (epoch + 1) * n_items]) == list(range(n_items))
+    assert not np.array_equal(flat[:n_items], flat[n_items : 2 * n_items])  # a fresh order each epoch
     assert np.array_equal(epoch_indices(5, 7, batch, n_items), epoch_indices(5, 7, batch, n_items))
 
 
@@ -48,12 +48,13 @@ def test_lm_packing_predicts_every_training_token_exactly_once_per_epoch(corpus)
     stream, L = task.train_tokens, task.length
     # One epoch of batches of 1: every sequence once.
     seqs = np.concatenate([task.train_examples(step, 1)[0] for step in range(task.n_train)])
-    starts = sorted(int(np.flatnonzero(np.all(task.sequences(stream, np.arange(task.n_train)) == s, axis=1))[0])
-                    for s in seqs)
+    starts = sorted(
+        int(np.flatnonzero(np.all(task.sequences(stream, np.arange(task.n_train)) == s, axis=1))[0]) for s in seqs
+    )
     assert starts == list(range(task.n_train))
     # Sequence i is stream[i L : i L + L + 1]: targets tile the stream with no gap and no overlap.
     targets = task.sequences(stream, np.arange(task.n_train))[:, 1:].reshape(-1)
-    assert np.array_equal(targets, stream[1:task.n_train * L + 1])
+    assert np.array_equal(targets, stream[1 : task.n_train * L + 1])
     assert len(stream) - 1 - task.n_train * L < L  # only a partial sequence is left out
 
 
@@ -87,8 +88,17 @@ def test_lm_bad_parameters_are_refused(corpus):
 
 
 def test_trained_tiny_lm_beats_the_unigram_baseline(corpus, tmp_path):
-    cfg = run_config("lm", "standard", {"corpus": corpus, "length": 16, "vocab": 300, "held_out": 0.1},
-                     d_model=32, n_layers=1, n_heads=2, steps=150, batch_size=16, lr=3e-3)
+    cfg = run_config(
+        "lm",
+        "standard",
+        {"corpus": corpus, "length": 16, "vocab": 300, "held_out": 0.1},
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        steps=150,
+        batch_size=16,
+        lr=3e-3,
+    )
     summary = train(cfg, tmp_path / "run", progress=False)
     test = summary["test"]
     assert test["perplexity"] == pytest.approx(np.exp(test["loss"]))
@@ -115,8 +125,19 @@ def test_sentiment_batches_are_right_padded_and_labelled(reviews):
 
 def _classifier(variant, causal, pooling, pad_id=1):
     v = VARIANTS[variant]
-    cfg = ModelConfig(vocab_size=50, n_ctx=12, d_model=32, n_heads=4, n_layers=2, attention=v.attention,
-                      head="classifier", pooling=pooling, causal=causal, pad_id=pad_id, seed=3)
+    cfg = ModelConfig(
+        vocab_size=50,
+        n_ctx=12,
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        attention=v.attention,
+        head="classifier",
+        pooling=pooling,
+        causal=causal,
+        pad_id=pad_id,
+        seed=3,
+    )
     model = Transformer(cfg)
     apply_variant(model, v)
     return model.eval()
@@ -140,7 +161,7 @@ def test_padding_never_changes_a_classification(variant, causal, pooling):
     rows = []
     for i, length in enumerate(lengths):
         batch[i, :length] = torch.randint(2, 50, (length,), generator=g)
-        rows.append(model(batch[i:i + 1, :length]))
+        rows.append(model(batch[i : i + 1, :length]))
     torch.testing.assert_close(model(batch), torch.cat(rows), rtol=1e-5, atol=1e-5)
 
 
@@ -150,8 +171,9 @@ def test_non_causal_attention_reads_later_tokens_and_causal_does_not(attention):
     changed = h.clone()
     changed[0, -1] += 1.0  # only the last position's input differs
     for causal in (True, False):
-        cfg = ModelConfig(vocab_size=50, n_ctx=8, d_model=32, n_heads=4, attention=attention, causal=causal,
-                          head="classifier")
+        cfg = ModelConfig(
+            vocab_size=50, n_ctx=8, d_model=32, n_heads=4, attention=attention, causal=causal, head="classifier"
+        )
         attn = Transformer(cfg).blocks[0].attn
         first_changed = not torch.allclose(attn(h)[0, 0], attn(changed)[0, 0])
         assert first_changed == (not causal)
@@ -170,8 +192,9 @@ def test_bidirectional_mixit_rows_sum_to_one_over_the_real_tokens():
     torch.testing.assert_close(batched[0, :, :6, :6], short)  # padded == unpadded
     torch.testing.assert_close(batched[1], full)
     sink = full[0]
-    torch.testing.assert_close(sink, 0.5 * torch.eye(10) + 0.5 * torch.nn.functional.one_hot(
-        torch.zeros(10, dtype=torch.long), 10).float())
+    torch.testing.assert_close(
+        sink, 0.5 * torch.eye(10) + 0.5 * torch.nn.functional.one_hot(torch.zeros(10, dtype=torch.long), 10).float()
+    )
 
 
 def test_non_causal_mixit_state_round_trips_and_exposes_its_pattern():
@@ -186,16 +209,45 @@ def test_non_causal_mixit_state_round_trips_and_exposes_its_pattern():
 
 def test_sentiment_training_beats_the_majority_baseline(reviews, tmp_path):
     for variant in ("standard", "mixit"):
-        cfg = run_config("sentiment", variant, {"dataset": reviews, "vocab": 300, "length": 24},
-                         d_model=32, n_layers=1, n_heads=2, steps=120, batch_size=32, lr=3e-3, pooling="mean")
+        cfg = run_config(
+            "sentiment",
+            variant,
+            {"dataset": reviews, "vocab": 300, "length": 24},
+            d_model=32,
+            n_layers=1,
+            n_heads=2,
+            steps=120,
+            batch_size=32,
+            lr=3e-3,
+            pooling="mean",
+        )
         assert cfg.model.causal == (variant == "standard") and cfg.model.head == "classifier"
         test = train(cfg, tmp_path / variant, progress=False)["test"]
         assert test["accuracy"] > test["majority_baseline"] + 0.2, (variant, test)
 
 
 # -- command line ------------------------------------------------------------------
-LM_ARGS = ["--task", "lm", "-p", "length=16", "-p", "vocab=300", "-p", "held_out=0.1", "--d-model", "32",
-           "--n-heads", "2", "--n-layers", "1", "--steps", "20", "--batch-size", "8", "--no-progress"]
+LM_ARGS = [
+    "--task",
+    "lm",
+    "-p",
+    "length=16",
+    "-p",
+    "vocab=300",
+    "-p",
+    "held_out=0.1",
+    "--d-model",
+    "32",
+    "--n-heads",
+    "2",
+    "--n-layers",
+    "1",
+    "--steps",
+    "20",
+    "--batch-size",
+    "8",
+    "--no-progress",
+]
 
 
 def test_sample_and_eval_use_the_runs_own_tokenizer(corpus, tmp_path, capsys, monkeypatch):
@@ -223,8 +275,31 @@ def test_sample_and_eval_use_the_runs_own_tokenizer(corpus, tmp_path, capsys, mo
 
 def test_sample_refuses_a_classifier_run_and_bad_options(reviews, tmp_path, capsys):
     run = tmp_path / "cls"
-    assert main(["train", "--task", "sentiment", "-p", f"dataset={reviews}", "-p", "vocab=300", "--d-model", "32",
-                 "--n-heads", "2", "--n-layers", "1", "--steps", "5", "--no-progress", "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--task",
+                "sentiment",
+                "-p",
+                f"dataset={reviews}",
+                "-p",
+                "vocab=300",
+                "--d-model",
+                "32",
+                "--n-heads",
+                "2",
+                "--n-layers",
+                "1",
+                "--steps",
+                "5",
+                "--no-progress",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["sample", str(run)]) == 2
     err = capsys.readouterr().err
@@ -235,16 +310,43 @@ def test_sample_refuses_a_classifier_run_and_bad_options(reviews, tmp_path, caps
     assert not (tmp_path / "x").exists()
     assert main(["train", "--task", "sentiment", "--pooling", "max", "--out", str(tmp_path / "y")]) == 2
     assert "model.pooling: expected one of 'last', 'mean', got 'max'" in capsys.readouterr().err
-    assert main(["train", "--task", "lm", "-p", f"corpus={reviews}", "--causal", "false", "--out", str(tmp_path / "z")]) == 2
+    assert (
+        main(["train", "--task", "lm", "-p", f"corpus={reviews}", "--causal", "false", "--out", str(tmp_path / "z")])
+        == 2
+    )
     assert "would read the tokens it predicts" in capsys.readouterr().err
     assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
 
 
 def test_analyze_works_on_a_classifier_run(reviews, tmp_path, capsys):
     run = tmp_path / "cls"
-    assert main(["train", "--task", "sentiment", "--variant", "mixit", "-p", f"dataset={reviews}", "-p", "vocab=300",
-                 "--d-model", "32", "--n-heads", "2", "--n-layers", "2", "--steps", "5", "--no-progress",
-                 "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--task",
+                "sentiment",
+                "--variant",
+                "mixit",
+                "-p",
+                f"dataset={reviews}",
+                "-p",
+                "vocab=300",
+                "--d-model",
+                "32",
+                "--n-heads",
+                "2",
+                "--n-layers",
+                "2",
+                "--steps",
+                "5",
+                "--no-progress",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     assert main(["analyze", str(run), "--batch", "4"]) == 0
     summary = (run / "analysis" / "summary.md").read_text()
     assert "Strongest induction head" in summary and "In-context learning" not in summary  # no next-token head

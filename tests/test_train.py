@@ -14,8 +14,18 @@ from mixit.training.optim import lr_at
 
 
 def tiny_cfg(**kw):
-    base = dict(task_params={"n_digits": 2}, d_model=32, n_heads=2, n_layers=1, steps=30, batch_size=32,
-                test_size=200, eval_every=10, checkpoint_every=10, log_every=5)
+    base = dict(
+        task_params={"n_digits": 2},
+        d_model=32,
+        n_heads=2,
+        n_layers=1,
+        steps=30,
+        batch_size=32,
+        test_size=200,
+        eval_every=10,
+        checkpoint_every=10,
+        log_every=5,
+    )
     base.update(kw)
     params = base.pop("task_params")
     task = base.pop("task", "addition")
@@ -52,16 +62,37 @@ def test_run_config_uses_task_defaults_and_overrides():
 
 def test_short_run_learns_memorization(tmp_path):
     # 64 (x, y) -> label pairs; a 1-layer model memorises them in 150 steps.
-    cfg = run_config("memorization", "standard", {"n": 8}, d_model=64, n_heads=2, n_layers=1, steps=150,
-                     batch_size=64, lr=1e-2, eval_every=150)
+    cfg = run_config(
+        "memorization",
+        "standard",
+        {"n": 8},
+        d_model=64,
+        n_heads=2,
+        n_layers=1,
+        steps=150,
+        batch_size=64,
+        lr=1e-2,
+        eval_every=150,
+    )
     summary = train(cfg, tmp_path / "run", progress=False)
     assert summary["test"]["token_acc"] >= 0.95
     assert summary["test"]["bits"] == pytest.approx(summary["test"]["token_acc"] * 64 * math.log2(8))
 
 
 def test_short_run_learns_two_digit_addition(tmp_path):
-    cfg = run_config("addition", "standard", {"n_digits": 2}, d_model=64, n_heads=4, n_layers=2, steps=400,
-                     batch_size=128, lr=3e-3, test_size=500, eval_every=400)
+    cfg = run_config(
+        "addition",
+        "standard",
+        {"n_digits": 2},
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        steps=400,
+        batch_size=128,
+        lr=3e-3,
+        test_size=500,
+        eval_every=400,
+    )
     summary = train(cfg, tmp_path / "run", progress=False)
     assert summary["test"]["exact_match"] >= 0.9, summary["test"]
 
@@ -118,8 +149,11 @@ def test_resume_continues_from_saved_step_and_matches_uninterrupted_run(tmp_path
     assert resumed["test"] == full["test"]
     a, b = latest_weights(tmp_path / "full"), latest_weights(tmp_path / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["event"] == "train"]
+    steps = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["event"] == "train"
+    ]
     assert steps == sorted(set(steps)) and steps[-1] == 30  # no step logged twice
 
 
@@ -129,7 +163,7 @@ def test_guards_on_the_run_directory(tmp_path):
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     with pytest.raises(UsageError, match="already holds a run"):
         train(cfg, tmp_path / "run", progress=False)
-    with pytest.raises(UsageError, match="holds a different run.*d_model: 32 != 64"):
+    with pytest.raises(UsageError, match=r"holds a different run.*d_model: 32 != 64"):
         train(tiny_cfg(steps=10, d_model=64), tmp_path / "run", resume=True, progress=False)
     after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     assert before == after
@@ -140,7 +174,7 @@ def test_guards_on_the_run_directory(tmp_path):
     with pytest.raises(UsageError, match="not empty and holds no mixit run"):
         train(cfg, foreign, progress=False)
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
-    with pytest.raises(UsageError, match="run directory .*nothing does not exist"):
+    with pytest.raises(UsageError, match=r"run directory .*nothing does not exist"):
         train(cfg, tmp_path / "nothing", resume=True, progress=False)
 
 

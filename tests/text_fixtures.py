@@ -3,8 +3,10 @@
 import json
 import random
 
-WORDS = ("the cat sat on a mat while one dog ran far away and then came back home to eat some food "
-         "with its friend who was very happy that day").split()
+WORDS = (
+    "the cat sat on a mat while one dog ran far away and then came back home to eat some food "
+    "with its friend who was very happy that day"
+).split()
 POSITIVE = "good great wonderful superb lovely".split()
 NEGATIVE = "bad awful terrible poor dull".split()
 FILLER = "the movie was plot acting and a story with some scenes in it".split()
@@ -13,8 +15,10 @@ FILLER = "the movie was plot acting and a story with some scenes in it".split()
 def english_like(n_docs: int = 200, seed: int = 0) -> list[str]:
     """Documents of three paragraphs of random words from a small vocabulary."""
     rng = random.Random(seed)
-    return ["\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 50))) + "." for _ in range(3))
-            for _ in range(n_docs)]
+    return [
+        "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 50))) + "." for _ in range(3))
+        for _ in range(n_docs)
+    ]
 
 
 def write_text_corpus(path, n_docs: int = 200, seed: int = 0):

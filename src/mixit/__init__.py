@@ -19,6 +19,24 @@ from mixit.tasks import TASKS, make_task
 from mixit.training.loop import train
 from mixit.version import __version__
 
-__all__ = ["TASKS", "VARIANTS", "FreezeReport", "ModelConfig", "Run", "RunConfig", "TaskConfig", "TrainConfig",
-           "Transformer", "UsageError", "__version__", "apply_variant", "as_request", "build", "capture_patterns",
-           "make_task", "resolve", "run_config", "train"]
+__all__ = [
+    "TASKS",
+    "VARIANTS",
+    "FreezeReport",
+    "ModelConfig",
+    "Run",
+    "RunConfig",
+    "TaskConfig",
+    "TrainConfig",
+    "Transformer",
+    "UsageError",
+    "__version__",
+    "apply_variant",
+    "as_request",
+    "build",
+    "capture_patterns",
+    "make_task",
+    "resolve",
+    "run_config",
+    "train",
+]

@@ -22,10 +22,11 @@ machine lands on all rows alike instead of on whichever ran during it.
 
 The peak is measured by the same command, as one more contender in the
 round-robin (square matmuls in the dtype in use; the best block counts), so MFU
-compares against what this machine does at the same time, not a datasheet. A Hugging Face `LlamaForCausalLM` of the same shape,
-trained with the same loss and a plain `torch.optim.AdamW` step, is timed in the
-same run where `transformers` is installed (the `bench` extra); otherwise its row
-is skipped with a note. With a task, the time to generate one training batch is
+compares against what this machine does at the same time, not a datasheet. A
+Hugging Face `LlamaForCausalLM` of the same shape, trained with the same loss
+and a plain `torch.optim.AdamW` step, is timed in the same run where
+`transformers` is installed (the `bench` extra); otherwise its row is skipped
+with a note. With a task, the time to generate one training batch is
 measured as well, so data generation can be compared with the step it feeds.
 """
 
@@ -37,8 +38,9 @@ import gc
 import os
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -79,8 +81,14 @@ class Shape:
 
     def model_config(self, variant: str) -> ModelConfig:
         """The mixit model of this shape for `variant` (with the variant's own settings)."""
-        return model_config(variant, vocab_size=self.vocab_size, n_ctx=self.seq_len, d_model=self.d_model,
-                            n_layers=self.n_layers, n_heads=self.n_heads)
+        return model_config(
+            variant,
+            vocab_size=self.vocab_size,
+            n_ctx=self.seq_len,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+        )
 
     @property
     def tokens(self) -> int:
@@ -112,8 +120,9 @@ def warm_up(contender: Contender, device: torch.device, warmup: int) -> None:
     _sync(device)
 
 
-def time_round_robin(contenders: Sequence[Contender], device: torch.device, steps: int,
-                     repeats: int) -> dict[str, list[float]]:
+def time_round_robin(
+    contenders: Sequence[Contender], device: torch.device, steps: int, repeats: int
+) -> dict[str, list[float]]:
     """Seconds per step of each contender in each of `repeats` timed blocks of
     `steps` calls, the blocks interleaved across contenders."""
     per_step: dict[str, list[float]] = {c.name: [] for c in contenders}
@@ -147,11 +156,11 @@ def linear_flops(model: nn.Module, tokens: int) -> int:
     return total
 
 
-def step_flops(model: nn.Module, shape: Shape) -> int:
+def step_flops(model: Transformer, shape: Shape) -> int:
     """Model FLOPs of one training step of a mixit `Transformer`: its linear
     layers (`linear_flops`) plus each attention's products between
     activations (`matmul_flops` of the attention module, causal pairs only)."""
-    attention = sum(block.attn.matmul_flops(shape.batch_size, shape.seq_len) for block in model.blocks)
+    attention = sum(block.attn.matmul_flops(shape.batch_size, shape.seq_len) for block in model.layers)
     return linear_flops(model, shape.tokens) + attention
 
 
@@ -173,8 +182,11 @@ def matmul_contender(device: torch.device, dtype: torch.dtype, n: int) -> Conten
 
 
 def _peak(contender: Contender, n: int, per_step: list[float]) -> dict[str, float]:
-    return {"n": n, "best_flops_per_s": contender.flops / min(per_step),
-            "median_flops_per_s": contender.flops / statistics.median(per_step)}
+    return {
+        "n": n,
+        "best_flops_per_s": contender.flops / min(per_step),
+        "median_flops_per_s": contender.flops / statistics.median(per_step),
+    }
 
 
 # -- memory ---------------------------------------------------------------------------
@@ -224,19 +236,28 @@ def profile_step(contender: Contender, device: torch.device, top: int = 15) -> l
     events = [e for e in prof.key_averages() if getattr(e, attr) > 0]
     total = sum(getattr(e, attr) for e in events)
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
-    return [{"op": e.key, "self_ms": getattr(e, attr) / 1e3, "calls": e.count,
-             "share": getattr(e, attr) / total} for e in events[:top]]
+    return [
+        {"op": e.key, "self_ms": getattr(e, attr) / 1e3, "calls": e.count, "share": getattr(e, attr) / total}
+        for e in events[:top]
+    ]
 
 
 def _row(c: Contender, shape: Shape, per_step: list[float], peak: float, memory: float | None) -> dict[str, Any]:
     step_s = statistics.median(per_step)
     flops = c.flops  # model FLOPs of one step
     return {
-        "name": c.name, "n_trainable": c.n_trainable, "n_params": c.n_params,
-        "step_ms": 1e3 * step_s, "step_ms_all": [1e3 * t for t in per_step],
-        "steps_per_s": 1 / step_s, "samples_per_s": shape.batch_size / step_s,
-        "tokens_per_s": shape.tokens / step_s, "model_flops_per_step": flops,
-        "achieved_flops_per_s": flops / step_s, "mfu": flops / step_s / peak, "peak_memory_mb": memory,
+        "name": c.name,
+        "n_trainable": c.n_trainable,
+        "n_params": c.n_params,
+        "step_ms": 1e3 * step_s,
+        "step_ms_all": [1e3 * t for t in per_step],
+        "steps_per_s": 1 / step_s,
+        "samples_per_s": shape.batch_size / step_s,
+        "tokens_per_s": shape.tokens / step_s,
+        "model_flops_per_step": flops,
+        "achieved_flops_per_s": flops / step_s,
+        "mfu": flops / step_s / peak,
+        "peak_memory_mb": memory,
     }
 
 
@@ -253,8 +274,9 @@ def _autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def bench_variant(variant: str, shape: Shape, device: torch.device, dtype: torch.dtype,
-                  compile: bool = False) -> Contender:
+def bench_variant(
+    variant: str, shape: Shape, device: torch.device, dtype: torch.dtype, compile: bool = False
+) -> Contender:
     """`variant` at `shape`, trained with mixit's own step on a fixed batch."""
     model = Transformer(shape.model_config(variant))
     report = apply_variant(model, variant)
@@ -268,8 +290,7 @@ def bench_variant(variant: str, shape: Shape, device: torch.device, dtype: torch
         with _autocast(device, dtype):
             train_step(forward, optimizer, x, y, trainable, TrainConfig.grad_clip)
 
-    return Contender(variant, step, step_flops(model, shape), report.n_trainable,
-                     report.n_trainable + report.n_frozen)
+    return Contender(variant, step, step_flops(model, shape), report.n_trainable, report.n_trainable + report.n_frozen)
 
 
 def hf_llama(shape: Shape) -> nn.Module | None:
@@ -279,11 +300,19 @@ def hf_llama(shape: Shape) -> nn.Module | None:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         return None
-    config = LlamaConfig(vocab_size=shape.vocab_size, hidden_size=shape.d_model,
-                         intermediate_size=4 * shape.d_model, num_hidden_layers=shape.n_layers,
-                         num_attention_heads=shape.n_heads, num_key_value_heads=shape.n_heads,
-                         max_position_embeddings=shape.seq_len, attention_bias=True, mlp_bias=True,
-                         tie_word_embeddings=False, use_cache=False)
+    config = LlamaConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.d_model,
+        intermediate_size=4 * shape.d_model,
+        num_hidden_layers=shape.n_layers,
+        num_attention_heads=shape.n_heads,
+        num_key_value_heads=shape.n_heads,
+        max_position_embeddings=shape.seq_len,
+        attention_bias=True,
+        mlp_bias=True,
+        tie_word_embeddings=False,
+        use_cache=False,
+    )
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
@@ -299,8 +328,9 @@ def bench_hf(shape: Shape, device: torch.device, dtype: torch.dtype, compile: bo
         return None
     model.to(device).train()
     tc = TrainConfig()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(tc.beta1, tc.beta2),
-                                  weight_decay=tc.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=tc.lr, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay
+    )
     params = list(model.parameters())
     forward = torch.compile(model) if compile else model
     x, y = _batch(shape, device)
@@ -329,18 +359,30 @@ def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int, b
     return statistics.median(times)
 
 
-def run_bench(shape: Shape, variants: Sequence[str] = VARIANTS.names(), device: str = "auto", dtype: str = "fp32",
-              warmup: int = 3, steps: int = 3, repeats: int = 5, compile: bool = False, baseline: bool = True,
-              task: str | None = None, task_params: dict[str, Any] | None = None, profile: bool = False,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_bench(
+    shape: Shape,
+    variants: Sequence[str] = VARIANTS.names(),
+    device: str = "auto",
+    dtype: str = "fp32",
+    warmup: int = 3,
+    steps: int = 3,
+    repeats: int = 5,
+    compile: bool = False,
+    baseline: bool = True,
+    task: str | None = None,
+    task_params: dict[str, Any] | None = None,
+    profile: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Benchmark `variants` (and the Hugging Face baseline) at `shape`; return a
     JSON-serialisable dict with the environment, the measured peak, one row per
     variant and, with `task`, the data-generation time per batch. With
     `profile`, each row also gets `profile_step`'s table of one more step."""
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
-        raise UsageError(f"unknown variant(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
-                         f"allowed: {', '.join(VARIANTS)}")
+        raise UsageError(
+            f"unknown variant(s) {', '.join(map(repr, unknown)) or '(none given)'}; allowed: {', '.join(VARIANTS)}"
+        )
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
     for name, value in {"warmup": warmup, "steps": steps, "repeats": repeats}.items():
@@ -354,7 +396,8 @@ def run_bench(shape: Shape, variants: Sequence[str] = VARIANTS.names(), device: 
     torch_dtype = DTYPES[dtype]
 
     builders: list[tuple[str, Callable[[], Contender | None]]] = [
-        (variant, functools.partial(bench_variant, variant, shape, dev, torch_dtype, compile)) for variant in variants]
+        (variant, functools.partial(bench_variant, variant, shape, dev, torch_dtype, compile)) for variant in variants
+    ]
     if baseline:
         builders.append((HF_NAME, functools.partial(bench_hf, shape, dev, torch_dtype, compile)))
     peak_n = 8192 if dev.type == "cuda" else 2048
@@ -366,8 +409,9 @@ def run_bench(shape: Shape, variants: Sequence[str] = VARIANTS.names(), device: 
         before = _memory_baseline(dev)
         contender = build()
         if contender is None:
-            notes.append("transformers is not installed: no Hugging Face baseline row "
-                         "(pip install 'mixit[bench]' to add it)")
+            notes.append(
+                "transformers is not installed: no Hugging Face baseline row (pip install 'mixit[bench]' to add it)"
+            )
             continue
         warm_up(contender, dev, warmup)
         after = _memory_mb(dev, peak=True)
@@ -390,13 +434,22 @@ def run_bench(shape: Shape, variants: Sequence[str] = VARIANTS.names(), device: 
         for row in rows:
             row["data_fraction"] = data_s / (data_s + row["step_ms"] / 1e3)
     return {
-        "shape": dataclasses.asdict(shape), "device": str(dev), "device_name": _device_name(dev),
-        "dtype": dtype, "threads": torch.get_num_threads(), "compile": compile,
-        "torch": torch.__version__, "mixit": __version__, "git_commit": git_commit(),
+        "shape": dataclasses.asdict(shape),
+        "device": str(dev),
+        "device_name": _device_name(dev),
+        "dtype": dtype,
+        "threads": torch.get_num_threads(),
+        "compile": compile,
+        "torch": torch.__version__,
+        "mixit": __version__,
+        "git_commit": git_commit(),
         "timing": {"warmup": warmup, "steps": steps, "repeats": repeats},
-        "peak": peak, "task": task, "task_params": task_params or {},
+        "peak": peak,
+        "task": task,
+        "task_params": task_params or {},
         "data_ms_per_batch": None if data_s is None else 1e3 * data_s,
-        "rows": rows, "notes": notes,
+        "rows": rows,
+        "notes": notes,
     }
 
 
@@ -410,24 +463,32 @@ def format_table(result: dict[str, Any]) -> str:
     """The result as a fixed-width text table with a header line."""
     peak = result["peak"]["best_flops_per_s"]
     s = result["shape"]
-    lines = [f"mixit bench: d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads, vocab "
-             f"{s['vocab_size']}, seq {s['seq_len']}, batch {s['batch_size']}; {result['device_name']}, "
-             f"{result['dtype']}{', compiled' if result['compile'] else ''}; matmul peak {peak / 1e9:.1f} GFLOP/s"]
+    lines = [
+        f"mixit bench: d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads, vocab "
+        f"{s['vocab_size']}, seq {s['seq_len']}, batch {s['batch_size']}; {result['device_name']}, "
+        f"{result['dtype']}{', compiled' if result['compile'] else ''}; matmul peak {peak / 1e9:.1f} GFLOP/s"
+    ]
     has_hf = any("speedup_vs_hf" in row for row in result["rows"])
-    header = f"{'variant':<11} {'trainable':>10} {'step ms':>9} {'tokens/s':>10} {'samples/s':>10} " \
-             f"{'GFLOP/step':>10} {'GFLOP/s':>8} {'MFU':>6} {'peak MB':>8}" + (f" {'vs HF':>6}" if has_hf else "")
+    header = (
+        f"{'variant':<11} {'trainable':>10} {'step ms':>9} {'tokens/s':>10} {'samples/s':>10} "
+        f"{'GFLOP/step':>10} {'GFLOP/s':>8} {'MFU':>6} {'peak MB':>8}" + (f" {'vs HF':>6}" if has_hf else "")
+    )
     lines.append(header)
     for row in result["rows"]:
         memory = "-" if row["peak_memory_mb"] is None else f"{row['peak_memory_mb']:.0f}"
-        line = (f"{row['name']:<11} {row['n_trainable']:>10,} {row['step_ms']:>9.1f} {row['tokens_per_s']:>10,.0f} "
-                f"{row['samples_per_s']:>10,.1f} {row['model_flops_per_step'] / 1e9:>10.2f} "
-                f"{row['achieved_flops_per_s'] / 1e9:>8.1f} {100 * row['mfu']:>5.1f}% {memory:>8}")
+        line = (
+            f"{row['name']:<11} {row['n_trainable']:>10,} {row['step_ms']:>9.1f} {row['tokens_per_s']:>10,.0f} "
+            f"{row['samples_per_s']:>10,.1f} {row['model_flops_per_step'] / 1e9:>10.2f} "
+            f"{row['achieved_flops_per_s'] / 1e9:>8.1f} {100 * row['mfu']:>5.1f}% {memory:>8}"
+        )
         if has_hf:
             line += f" {row['speedup_vs_hf']:>5.2f}x" if "speedup_vs_hf" in row else f" {'1.00x':>6}"
         lines.append(line)
     if result["data_ms_per_batch"] is not None:
-        lines.append(f"data: {result['data_ms_per_batch']:.2f} ms to generate one batch of {result['task']} "
-                     f"({100 * max(r['data_fraction'] for r in result['rows']):.1f}% of a step at most)")
+        lines.append(
+            f"data: {result['data_ms_per_batch']:.2f} ms to generate one batch of {result['task']} "
+            f"({100 * max(r['data_fraction'] for r in result['rows']):.1f}% of a step at most)"
+        )
     lines += [f"note: {note}" for note in result["notes"]]
     return "\n".join(lines)
 
@@ -439,17 +500,34 @@ def format_profiles(result: dict[str, Any]) -> str:
         if "profile" not in row:
             continue
         lines += ["", f"{row['name']}: one step, operators by self time"]
-        lines += [f"  {100 * op['share']:5.1f}%  {op['self_ms']:9.1f} ms  {op['calls']:5d} calls  {op['op']}"
-                  for op in row["profile"]]
+        lines += [
+            f"  {100 * op['share']:5.1f}%  {op['self_ms']:9.1f} ms  {op['calls']:5d} calls  {op['op']}"
+            for op in row["profile"]
+        ]
     return "\n".join(lines)
 
 
-def bench_command(out: Path | None = None, variants: Sequence[str] = VARIANTS.names(), d_model: int = 256,
-                  n_layers: int = 4, n_heads: int = 4, vocab_size: int | None = None, seq_len: int | None = None,
-                  batch_size: int = 64, task: str | None = None, task_params: dict[str, Any] | None = None,
-                  device: str = "auto", dtype: str = "fp32", compile: bool = False, warmup: int = 3, steps: int = 3,
-                  repeats: int = 5, baseline: bool = True, profile: bool = False,
-                  progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], Path]:
+def bench_command(
+    out: Path | None = None,
+    variants: Sequence[str] = VARIANTS.names(),
+    d_model: int = 256,
+    n_layers: int = 4,
+    n_heads: int = 4,
+    vocab_size: int | None = None,
+    seq_len: int | None = None,
+    batch_size: int = 64,
+    task: str | None = None,
+    task_params: dict[str, Any] | None = None,
+    device: str = "auto",
+    dtype: str = "fp32",
+    compile: bool = False,
+    warmup: int = 3,
+    steps: int = 3,
+    repeats: int = 5,
+    baseline: bool = True,
+    profile: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any], Path]:
     """Time training steps of every variant at one model shape (median of repeats after warm-up), with tokens/s,
     peak memory and model FLOPs utilisation against this device's measured matmul peak, beside a Hugging Face
     Llama of the same shape; write the result as JSON.
@@ -486,12 +564,29 @@ def bench_command(out: Path | None = None, variants: Sequence[str] = VARIANTS.na
     if task is not None:
         made = make_task(task, task_params)
         seq, vocab = made.input_len, made.vocab_size
-    shape = Shape(d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                  vocab_size=vocab if vocab_size is None else vocab_size,
-                  seq_len=seq if seq_len is None else seq_len, batch_size=batch_size)
-    result = run_bench(shape, list(variants), device=device, dtype=dtype, warmup=warmup, steps=steps,
-                       repeats=repeats, compile=compile, baseline=baseline, task=task, task_params=task_params,
-                       profile=profile, progress=progress)
+    shape = Shape(
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        vocab_size=vocab if vocab_size is None else vocab_size,
+        seq_len=seq if seq_len is None else seq_len,
+        batch_size=batch_size,
+    )
+    result = run_bench(
+        shape,
+        list(variants),
+        device=device,
+        dtype=dtype,
+        warmup=warmup,
+        steps=steps,
+        repeats=repeats,
+        compile=compile,
+        baseline=baseline,
+        task=task,
+        task_params=task_params,
+        profile=profile,
+        progress=progress,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, result)
     return result, out

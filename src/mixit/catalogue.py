@@ -25,16 +25,27 @@ def catalogue() -> dict[str, Any]:
         hints, docs = field_hints(cls.Config), field_docs(cls.Config)
         tasks[name] = {
             "description": cls.description(),
-            "parameters": {key: {"default": value, "type": _type_label(hints[key]), "doc": docs.get(key, "")}
-                           for key, value in cls.Config().to_dict().items()},
+            "parameters": {
+                key: {"default": value, "type": _type_label(hints[key]), "doc": docs.get(key, "")}
+                for key, value in cls.Config().to_dict().items()
+            },
             "defaults": dict(cls.defaults),
         }
-    variants = {name: {"attention": v.attention, "description": v.description,
-                       "freezes": v.freeze.__name__ if v.freeze is not None else None,
-                       "model_defaults": dict(v.model_defaults)}
-                for name, v in VARIANTS.items()}
-    return {"tasks": tasks, "variants": variants, "attention_kinds": list(ATTENTION.names()),
-            "activations": list(ACTIVATIONS.names())}
+    variants = {
+        name: {
+            "attention": v.attention,
+            "description": v.description,
+            "freezes": v.freeze.__name__ if v.freeze is not None else None,
+            "model_defaults": dict(v.model_defaults),
+        }
+        for name, v in VARIANTS.items()
+    }
+    return {
+        "tasks": tasks,
+        "variants": variants,
+        "attention_kinds": list(ATTENTION.names()),
+        "activations": list(ACTIVATIONS.names()),
+    }
 
 
 def format_catalogue(listing: dict[str, Any]) -> str:
@@ -43,8 +54,7 @@ def format_catalogue(listing: dict[str, Any]) -> str:
     for name, info in listing["tasks"].items():
         params = ", ".join(f"{k}={p['default']!r}" for k, p in info["parameters"].items())
         own = ", ".join(f"{k}={v}" for k, v in info["defaults"].items())
-        lines += [f"  {name:<17} {info['description']}", f"  {'':<17} parameters: {params}",
-                  f"  {'':<17} [{own}]"]
+        lines += [f"  {name:<17} {info['description']}", f"  {'':<17} parameters: {params}", f"  {'':<17} [{own}]"]
     lines.append("variants (--variant NAME):")
     for name, info in listing["variants"].items():
         settings = "".join(f"; sets {k}={v}" for k, v in info["model_defaults"].items())

@@ -51,7 +51,7 @@ from mixit.run import Run, load_config_file
 from mixit.runtime import tune_allocator
 from mixit.tasks import TASKS
 from mixit.training.evaluate import evaluate_run
-from mixit.training.loop import headline, train
+from mixit.training.loop import train
 from mixit.version import __version__
 
 # -- generating options ----------------------------------------------------------------
@@ -71,15 +71,24 @@ def options_of(target: Any, skip: Sequence[str] = ()) -> list[Option]:
         hints, docs = field_hints(target), field_docs(target)  # type: ignore[arg-type]
         out = []
         for f in dataclasses.fields(target):
-            default = (f.default if f.default is not dataclasses.MISSING else
-                       f.default_factory() if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty)
+            default = (
+                f.default
+                if f.default is not dataclasses.MISSING
+                else f.default_factory()
+                if f.default_factory is not dataclasses.MISSING
+                else inspect.Parameter.empty
+            )
             out.append(Option(f.name, hints[f.name], default, docs.get(f.name, "")))
         return [o for o in out if o.name not in skip]
     hints = typing.get_type_hints(target)
-    docs = {p.arg_name: " ".join((p.description or "").split())
-            for p in docstring_parser.parse_from_object(target).params}
-    return [Option(name, hints[name], param.default, docs.get(name, ""))
-            for name, param in inspect.signature(target).parameters.items() if name not in skip]
+    docs = {
+        p.arg_name: " ".join((p.description or "").split()) for p in docstring_parser.parse_from_object(target).params
+    }
+    return [
+        Option(name, hints[name], param.default, docs.get(name, ""))
+        for name, param in inspect.signature(target).parameters.items()
+        if name not in skip
+    ]
 
 
 class CommaList:
@@ -98,13 +107,17 @@ class CommaList:
 
     def __repr__(self) -> str:
         return {int: "comma-separated integers", str: "comma-separated names"}.get(
-            self.item, f"comma-separated {self.item.__name__}s")
+            self.item, f"comma-separated {self.item.__name__}s"
+        )
 
 
 def _arg_type(hint: Any) -> Any:
     """The argparse type of a hint: comma lists for sequences, else the hint itself (jsonargparse parses it)."""
-    options = ([a for a in get_args(hint) if a is not type(None)]
-               if get_origin(hint) in (typing.Union, types.UnionType) else [hint])
+    options = (
+        [a for a in get_args(hint) if a is not type(None)]
+        if get_origin(hint) in (typing.Union, types.UnionType)
+        else [hint]
+    )
     if len(options) == 1 and get_origin(options[0]) in (tuple, list, collections.abc.Sequence):
         return CommaList(get_args(options[0])[0])
     return hint
@@ -131,8 +144,13 @@ def add_options(parser: ArgumentParser, options: list[Option], prefix: str = "",
             kwargs.update(nargs="?", const=True)
         parser.add_argument(*flags, **kwargs)
         if _is_bool(opt.hint):
-            parser.add_argument(f"--no-{dashed}", dest=prefix + opt.name, action="store_const", const=False,
-                                help=f"same as --{dashed} false")
+            parser.add_argument(
+                f"--no-{dashed}",
+                dest=prefix + opt.name,
+                action="store_const",
+                const=False,
+                help=f"same as --{dashed} false",
+            )
 
 
 class Parser(ArgumentParser):
@@ -148,42 +166,38 @@ TRAIN_OPTIONS = [o for o in options_of(train, skip=("cfg", "run_dir", "on_step")
 RUN_OPTIONS = options_of(RunConfig, skip=("model", "train", "task_params"))
 
 
-class KeyValue:
-    """argparse type of ``-p KEY=VALUE``: -> (key, value text)."""
-
-    def __call__(self, text: Any) -> tuple[str, str]:
-        if isinstance(text, (list, tuple)):  # jsonargparse re-checks a parsed value
-            return tuple(text)  # type: ignore[return-value]
-        key, sep, value = str(text).partition("=")
-        if not sep or not key.strip():
-            raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. n_digits=5), got {text!r}")
-        return key.strip(), value.strip()
-
-    def __repr__(self) -> str:
-        return "KEY=VALUE"
+def add_task_param(parser: ArgumentParser, help: str) -> None:
+    """``-p KEY=VALUE``, repeatable: task parameters, parsed by `task_params` once the task is known."""
+    parser.add_argument("-p", "--task-param", action="append", type=str, metavar="KEY=VALUE", help=help)
 
 
 def train_parser() -> Parser:
     epilog = "task parameters (-p KEY=VALUE):\n" + "\n".join(
-        f"  {name}: " + ", ".join(f"{k}={v}" for k, v in cls.Config().to_dict().items())
-        for name, cls in TASKS.items())
-    p = Parser(description="Train a model on a task under a variant, into a run directory. Each task sets its own "
-                           "default steps, batch size and learning rate (`mixit list`); the defaults shown here "
-                           "apply where it does not.",
-               epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", type=Path,
-                   help="a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
-                        "data_seed, test_size), or a run's config.json or directory, replayed; flags override it")
+        f"  {name}: " + ", ".join(f"{k}={v}" for k, v in cls.Config().to_dict().items()) for name, cls in TASKS.items()
+    )
+    p = Parser(
+        description="Train a model on a task under a variant, into a run directory. Each task sets its own "
+        "default steps, batch size and learning rate (`mixit list`); the defaults shown here "
+        "apply where it does not.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
+        "data_seed, test_size), or a run's config.json or directory, replayed; flags override it",
+    )
     run_options = [dataclasses.replace(o, default="addition") if o.name == "task" else o for o in RUN_OPTIONS]
     add_options(p, run_options, show_defaults=True)
-    p.add_argument("-p", "--task-param", action="append", type=KeyValue(), metavar="KEY=VALUE",
-                   help="a task parameter, typed by the task's own parameter class (repeatable; see `mixit list`)")
+    add_task_param(p, "a task parameter, typed by the task's own parameter class (repeatable; see `mixit list`)")
     add_options(p, [o for o in options_of(ModelConfig) if o.name not in DERIVED["model"]], prefix="model.")
     add_options(p, options_of(TrainConfig), prefix="train.")
     p.add_argument("--out", type=Path, help="run directory (default: runs/<task>-<variant>-<time>)")
     add_options(p, TRAIN_OPTIONS)
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved config as JSON and exit without training")
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved config as JSON and exit without training"
+    )
     return p
 
 
@@ -198,6 +212,7 @@ def load_request_file(path: Path) -> dict[str, Any]:
     try:
         if path.suffix == ".toml":
             import tomllib
+
             data: Any = tomllib.loads(text)
         elif path.suffix == ".json":
             data = read_json(path, "a config file")
@@ -229,10 +244,16 @@ def train_request(args: Mapping[str, Any]) -> dict[str, Any]:
     return request
 
 
-def task_params(task: str, pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """`-p KEY=VALUE` pairs, each parsed by the type of its field in the task's Config."""
+def task_params(task: str, items: Sequence[str]) -> dict[str, Any]:
+    """`-p KEY=VALUE` items, each value parsed by the type of its field in the task's Config."""
     if not isinstance(task, str):
         raise UsageError(f"task must be a string, got {task!r}")
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"-p expects KEY=VALUE (e.g. n_digits=5), got {item!r}")
+        pairs.append((key.strip(), value.strip()))
     config = TASKS.get(task).Config
     options = options_of(config)
     names = [o.name for o in options]
@@ -264,8 +285,10 @@ def cmd_train(args: Mapping[str, Any]) -> int:
     out = args.get("out") or Path("runs") / f"{cfg.task}-{cfg.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = train(cfg, out, **session)
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in summary["test"].items() if isinstance(v, float))
-    print(f"{summary['task']} {summary['variant']}: after {summary['steps']} steps, test {metrics}\n"
-          f"run directory: {summary['run_dir']}")
+    print(
+        f"{summary['task']} {summary['variant']}: after {summary['steps']} steps, test {metrics}\n"
+        f"run directory: {summary['run_dir']}"
+    )
     return 0
 
 
@@ -308,8 +331,7 @@ def cmd_bench(args: Mapping[str, Any]) -> int:
         if "task" not in args:
             raise UsageError("-p/--task-param needs --task")
         args["task_params"] = task_params(args["task"], args.pop("task_param"))
-    result, out = bench_command(progress=lambda message: print(f"... {message}", file=sys.stderr, flush=True),
-                                **args)
+    result, out = bench_command(progress=lambda message: print(f"... {message}", file=sys.stderr, flush=True), **args)
     print(format_table(result))
     if args.get("profile"):
         print(format_profiles(result))
@@ -335,8 +357,11 @@ COMMANDS: dict[str, Command] = {
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="mixit", description="Which trainable parts of a transformer do which jobs: train, "
-                                              "evaluate and analyse the paper's variants.")
+    parser = Parser(
+        prog="mixit",
+        description="Which trainable parts of a transformer do which jobs: train, "
+        "evaluate and analyse the paper's variants.",
+    )
     parser.add_argument("--version", action="version", version=f"mixit {__version__}")
     sub = parser.add_subcommands(dest="command")
     for name, (_, function, summary) in COMMANDS.items():
@@ -347,8 +372,7 @@ def build_parser() -> Parser:
         skip = ("progress", "task_params") if name == "bench" else ()
         add_options(p, options_of(function, skip=skip))
         if name == "bench":
-            p.add_argument("-p", "--task-param", action="append", type=KeyValue(), metavar="KEY=VALUE",
-                           help="task parameter, repeatable (with --task)")
+            add_task_param(p, "task parameter, repeatable (with --task)")
         sub.add_subcommand(name, p, help=summary)
     return parser
 
@@ -358,9 +382,11 @@ def _one_line(error: BaseException) -> str:
     text = " ".join(str(error).split())
     text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text)
     text = re.sub(r"typing\.Literal\[(.*?)\]", r"one of \1", text)
-    text = re.sub(r"Does not validate against any of the Union subtypes Subtypes: \[(.*?)\].*Given value: (.*)$",
-                  lambda m: f"Expected a {m[1].replace('NoneType', 'null').replace(', ', ' or ')}. Got value: {m[2]}",
-                  text)
+    text = re.sub(
+        r"Does not validate against any of the Union subtypes Subtypes: \[(.*?)\].*Given value: (.*)$",
+        lambda m: f"Expected a {m[1].replace('NoneType', 'null').replace(', ', ' or ')}. Got value: {m[2]}",
+        text,
+    )
     text = re.sub(r'Parser key "([^"]+)": Expected a (.+?)\. Got value: (.*)$', r"\1: expected \2, got '\3'", text)
     return re.sub(r'Parser key "([^"]+)":', r"\1:", text)
 
@@ -384,8 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mixit {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("mixit: interrupted; a run continues from its last checkpoint with --resume --out RUN_DIR",
-              file=sys.stderr)
+        print(
+            "mixit: interrupted; a run continues from its last checkpoint with --resume --out RUN_DIR", file=sys.stderr
+        )
         return 130
 
 

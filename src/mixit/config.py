@@ -21,7 +21,6 @@ vocab_size (docs/model.md).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import types
 import typing
@@ -54,7 +53,8 @@ def _type_name(hint: Any) -> str:
     if get_origin(hint) is tuple:
         return f"a list of {_type_name(get_args(hint)[0])}"
     return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(
-        hint, getattr(hint, "__name__", str(hint)))
+        hint, getattr(hint, "__name__", str(hint))
+    )
 
 
 def _coerce(hint: Any, value: Any) -> tuple[bool, Any]:
@@ -93,22 +93,28 @@ def _coerce(hint: Any, value: Any) -> tuple[bool, Any]:
     raise TypeError(f"config fields of type {hint!r} are not supported")
 
 
-@functools.cache
+_HINTS: dict[type, dict[str, Any]] = {}
+_DOCS: dict[type, dict[str, str]] = {}
+
+
 def field_hints(cls: type) -> dict[str, Any]:
     """The resolved type of each dataclass field of `cls`."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    if cls not in _HINTS:
+        hints = typing.get_type_hints(cls)
+        _HINTS[cls] = {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return _HINTS[cls]
 
 
-@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring written under each field of `cls` (and its bases), on one line."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            for param in docstring_parser.parse_from_object(klass).params:
-                docs[param.arg_name] = " ".join((param.description or "").split())
-    return docs
+    if cls not in _DOCS:
+        docs: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            if dataclasses.is_dataclass(klass):
+                for param in docstring_parser.parse_from_object(klass).params:
+                    docs[param.arg_name] = " ".join((param.description or "").split())
+        _DOCS[cls] = docs
+    return _DOCS[cls]
 
 
 def short_doc(obj: object) -> str:
@@ -141,15 +147,16 @@ class Config:
         names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
         unknown = sorted(set(data) - set(names))
         check(not unknown, f"unknown {cls.what}(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
-        missing = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-                   if f.name not in data and f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING]
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         check(not missing, f"missing {cls.what}(s) {', '.join(missing)}")
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
 
 
 def positive_int(name: str, value: int) -> None:
@@ -168,7 +175,8 @@ class ModelConfig(Config):
     vocab_size: int
     """Vocabulary size; always the task's, never set by hand."""
     n_ctx: int
-    """Longest sequence the model is built for; defaults to the task's input length. MixiT's matrices are n_ctx x n_ctx."""
+    """Longest sequence the model is built for; defaults to the task's input length.
+    MixiT's matrices are n_ctx x n_ctx."""
     d_model: int = 128
     """Model width."""
     n_layers: int = 2
@@ -198,7 +206,8 @@ class ModelConfig(Config):
     leaky_c: float = -1.0
     """Shaped LeakyReLU: c in the negative slope 1 + c / sqrt(d_model)."""
     width_scaling: bool = False
-    """Multiply each block linear's output by sqrt(base_width / fan_in) and initialise it with std 1/sqrt(base_width)."""
+    """Multiply each block linear's output by sqrt(base_width / fan_in) and
+    initialise it with std 1/sqrt(base_width)."""
     base_width: int = 512
     """Width scaling: the width at which the multiplier is 1."""
     seed: int = 0
@@ -221,19 +230,29 @@ class ModelConfig(Config):
             self.d_mlp = 4 * self.d_model
         for name in ("vocab_size", "n_ctx", "d_model", "n_layers", "n_heads", "d_mlp", "base_width"):
             positive_int(name, getattr(self, name))
-        check(self.d_model % self.n_heads == 0,
-              f"n_heads must divide d_model: d_model={self.d_model} is not a multiple of n_heads={self.n_heads}")
-        check(self.attention != "softmax" or self.d_head % 2 == 0,
-              f"RoPE needs an even d_head, got d_model/n_heads = {self.d_head}")
+        check(
+            self.d_model % self.n_heads == 0,
+            f"n_heads must divide d_model: d_model={self.d_model} is not a multiple of n_heads={self.n_heads}",
+        )
+        check(
+            self.attention != "softmax" or self.d_head % 2 == 0,
+            f"RoPE needs an even d_head, got d_model/n_heads = {self.d_head}",
+        )
         check(self.init_std > 0, f"init_std must be > 0, got {self.init_std}")
         check(self.rope_base > 0, f"rope_base must be > 0, got {self.rope_base}")
-        check(self.skip_scale >= 0 and self.branch_scale > 0,
-              f"skip_scale must be >= 0 and branch_scale > 0, got {self.skip_scale}, {self.branch_scale}")
+        check(
+            self.skip_scale >= 0 and self.branch_scale > 0,
+            f"skip_scale must be >= 0 and branch_scale > 0, got {self.skip_scale}, {self.branch_scale}",
+        )
         check(self.n_classes >= 2, f"n_classes must be an integer >= 2, got {self.n_classes}")
-        check(self.causal or self.head == "classifier",
-              "causal=false needs the classifier head: a non-causal language model would read the tokens it predicts")
-        check(self.pad_id is None or 0 <= self.pad_id < self.vocab_size,
-              f"pad_id must be null or a token id in [0, {self.vocab_size}), got {self.pad_id!r}")
+        check(
+            self.causal or self.head == "classifier",
+            "causal=false needs the classifier head: a non-causal language model would read the tokens it predicts",
+        )
+        check(
+            self.pad_id is None or 0 <= self.pad_id < self.vocab_size,
+            f"pad_id must be null or a token id in [0, {self.vocab_size}), got {self.pad_id!r}",
+        )
 
     @property
     def d_head(self) -> int:
@@ -243,8 +262,13 @@ class ModelConfig(Config):
     def shaped(**overrides: Any) -> dict[str, Any]:
         """The signal-propagation ("shaped") settings of docs/model.md, as keyword arguments."""
         s = math.sqrt(0.5)
-        return {"skip_scale": s, "branch_scale": math.sqrt(1 - s * s),
-                "activation": "shaped_leaky_relu", "width_scaling": True, **overrides}
+        return {
+            "skip_scale": s,
+            "branch_scale": math.sqrt(1 - s * s),
+            "activation": "shaped_leaky_relu",
+            "width_scaling": True,
+            **overrides,
+        }
 
 
 @dataclass
@@ -300,8 +324,10 @@ class TrainConfig(Config):
         check(self.warmup_steps >= 0, f"warmup_steps must be an integer >= 0, got {self.warmup_steps}")
         check(self.lr > 0, f"lr must be > 0, got {self.lr}")
         check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
-        check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
-              f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
+        check(
+            0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+            f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}",
+        )
         check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         check(self.grad_clip >= 0, f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
 

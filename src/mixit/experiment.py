@@ -63,16 +63,19 @@ class RunConfig:
         cls = TASKS.get(self.task)
         if self.task_params is None:
             self.task_params = cls.Config()
-        check(isinstance(self.task_params, cls.Config),
-              f"task {self.task} takes parameters {cls.Config.__name__}, got {type(self.task_params).__name__}")
-        check(isinstance(self.model, ModelConfig) and isinstance(self.train, TrainConfig),
-              "model and train must be a ModelConfig and a TrainConfig")
+        check(
+            isinstance(self.task_params, cls.Config),
+            f"task {self.task} takes parameters {cls.Config.__name__}, got {type(self.task_params).__name__}",
+        )
+        check(
+            isinstance(self.model, ModelConfig) and isinstance(self.train, TrainConfig),
+            "model and train must be a ModelConfig and a TrainConfig",
+        )
         variant = get_variant(self.variant)
         check_attention(variant, self.model.attention)
         for name in ("data_seed", "test_size"):
             value = getattr(self, name)
-            check(isinstance(value, int) and not isinstance(value, bool),
-                  f"{name} must be an integer, got {value!r}")
+            check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
         check(self.test_size > 0, f"test_size must be a positive integer, got {self.test_size}")
 
     @property
@@ -82,9 +85,15 @@ class RunConfig:
         return self.task_params
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "variant": self.variant, "task_params": self.params.to_dict(),
-                "model": self.model.to_dict(), "train": self.train.to_dict(),
-                "data_seed": self.data_seed, "test_size": self.test_size}
+        return {
+            "task": self.task,
+            "variant": self.variant,
+            "task_params": self.params.to_dict(),
+            "model": self.model.to_dict(),
+            "train": self.train.to_dict(),
+            "data_seed": self.data_seed,
+            "test_size": self.test_size,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
@@ -97,10 +106,15 @@ class RunConfig:
         check(not missing, f"run config is missing {', '.join(missing)}")
         check(isinstance(data["task"], str), f"task must be a string, got {data['task']!r}")
         task_cls = TASKS.get(data["task"])
-        return cls(task=data["task"], variant=data.get("variant", DEFAULT_VARIANT),
-                   model=ModelConfig.from_dict(data["model"]), train=TrainConfig.from_dict(data.get("train", {})),
-                   task_params=task_cls.Config.from_dict(data.get("task_params", {})),
-                   data_seed=data.get("data_seed", 0), test_size=data.get("test_size", 4000))
+        return cls(
+            task=data["task"],
+            variant=data.get("variant", DEFAULT_VARIANT),
+            model=ModelConfig.from_dict(data["model"]),
+            train=TrainConfig.from_dict(data.get("train", {})),
+            task_params=task_cls.Config.from_dict(data.get("task_params", {})),
+            data_seed=data.get("data_seed", 0),
+            test_size=data.get("test_size", 4000),
+        )
 
 
 # -- requests --------------------------------------------------------------------------
@@ -187,22 +201,34 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     model = {**defaults.get("model", {}), **variant.model_defaults, **_section(request, "model")}
     train = {**defaults.get("train", {}), **_section(request, "train")}
     if "vocab_size" in model:
-        check(model["vocab_size"] == task.vocab_size,
-              f"vocab_size comes from the task: {task.describe()} has {task.vocab_size} tokens, "
-              f"not {model['vocab_size']!r}")
+        check(
+            model["vocab_size"] == task.vocab_size,
+            f"vocab_size comes from the task: {task.describe()} has {task.vocab_size} tokens, "
+            f"not {model['vocab_size']!r}",
+        )
     model.setdefault("attention", variant.attention)
     check(isinstance(model["attention"], str), f"attention must be a string, got {model['attention']!r}")
     check_attention(variant, model["attention"])
     model = {**task.model_defaults(model["attention"]), **model, "vocab_size": task.vocab_size}
     model.setdefault("n_ctx", task.input_len)
-    cfg = RunConfig(task=task_name, variant=variant.name, task_params=params, model=ModelConfig.from_dict(model),
-                    train=TrainConfig.from_dict(train), **seeds)
+    cfg = RunConfig(
+        task=task_name,
+        variant=variant.name,
+        task_params=params,
+        model=ModelConfig.from_dict(model),
+        train=TrainConfig.from_dict(train),
+        **seeds,
+    )
     check_fits(cfg, task)
     return cfg
 
 
-def run_config(task: str = DEFAULT_TASK, variant: str = DEFAULT_VARIANT,
-               task_params: Mapping[str, Any] | TaskConfig | None = None, **overrides: Any) -> RunConfig:
+def run_config(
+    task: str = DEFAULT_TASK,
+    variant: str = DEFAULT_VARIANT,
+    task_params: Mapping[str, Any] | TaskConfig | None = None,
+    **overrides: Any,
+) -> RunConfig:
     """A complete RunConfig for `task` and `variant`, from keyword overrides of
     any option by its name (``d_model=64, steps=500, data_seed=1``)."""
     return resolve(merge({"task": task, "variant": variant, "task_params": task_params or {}}, nest(overrides)))
@@ -217,18 +243,25 @@ def as_request(cfg: RunConfig) -> dict[str, Any]:
     another task lets the values that were defaults (n_ctx, the task's steps)
     follow the new task, while every value that had been changed stays.
     """
-    base: dict[str, Any] = {"task": cfg.task, "variant": cfg.variant, "task_params": cfg.params.to_dict(),
-                            "data_seed": cfg.data_seed, "test_size": cfg.test_size}
+    base: dict[str, Any] = {
+        "task": cfg.task,
+        "variant": cfg.variant,
+        "task_params": cfg.params.to_dict(),
+        "data_seed": cfg.data_seed,
+        "test_size": cfg.test_size,
+    }
     plain = resolve(base)
     # Defaults computed from the run's own source values (d_mlp from its d_model, ...).
-    sources = {group: {name: getattr(getattr(cfg, group), name) for name in names}
-               for group, names in SOURCES.items()}
+    sources = {group: {name: getattr(getattr(cfg, group), name) for name in names} for group, names in SOURCES.items()}
     derived = resolve(merge(base, sources))
     request = dict(base)
     for group in GROUPS:
         mine, default, plain_default = getattr(cfg, group), getattr(derived, group), getattr(plain, group)
-        section = {f.name: getattr(mine, f.name) for f in dataclasses.fields(mine)
-                   if f.name not in DERIVED.get(group, ()) and getattr(mine, f.name) != getattr(default, f.name)}
+        section = {
+            f.name: getattr(mine, f.name)
+            for f in dataclasses.fields(mine)
+            if f.name not in DERIVED.get(group, ()) and getattr(mine, f.name) != getattr(default, f.name)
+        }
         for name in SOURCES.get(group, ()):
             if getattr(mine, name) != getattr(plain_default, name):
                 section[name] = getattr(mine, name)
@@ -255,8 +288,10 @@ def check_fits(cfg: RunConfig, task: Task) -> None:
     if cfg.model.vocab_size != task.vocab_size:
         raise UsageError(f"model vocab_size={cfg.model.vocab_size} but task {cfg.task} needs {task.vocab_size}")
     if task.input_len > cfg.model.n_ctx:
-        raise UsageError(f"task {task.describe()} feeds sequences of length {task.input_len}, "
-                         f"longer than n_ctx={cfg.model.n_ctx}; n_ctx must be >= {task.input_len}")
+        raise UsageError(
+            f"task {task.describe()} feeds sequences of length {task.input_len}, "
+            f"longer than n_ctx={cfg.model.n_ctx}; n_ctx must be >= {task.input_len}"
+        )
 
 
 def build_task(cfg: RunConfig, run_dir: Path | None = None) -> Task:

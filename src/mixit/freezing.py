@@ -35,7 +35,7 @@ Rule = Callable[[Transformer], dict[str, nn.Module]]
 
 def _block_parts(model: Transformer, part: str, names: tuple[str, ...]) -> dict[str, nn.Module]:
     found = {}
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(model.layers):
         parent = getattr(block, part)
         for name in names:
             module = getattr(parent, name, None)
@@ -81,8 +81,13 @@ for _variant in (
     Variant("frozen_qk", "softmax", query_key, "query and key projections frozen at initialisation"),
     Variant("frozen_mlp", "softmax", mlps, "every MLP (gate, up, down) frozen at initialisation"),
     Variant("mixit", "mixing", None, "MixiT: fixed random mixing matrices instead of attention"),
-    Variant("random", "softmax", all_but_embeddings,
-            "only embeddings and LM head trained (Zhong & Andreas)", any_attention=True),
+    Variant(
+        "random",
+        "softmax",
+        all_but_embeddings,
+        "only embeddings and LM head trained (Zhong & Andreas)",
+        any_attention=True,
+    ),
 ):
     VARIANTS.add(_variant.name, _variant)
 
@@ -94,8 +99,10 @@ def get_variant(name: str) -> Variant:
 def check_attention(variant: Variant, attention: str) -> None:
     """Refuse an attention kind the variant is not defined for."""
     if attention != variant.attention and not variant.any_attention:
-        raise UsageError(f"variant {variant.name!r} uses {variant.attention} attention, not {attention!r}; "
-                         f"only 'random' may be combined with another attention kind")
+        raise UsageError(
+            f"variant {variant.name!r} uses {variant.attention} attention, not {attention!r}; "
+            f"only 'random' may be combined with another attention kind"
+        )
 
 
 @dataclass
@@ -116,12 +123,19 @@ class FreezeReport:
 
     def summary(self) -> str:
         total = self.n_frozen + self.n_trainable
-        return (f"variant {self.variant}: {self.n_trainable:,} of {total:,} parameters trainable, "
-                f"{len(self.frozen)} tensors ({self.n_frozen:,} parameters) frozen")
+        return (
+            f"variant {self.variant}: {self.n_trainable:,} of {total:,} parameters trainable, "
+            f"{len(self.frozen)} tensors ({self.n_frozen:,} parameters) frozen"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"variant": self.variant, "n_trainable": self.n_trainable, "n_frozen": self.n_frozen,
-                "frozen": self.frozen, "trainable": self.trainable}
+        return {
+            "variant": self.variant,
+            "n_trainable": self.n_trainable,
+            "n_frozen": self.n_frozen,
+            "frozen": self.frozen,
+            "trainable": self.trainable,
+        }
 
 
 def apply_variant(model: Transformer, variant: str | Variant) -> FreezeReport:
@@ -134,8 +148,10 @@ def apply_variant(model: Transformer, variant: str | Variant) -> FreezeReport:
         selected = v.freeze(model)
         n_selected = sum(p.numel() for m in selected.values() for p in m.parameters())
         if n_selected == 0:
-            raise UsageError(f"freeze rule of variant {v.name!r} ({v.freeze.__name__}) matches no parameter "
-                             f"in this model ({model.cfg.attention} attention)")
+            raise UsageError(
+                f"freeze rule of variant {v.name!r} ({v.freeze.__name__}) matches no parameter "
+                f"in this model ({model.cfg.attention} attention)"
+            )
         for module in selected.values():
             module.requires_grad_(False)
     frozen = {n: p.numel() for n, p in model.named_parameters() if not p.requires_grad}

@@ -5,15 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from mixit.errors import UsageError
 from mixit.models import Transformer
 from mixit.run import Run
 
 
 @torch.no_grad()
-def generate(model: Transformer, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, generator: torch.Generator | None = None,
-             stop_token: int | None = None) -> torch.Tensor:
+def generate(
+    model: Transformer,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    stop_token: int | None = None,
+) -> torch.Tensor:
     """Extend `prompt` (B, T0) ids by up to `max_new_tokens` sampled tokens -> (B, T0 + n).
 
     The model reads at most its last n_ctx tokens (a sliding window; no key-value cache,
@@ -49,8 +56,16 @@ def generate(model: Transformer, prompt: torch.Tensor, max_new_tokens: int, temp
     return out
 
 
-def sample_run(run_dir: Path, prompt: str = "", max_new_tokens: int = 200, temperature: float = 0.8,
-               top_k: int = 50, num_samples: int = 1, seed: int = 0, device: str = "auto") -> list[str]:
+def sample_run(
+    run_dir: Path,
+    prompt: str = "",
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int = 50,
+    num_samples: int = 1,
+    seed: int = 0,
+    device: str = "auto",
+) -> list[str]:
     """Continue a prompt with text sampled from a language-model run's latest checkpoint.
 
     Each continuation ends where the model ends its document (EOS) or after max_new_tokens.
@@ -82,8 +97,8 @@ def sample_run(run_dir: Path, prompt: str = "", max_new_tokens: int = 200, tempe
     g = torch.Generator(device=dev).manual_seed(seed)
     out = generate(model, x, max_new_tokens, temperature, top_k or None, g, stop_token=tokenizer.eos_id)
     texts = []
-    for row in out[:, len(ids):].tolist():
+    for row in out[:, len(ids) :].tolist():
         if tokenizer.eos_id in row:  # the document ended: keep the text up to its end marker
-            row = row[:row.index(tokenizer.eos_id)]
+            row = row[: row.index(tokenizer.eos_id)]
         texts.append(tokenizer.decode(row))
     return texts

@@ -20,12 +20,12 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """A name -> object table that refuses duplicates and unknown names.
 
-        ATTENTION = Registry[type[nn.Module]]("attention kind")
+    ATTENTION = Registry[type[nn.Module]]("attention kind")
 
-        @ATTENTION.register("softmax")
-        class SoftmaxAttention(nn.Module): ...
+    @ATTENTION.register("softmax")
+    class SoftmaxAttention(nn.Module): ...
 
-        ATTENTION.get("softmax")      # the class; UsageError for an unknown name
+    ATTENTION.get("softmax")      # the class; UsageError for an unknown name
     """
 
     def __init__(self, what: str):

@@ -137,7 +137,9 @@ class Run:
         if path.exists() and not path.is_dir():
             raise UsageError(f"output path {path} exists and is not a directory")
         if (path / CONFIG).exists():
-            raise UsageError(f"{path} already holds a run; continue it with --resume or choose another output directory")
+            raise UsageError(
+                f"{path} already holds a run; continue it with --resume or choose another output directory"
+            )
         if path.exists() and any(path.iterdir()):
             raise UsageError(f"output directory {path} is not empty and holds no mixit run; refusing to write into it")
 
@@ -147,8 +149,7 @@ class Run:
         cls.check_new(path)
         run = cls(path)
         run.path.mkdir(parents=True, exist_ok=True)
-        write_json(run.config_path, {"config": cfg.to_dict(), "mixit_version": __version__,
-                                     "git_commit": git_commit()})
+        write_json(run.config_path, {"config": cfg.to_dict(), "mixit_version": __version__, "git_commit": git_commit()})
         run._config = cfg
         return run
 
@@ -173,8 +174,9 @@ class Run:
         """Refuse to continue this run with a config that differs from its own."""
         diffs = _config_diff(self.config.to_dict(), cfg.to_dict())
         if diffs:
-            raise UsageError(f"{self.path} holds a different run; differences (saved != requested): "
-                             + "; ".join(diffs[:5]))
+            raise UsageError(
+                f"{self.path} holds a different run; differences (saved != requested): " + "; ".join(diffs[:5])
+            )
 
     # -- metrics ----------------------------------------------------------------------
     def metrics(self) -> list[dict[str, Any]]:
@@ -248,12 +250,15 @@ class Run:
         if set(state) != set(expected):
             missing = sorted(set(expected) - set(state))[:3]
             extra = sorted(set(state) - set(expected))[:3]
-            raise UsageError(f"checkpoint {ckpt} does not match the model in config.json "
-                             f"(missing {missing}, unexpected {extra})")
+            raise UsageError(
+                f"checkpoint {ckpt} does not match the model in config.json (missing {missing}, unexpected {extra})"
+            )
         for key, value in state.items():
             if value.shape != expected[key].shape:
-                raise UsageError(f"checkpoint {ckpt}: {key} has shape {tuple(value.shape)}, "
-                                 f"the model expects {tuple(expected[key].shape)}")
+                raise UsageError(
+                    f"checkpoint {ckpt}: {key} has shape {tuple(value.shape)}, "
+                    f"the model expects {tuple(expected[key].shape)}"
+                )
         model.load_state_dict(state)
 
     def load_training_state(self, optimizer: torch.optim.Optimizer, ckpt: Path) -> int:

@@ -20,8 +20,13 @@ def git_commit() -> str | None:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
         if head.returncode != 0 or not head.stdout.strip():
             return None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "."], cwd=here,
-                                capture_output=True, text=True, timeout=5)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "."],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     dirty = status.returncode == 0 and bool(status.stdout.strip())

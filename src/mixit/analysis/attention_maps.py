@@ -11,14 +11,15 @@ has an input-independent pattern (MixiT) also expose it as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from mixit.models.hooks import capture_patterns
+from mixit.models.transformer import Transformer
 
 
 @torch.no_grad()
@@ -33,17 +34,16 @@ def attention_patterns(model: nn.Module, tokens: torch.Tensor) -> np.ndarray:
     return np.stack([patterns[n][0].float().cpu().numpy() for n in names])
 
 
-def fixed_patterns(model: nn.Module) -> np.ndarray | None:
+def fixed_patterns(model: Transformer) -> np.ndarray | None:
     """The input-independent patterns (n_layers, n_heads, n_ctx, n_ctx), or None
     if the model's attention depends on its input."""
-    mats = [block.attn.fixed_pattern for block in model.blocks]
+    mats = [block.attn.fixed_pattern for block in model.layers]
     if any(m is None for m in mats):
         return None
-    return np.stack([m.float().cpu().numpy() for m in mats])
+    return np.stack([m.float().cpu().numpy() for m in mats if m is not None])
 
 
-def plot_pattern_grid(patterns: np.ndarray, path: str | Path, title: str,
-                      labels: Sequence[str] | None = None) -> None:
+def plot_pattern_grid(patterns: np.ndarray, path: str | Path, title: str, labels: Sequence[str] | None = None) -> None:
     """A layers x heads grid of (T, T) patterns with one shared colour bar.
 
     Non-negative patterns (softmax) use a sequential map on [0, 1]; patterns
@@ -76,6 +76,7 @@ def plot_pattern_grid(patterns: np.ndarray, path: str | Path, title: str,
                 ax.set_ylabel("query position", fontsize=8)
             if layer == n_layers - 1:
                 ax.set_xlabel("key position", fontsize=8)
+    assert image is not None
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     fig.suptitle(title, fontsize=11)
     fig.savefig(path, dpi=110)
@@ -93,8 +94,15 @@ def plot_score_tables(scores: dict[str, list[list[float]]], path: str | Path, ti
         table = np.asarray(scores[key])
         image = ax.imshow(table, cmap="magma", vmin=min(0.0, float(table.min())), vmax=1.0)
         for (layer, head), value in np.ndenumerate(table):
-            ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if value < 0.6 else "black")
+            ax.text(
+                head,
+                layer,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if value < 0.6 else "black",
+            )
         ax.set_title(key.replace("_", " "), fontsize=10)
         ax.set_xticks(range(n_heads))
         ax.set_yticks(range(n_layers))

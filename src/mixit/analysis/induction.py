@@ -32,13 +32,14 @@ measurement applies.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from mixit.models.hooks import capture_patterns
+from mixit.models.transformer import Transformer
 
 
 def repeated_sequences(tokens: Sequence[int], m: int, batch: int, seed: int = 0) -> torch.Tensor:
@@ -54,7 +55,7 @@ def repeated_sequences(tokens: Sequence[int], m: int, batch: int, seed: int = 0)
 
 def score_patterns(pattern: torch.Tensor, m: int) -> dict[str, torch.Tensor]:
     """The three scores of one layer's pattern (B, H, 2m, 2m) -> each (H,)."""
-    B, H, T, _ = pattern.shape
+    T = pattern.shape[-1]  # pattern (B, H, 2m, 2m)
     if T != 2 * m:
         raise ValueError(f"pattern length {T} is not 2m = {2 * m}")
     i = torch.arange(T)
@@ -67,8 +68,9 @@ def score_patterns(pattern: torch.Tensor, m: int) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def head_scores(model: nn.Module, tokens: Sequence[int], m: int | None = None, batch: int = 64,
-                seed: int = 0) -> dict[str, Any]:
+def head_scores(
+    model: Transformer, tokens: Sequence[int], m: int | None = None, batch: int = 64, seed: int = 0
+) -> dict[str, Any]:
     """Per-layer, per-head scores and the in-context gap of `model` on repeated sequences.
 
     tokens: the token ids to draw probes from (a task's content tokens).
@@ -78,7 +80,7 @@ def head_scores(model: nn.Module, tokens: Sequence[int], m: int | None = None, b
     copy and the gap; None for a classifier, which predicts no next tokens)
     and the probe settings.
     """
-    n_ctx = model.cfg.n_ctx
+    n_ctx: int = model.cfg.n_ctx
     m = min(len(tokens), n_ctx // 2) if m is None else m
     x = repeated_sequences(tokens, m, batch, seed).to(next(model.parameters()).device)
     was_training = model.training
@@ -88,8 +90,9 @@ def head_scores(model: nn.Module, tokens: Sequence[int], m: int | None = None, b
     model.train(was_training)
     names = sorted(patterns, key=lambda n: int(n.split(".")[1]))  # blocks.<layer>.attn.hook_pattern
     per_layer = [score_patterns(patterns[n].float().cpu(), m) for n in names]
-    out: dict[str, Any] = {key: [s[key].tolist() for s in per_layer]
-                           for key in ("previous_token", "induction", "duplicate_token")}
+    out: dict[str, Any] = {
+        key: [s[key].tolist() for s in per_layer] for key in ("previous_token", "induction", "duplicate_token")
+    }
     # A classifier has no next-token predictions to score: no behavioural gap.
     out["icl"] = icl_gap(logits.float().cpu(), x.cpu(), m) if logits.dim() == 3 else None
     out["probe"] = {"m": m, "batch": batch, "seed": seed, "n_tokens": len(tokens)}
@@ -114,5 +117,5 @@ def icl_gap(logits: torch.Tensor, x: torch.Tensor, m: int) -> dict[str, float]:
 
 def strongest(scores: list[list[float]]) -> tuple[int, int, float]:
     """(layer, head, score) of the highest entry of a [layer][head] table."""
-    best = max(((l, h, s) for l, row in enumerate(scores) for h, s in enumerate(row)), key=lambda t: t[2])
+    best = max(((layer, h, s) for layer, row in enumerate(scores) for h, s in enumerate(row)), key=lambda t: t[2])
     return best

@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mixit.analysis.attention_maps import (attention_patterns, fixed_patterns, plot_pattern_grid,
-                                           plot_score_tables)
+from mixit.analysis.attention_maps import attention_patterns, fixed_patterns, plot_pattern_grid, plot_score_tables
 from mixit.analysis.induction import head_scores, strongest
 from mixit.analysis.signal import token_similarity
 from mixit.config import check
@@ -31,8 +30,14 @@ from mixit.files import write_json, write_text
 from mixit.run import Run
 
 
-def analyze_run(run_dir: Path, device: str = "auto", example: int = 0, tokens: Sequence[int] | None = None,
-                batch: int = 64, seed: int = 0) -> dict[str, Any]:
+def analyze_run(
+    run_dir: Path,
+    device: str = "auto",
+    example: int = 0,
+    tokens: Sequence[int] | None = None,
+    batch: int = 64,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Run every analysis on a run's latest checkpoint and write RUN_DIR/analysis/; return what summary.md says.
 
     Args:
@@ -55,8 +60,10 @@ def analyze_run(run_dir: Path, device: str = "auto", example: int = 0, tokens: S
     else:
         bad = [t for t in tokens if not 0 <= t < cfg.model.vocab_size]
         if bad or not 1 <= len(tokens) <= cfg.model.n_ctx:
-            raise UsageError(f"tokens must be 1..{cfg.model.n_ctx} ids in [0, {cfg.model.vocab_size}), "
-                             f"got {len(tokens)} tokens" + (f" with out-of-range ids {bad[:5]}" if bad else ""))
+            raise UsageError(
+                f"tokens must be 1..{cfg.model.n_ctx} ids in [0, {cfg.model.vocab_size}), "
+                f"got {len(tokens)} tokens" + (f" with out-of-range ids {bad[:5]}" if bad else "")
+            )
         x = torch.as_tensor(list(tokens), dtype=torch.long)
     out_dir = run.analysis_dir
     if out_dir.exists() and not out_dir.is_dir():
@@ -70,8 +77,9 @@ def analyze_run(run_dir: Path, device: str = "auto", example: int = 0, tokens: S
 
     patterns = attention_patterns(model, x)
     np.savez(out_dir / "attention.npz", patterns=patterns, tokens=x.numpy())
-    plot_pattern_grid(patterns, out_dir / "attention.png", f"attention patterns: {name}",
-                      labels=[str(t) for t in x.tolist()])
+    plot_pattern_grid(
+        patterns, out_dir / "attention.png", f"attention patterns: {name}", labels=[str(t) for t in x.tolist()]
+    )
     fixed = fixed_patterns(model)
     if fixed is not None:
         np.savez(out_dir / "fixed_patterns.npz", patterns=fixed)
@@ -98,8 +106,9 @@ def summarize(scores: dict[str, Any], signal: dict[str, Any]) -> dict[str, Any]:
         "induction": {"layer": ind_layer, "head": ind_head, "score": ind},
         "previous_token": {"layer": prev_layer, "head": prev_head, "score": prev},
         "duplicate_token": {"layer": dup_layer, "head": dup_head, "score": dup},
-        "previous_token_below_induction": (None if feeder is None else
-                                           {"layer": feeder[0], "head": feeder[1], "score": feeder[2]}),
+        "previous_token_below_induction": (
+            None if feeder is None else {"layer": feeder[0], "head": feeder[1], "score": feeder[2]}
+        ),
         "icl": scores["icl"],
         "final_cosine": {"trained": signal["trained"]["cosine"][-1], "init": signal["init"]["cosine"][-1]},
     }
@@ -117,15 +126,21 @@ def render_summary(name: str, f: dict[str, Any], has_fixed: bool) -> str:
     ]
     feeder = f["previous_token_below_induction"]
     if feeder is not None:
-        lines.append(f"- Strongest previous-token head below the induction head: layer {feeder['layer']}, "
-                     f"head {feeder['head']} (score {feeder['score']:.3f}).")
-    lines.append(f"- Strongest duplicate-token head: layer {f['duplicate_token']['layer']}, head "
-                 f"{f['duplicate_token']['head']} (score {f['duplicate_token']['score']:.3f}).")
+        lines.append(
+            f"- Strongest previous-token head below the induction head: layer {feeder['layer']}, "
+            f"head {feeder['head']} (score {feeder['score']:.3f})."
+        )
+    lines.append(
+        f"- Strongest duplicate-token head: layer {f['duplicate_token']['layer']}, head "
+        f"{f['duplicate_token']['head']} (score {f['duplicate_token']['score']:.3f})."
+    )
     if icl is not None:
-        lines.append(f"- In-context learning on repeated random sequences: next-token loss "
-                     f"{icl['loss_first_copy']:.3f} on the first copy, {icl['loss_second_copy']:.3f} on the second "
-                     f"(gap {icl['loss_gap']:.3f}); accuracy {icl['acc_first_copy']:.3f} -> "
-                     f"{icl['acc_second_copy']:.3f}.")
+        lines.append(
+            f"- In-context learning on repeated random sequences: next-token loss "
+            f"{icl['loss_first_copy']:.3f} on the first copy, {icl['loss_second_copy']:.3f} on the second "
+            f"(gap {icl['loss_gap']:.3f}); accuracy {icl['acc_first_copy']:.3f} -> "
+            f"{icl['acc_second_copy']:.3f}."
+        )
     lines += [
         f"- Mean cosine similarity between token representations after the last layer: "
         f"{f['final_cosine']['trained']:.3f} trained, {f['final_cosine']['init']:.3f} at initialisation.",

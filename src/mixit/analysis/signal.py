@@ -18,12 +18,12 @@ in `pairwise_stats`, so only the trend, not the values, compares with it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from mixit.config import ModelConfig
 from mixit.errors import UsageError
@@ -57,7 +57,7 @@ def pairwise_stats(h: torch.Tensor) -> dict[str, float]:
     if h.dim() != 3 or h.shape[1] < 2:
         raise UsageError(f"pairwise_stats needs h of shape (B, T, d) with T >= 2, got {tuple(h.shape)}")
     h = h.detach().double()
-    B, T, d = h.shape
+    T, d = h.shape[1:]  # h (B, T, d)
     off = ~torch.eye(T, dtype=torch.bool, device=h.device)  # (T, T) off-diagonal pairs
     unit = h / h.norm(dim=-1, keepdim=True).clamp_min(1e-30)  # (B, T, d)
     cosine = (unit @ unit.transpose(1, 2))[:, off].mean(dim=1)  # (B,)
@@ -68,7 +68,7 @@ def pairwise_stats(h: torch.Tensor) -> dict[str, float]:
 
 
 @torch.no_grad()
-def token_similarity(model: nn.Module, tokens: torch.Tensor) -> dict[str, list[float]]:
+def token_similarity(model: Transformer, tokens: torch.Tensor) -> dict[str, list[float]]:
     """`pairwise_stats` of the residual stream after the embedding and after each block.
 
     model: a `Transformer`; tokens: (B, T) ids with 2 <= T <= n_ctx. Runs in eval
@@ -78,8 +78,9 @@ def token_similarity(model: nn.Module, tokens: torch.Tensor) -> dict[str, list[f
     stream after block l. The final norm and the LM head are not included.
     """
     if tokens.dim() != 2 or not 2 <= tokens.shape[1] <= model.cfg.n_ctx:
-        raise UsageError(f"tokens must have shape (B, T) with 2 <= T <= n_ctx={model.cfg.n_ctx}, "
-                         f"got {tuple(tokens.shape)}")
+        raise UsageError(
+            f"tokens must have shape (B, T) with 2 <= T <= n_ctx={model.cfg.n_ctx}, got {tuple(tokens.shape)}"
+        )
     was_training = model.training
     model.eval()
     try:
@@ -90,7 +91,7 @@ def token_similarity(model: nn.Module, tokens: torch.Tensor) -> dict[str, list[f
         if model.pos_embed is not None:
             h = h + model.pos_embed.weight[:T]
         per_layer = [pairwise_stats(h)]
-        for block in model.blocks:
+        for block in model.layers:
             h = block(h)  # (B, T, d_model)
             per_layer.append(pairwise_stats(h))
     finally:
@@ -98,8 +99,15 @@ def token_similarity(model: nn.Module, tokens: torch.Tensor) -> dict[str, list[f
     return {key: [stats[key] for stats in per_layer] for key in ("cosine", "covariance", "norm")}
 
 
-def _check_inputs(variants: Sequence[str], depths: Sequence[int], seeds: Sequence[int], batch: int,
-                  n_ctx: int, shaped: bool, model_overrides: dict[str, Any]) -> None:
+def _check_inputs(
+    variants: Sequence[str],
+    depths: Sequence[int],
+    seeds: Sequence[int],
+    batch: int,
+    n_ctx: int,
+    shaped: bool,
+    model_overrides: dict[str, Any],
+) -> None:
     if not variants:
         raise UsageError(f"variants must be a non-empty list of names; allowed: {', '.join(VARIANTS)}")
     for v in variants:
@@ -127,9 +135,18 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
-def signal_propagation(variants: Sequence[str], depths: Sequence[int], d_model: int = 128, n_heads: int = 4,
-                       n_ctx: int = 64, vocab_size: int = 64, batch: int = 16, seeds: Sequence[int] = (0, 1, 2),
-                       shaped: bool = False, model_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def signal_propagation(
+    variants: Sequence[str],
+    depths: Sequence[int],
+    d_model: int = 128,
+    n_heads: int = 4,
+    n_ctx: int = 64,
+    vocab_size: int = 64,
+    batch: int = 16,
+    seeds: Sequence[int] = (0, 1, 2),
+    shaped: bool = False,
+    model_overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Token similarity of freshly initialised models, for every variant x depth, averaged over seeds.
 
     For each (variant, depth, seed) a new `Transformer` is built with
@@ -165,14 +182,27 @@ def signal_propagation(variants: Sequence[str], depths: Sequence[int], d_model: 
     settings = {**(ModelConfig.shaped() if shaped else {}), **model_overrides}
 
     def config(variant: str, depth: int, seed: int) -> ModelConfig:
-        return model_config(variant, vocab_size=vocab_size, n_ctx=n_ctx, d_model=d_model, n_heads=n_heads,
-                            n_layers=depth, seed=seed, **settings)
+        return model_config(
+            variant,
+            vocab_size=vocab_size,
+            n_ctx=n_ctx,
+            d_model=d_model,
+            n_heads=n_heads,
+            n_layers=depth,
+            seed=seed,
+            **settings,
+        )
 
     # Validate the model settings of every variant before any work.
     example = {v: config(v, depths[0], seeds[0]) for v in variants}
-    inputs = {s: torch.randint(vocab_size, (batch, n_ctx),  # (batch, n_ctx)
-                               generator=torch.Generator().manual_seed(s + TOKEN_SEED_OFFSET))
-              for s in seeds}
+    inputs = {
+        s: torch.randint(
+            vocab_size,
+            (batch, n_ctx),  # (batch, n_ctx)
+            generator=torch.Generator().manual_seed(s + TOKEN_SEED_OFFSET),
+        )
+        for s in seeds
+    }
 
     results: dict[str, dict[str, Any]] = {}
     for variant in variants:
@@ -188,11 +218,21 @@ def signal_propagation(variants: Sequence[str], depths: Sequence[int], d_model: 
 
     model = {k: v for k, v in vars(next(iter(example.values()))).items() if k not in _OWN_KEYS}
     return {
-        "config": {"variants": variants, "depths": depths, "d_model": d_model, "n_heads": n_heads, "n_ctx": n_ctx,
-                   "vocab_size": vocab_size, "batch": batch, "seeds": seeds, "shaped": shaped,
-                   "model_overrides": model_overrides,
-                   "attention": {v: example[v].attention for v in variants},
-                   "model": model, "mixit_version": __version__},
+        "config": {
+            "variants": variants,
+            "depths": depths,
+            "d_model": d_model,
+            "n_heads": n_heads,
+            "n_ctx": n_ctx,
+            "vocab_size": vocab_size,
+            "batch": batch,
+            "seeds": seeds,
+            "shaped": shaped,
+            "model_overrides": model_overrides,
+            "attention": {v: example[v].attention for v in variants},
+            "model": model,
+            "mixit_version": __version__,
+        },
         "results": results,
     }
 
@@ -212,21 +252,32 @@ def plot_signal(result: dict[str, Any], path: str | Path) -> None:
     markers, dashes = "osD^vx*P", ["-", "--", ":", "-."]
     fig = Figure(figsize=(11, 4.4), layout="constrained")
     axes = fig.subplots(1, 2)
-    panels = [("cosine", "mean cosine similarity between tokens"),
-              ("covariance", "mean off-diagonal token covariance\n(RMS-normalised Gram / d)")]
+    panels = [
+        ("cosine", "mean cosine similarity between tokens"),
+        ("covariance", "mean off-diagonal token covariance\n(RMS-normalised Gram / d)"),
+    ]
     results = list(result["results"].items())
     labels = []
     for i, (variant, by_depth) in enumerate(results):
         same = [other for other, earlier in results[:i] if earlier == by_depth]
-        labels.append(f"{variant} ({cfg['attention'][variant]} attention"
-                      + (f"; identical to {same[0]})" if same else ")"))
+        labels.append(
+            f"{variant} ({cfg['attention'][variant]} attention" + (f"; identical to {same[0]})" if same else ")")
+        )
     for ax, (key, label) in zip(axes, panels):
-        for i, (variant, by_depth) in enumerate(results):
+        for i, (_, by_depth) in enumerate(results):
             mean = [by_depth[str(d)][key] for d in depths]
             std = [by_depth[str(d)][f"{key}_std"] for d in depths]
-            ax.errorbar(depths, mean, yerr=std, marker=markers[i % len(markers)],
-                        linestyle=dashes[i % len(dashes)], capsize=3, markersize=max(9 - 2.5 * i, 3),
-                        linewidth=max(2.2 - 0.6 * i, 0.8), label=labels[i])
+            ax.errorbar(
+                depths,
+                mean,
+                yerr=std,
+                marker=markers[i % len(markers)],
+                linestyle=dashes[i % len(dashes)],
+                capsize=3,
+                markersize=max(9 - 2.5 * i, 3),
+                linewidth=max(2.2 - 0.6 * i, 0.8),
+                label=labels[i],
+            )
         ax.set_xscale("log", base=2)
         ax.set_xticks(depths, [str(d) for d in depths])
         ax.set_xlabel("depth (number of blocks)")
@@ -235,15 +286,25 @@ def plot_signal(result: dict[str, Any], path: str | Path) -> None:
         ax.legend(fontsize=8)
     settings = "shaped (signal-propagation) settings" if cfg["shaped"] else "standard settings"
     extra = f", {cfg['model_overrides']}" if cfg.get("model_overrides") else ""
-    fig.suptitle(f"Token similarity after the last block at initialisation: d_model={cfg['d_model']}, "
-                 f"n_ctx={cfg['n_ctx']}, {settings}{extra}, {len(cfg['seeds'])} seeds", fontsize=10)
+    fig.suptitle(
+        f"Token similarity after the last block at initialisation: d_model={cfg['d_model']}, "
+        f"n_ctx={cfg['n_ctx']}, {settings}{extra}, {len(cfg['seeds'])} seeds",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=110)
 
 
-def signal_command(out: Path = Path("signal"), variants: Sequence[str] = ("standard", "mixit", "random"),
-                   depths: Sequence[int] = (2, 4, 8, 16, 32), d_model: int = 128, n_heads: int = 4, n_ctx: int = 64,
-                   seeds: int = 3, shaped: bool = False,
-                   mixing_sink: bool = True) -> tuple[dict[str, Any], list[Path]]:
+def signal_command(
+    out: Path = Path("signal"),
+    variants: Sequence[str] = ("standard", "mixit", "random"),
+    depths: Sequence[int] = (2, 4, 8, 16, 32),
+    d_model: int = 128,
+    n_heads: int = 4,
+    n_ctx: int = 64,
+    seeds: int = 3,
+    shaped: bool = False,
+    mixing_sink: bool = True,
+) -> tuple[dict[str, Any], list[Path]]:
     """Measure, for freshly initialised models of several variants and depths, the mean cosine similarity and
     covariance between token representations after each layer; write signal.json and signal.png to `out`.
 
@@ -262,9 +323,16 @@ def signal_command(out: Path = Path("signal"), variants: Sequence[str] = ("stand
     check_output_dir(out, tuple(f.name for f in files))
     if seeds < 1:
         raise UsageError(f"seeds must be a positive integer, got {seeds}")
-    result = signal_propagation(list(variants), list(depths), d_model=d_model, n_heads=n_heads, n_ctx=n_ctx,
-                                seeds=tuple(range(seeds)), shaped=shaped,
-                                model_overrides=None if mixing_sink else {"mixing_sink": False})
+    result = signal_propagation(
+        list(variants),
+        list(depths),
+        d_model=d_model,
+        n_heads=n_heads,
+        n_ctx=n_ctx,
+        seeds=tuple(range(seeds)),
+        shaped=shaped,
+        model_overrides=None if mixing_sink else {"mixing_sink": False},
+    )
     out.mkdir(parents=True, exist_ok=True)
     write_json(files[0], result)
     plot_signal(result, files[1])

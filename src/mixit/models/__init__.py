@@ -4,5 +4,12 @@ from mixit.models.attention import ATTENTION, MixingAttention, SoftmaxAttention,
 from mixit.models.hooks import HookPoint, capture_patterns
 from mixit.models.transformer import Transformer
 
-__all__ = ["ATTENTION", "HookPoint", "MixingAttention", "SoftmaxAttention", "Transformer",
-           "capture_patterns", "mixit_matrices"]
+__all__ = [
+    "ATTENTION",
+    "HookPoint",
+    "MixingAttention",
+    "SoftmaxAttention",
+    "Transformer",
+    "capture_patterns",
+    "mixit_matrices",
+]

@@ -87,8 +87,9 @@ def _set_sink(a: torch.Tensor) -> torch.Tensor:
     return a
 
 
-def mixit_matrices(n_heads: int, n_ctx: int, d_head: int, generator: torch.Generator,
-                   alpha: float = 1.0, sink: bool = True) -> torch.Tensor:
+def mixit_matrices(
+    n_heads: int, n_ctx: int, d_head: int, generator: torch.Generator, alpha: float = 1.0, sink: bool = True
+) -> torch.Tensor:
     """The causal MixiT mixing matrices of one layer, (n_heads, n_ctx, n_ctx).
 
     docs/model.md, "MixiT attention": W_h from `mixit_noise`, kept lower-triangular;
@@ -109,8 +110,9 @@ def mixit_matrices(n_heads: int, n_ctx: int, d_head: int, generator: torch.Gener
     return (_set_sink(a) if sink else a).float()
 
 
-def bidirectional_mixing(noise: torch.Tensor, alpha: float = 1.0, sink: bool = True,
-                         valid: torch.Tensor | None = None) -> torch.Tensor:
+def bidirectional_mixing(
+    noise: torch.Tensor, alpha: float = 1.0, sink: bool = True, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """Non-causal MixiT matrices for the sequences at hand.
 
     noise (H, T, T): `mixit_noise` cut to the sequence length T.
@@ -159,6 +161,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class SoftmaxAttention(Attention):
     """Multi-head softmax attention with RoPE on Q and K, causal unless the
     config says otherwise (then padded keys are masked out)."""
+
+    rope_cos: torch.Tensor  # (n_ctx, d_head) buffer
+    rope_sin: torch.Tensor  # (n_ctx, d_head) buffer
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -227,6 +232,8 @@ class MixingAttention(Attention):
     from the stored ``mixing_noise``)."""
 
     learned_positions = True
+    mixing: torch.Tensor  # (H, n_ctx, n_ctx) buffer of the causal form
+    mixing_noise: torch.Tensor  # (H, n_ctx, n_ctx) buffer of the non-causal form
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -236,8 +243,9 @@ class MixingAttention(Attention):
         self.o = block_linear(cfg, cfg.d_model, cfg.d_model)
         generator = layer_generator(cfg.seed, layer)
         if cfg.causal:
-            mixing = mixit_matrices(cfg.n_heads, cfg.n_ctx, cfg.d_head, generator,
-                                    alpha=cfg.mixing_alpha, sink=cfg.mixing_sink)
+            mixing = mixit_matrices(
+                cfg.n_heads, cfg.n_ctx, cfg.d_head, generator, alpha=cfg.mixing_alpha, sink=cfg.mixing_sink
+            )
             self.register_buffer("mixing", mixing)  # (H, n_ctx, n_ctx), saved with the model
         else:
             noise = mixit_noise(cfg.n_heads, cfg.n_ctx, cfg.d_head, generator).float()
@@ -271,4 +279,3 @@ class MixingAttention(Attention):
             a = self.hook_pattern(a.expand(B, -1, -1, -1))  # (B, H, T, T)
         y = a @ v  # (B, H, T, d_head)
         return self.o(y.transpose(1, 2).reshape(B, T, D))
-

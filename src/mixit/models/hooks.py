@@ -9,8 +9,8 @@ pattern; an attention module builds it explicitly only while a hook is attached
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -42,8 +42,10 @@ def capture_patterns(model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
     handles = []
     for name, module in model.named_modules():
         if isinstance(module, HookPoint) and name.endswith("hook_pattern"):
+
             def save(_mod, _inp, out, name=name):
                 patterns[name] = out.detach()
+
             handles.append(module.register_forward_hook(save))
     try:
         yield patterns

@@ -48,8 +48,9 @@ def fused_linear(x: torch.Tensor, layers: tuple[Linear, ...]) -> torch.Tensor:
     state to keep in sync with the parameters), and autograd splits the
     gradient back onto each layer's own weight. One wide product makes better
     use of a CPU's matmul kernel than several narrow ones of the same total
-    size, and saves the summation of their input gradients. Only layers that `trains_alike` should be fused, or the weight
-    gradient of frozen ones is computed for nothing. All layers must share
+    size, and saves the summation of their input gradients. Only layers that
+    `trains_alike` should be fused, or the weight gradient of frozen ones is
+    computed for nothing. All layers must share
     one multiplier (they do when they share fan_in).
     """
     weight = torch.cat([layer.weight for layer in layers])

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from collections.abc import Callable
 
 from mixit.config import ModelConfig
 from mixit.models.layers import block_linear

@@ -14,17 +14,22 @@ model.
 from __future__ import annotations
 
 import math
+import typing
 
 import torch
 from torch import nn
 
 from mixit.config import ModelConfig
-from mixit.models.attention import ATTENTION
+from mixit.models.attention import ATTENTION, Attention
 from mixit.models.layers import Linear
 from mixit.models.mlp import GatedMLP
 
 
 class Block(nn.Module):
+    """One pre-norm block: attention, then the MLP, each on a scaled residual."""
+
+    attn: Attention
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.norm1 = nn.RMSNorm(cfg.d_model, eps=1e-6)
@@ -87,7 +92,7 @@ class Transformer(nn.Module):
         unpadded copy of an input get the same classification.
         """
         cfg = self.cfg
-        B, T = tokens.shape
+        T = tokens.shape[1]  # tokens (B, T)
         if T > cfg.n_ctx:
             raise ValueError(f"sequence length {T} exceeds the model's n_ctx={cfg.n_ctx}")
         valid = None  # (B, T) bool: real tokens; needed only where padding could be read
@@ -112,6 +117,11 @@ class Transformer(nn.Module):
         if self.cfg.pooling == "last":
             return h[torch.arange(h.shape[0], device=h.device), lengths - 1]
         return (h * valid[..., None]).sum(dim=1) / lengths[:, None]
+
+    @property
+    def layers(self) -> list[Block]:
+        """The blocks, in order (``self.blocks`` typed as what it holds)."""
+        return [typing.cast(Block, block) for block in self.blocks]
 
     def num_params(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)

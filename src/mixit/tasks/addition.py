@@ -12,6 +12,7 @@ padded with 12 to 3*n_digits + 4 tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -33,7 +34,8 @@ class AdditionConfig(TaskConfig):
     n_digits: int = 10
     """Digits of each operand, 1 to 18."""
     reference_mask: bool = False
-    """Score the positions the reference code scores (never the first answer digit; the pad after stop instead), to compare with its results."""
+    """Score the positions the reference code scores (never the first answer
+    digit; the pad after stop instead), to compare with its results."""
 
     def validate(self) -> None:
         check(1 <= self.n_digits <= 18, f"n_digits must be an integer in [1, 18], got {self.n_digits}")
@@ -55,7 +57,7 @@ class Addition(Task):
     Config = AdditionConfig
     cfg: AdditionConfig
     exact_match = True
-    defaults = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
+    defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
     def __init__(self, cfg: AdditionConfig | None = None, seed: int = 0, test_size: int = 4000):
         super().__init__(cfg, seed=seed, test_size=test_size)

@@ -49,10 +49,10 @@ class Batch:
     def __len__(self) -> int:
         return self.inputs.shape[0]
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         return Batch(self.inputs.to(device, non_blocking=True), self.targets.to(device, non_blocking=True))
 
-    def __getitem__(self, index: slice) -> "Batch":
+    def __getitem__(self, index: slice) -> Batch:
         return Batch(self.inputs[index], self.targets[index])
 
     @property
@@ -110,8 +110,7 @@ class Task:
 
     def __init__(self, cfg: TaskConfig | None = None, seed: int = 0, test_size: int = 4000):
         cfg = self.Config() if cfg is None else cfg
-        check(isinstance(cfg, self.Config),
-              f"task {self.name} takes {self.Config.__name__}, got {type(cfg).__name__}")
+        check(isinstance(cfg, self.Config), f"task {self.name} takes {self.Config.__name__}, got {type(cfg).__name__}")
         check(test_size > 0, f"test_size must be a positive integer, got {test_size}")
         self.cfg = cfg
         self.seed = seed
@@ -150,8 +149,11 @@ class Task:
             if drawn > 100 * n + 10_000:
                 # Otherwise a test set covering the whole example space (e.g.
                 # addition with n_digits=1: 81 pairs) loops forever.
-                check(False, f"{self.describe()}: nearly every example drawn is in the test set of"
-                             f" {self.test_size}; lower test_size or enlarge the task")
+                check(
+                    False,
+                    f"{self.describe()}: nearly every example drawn is in the test set of"
+                    f" {self.test_size}; lower test_size or enlarge the task",
+                )
             drawn += n - have
             seq, mask = self.sample(rng, n - have)
             keep = ~np.isin(row_hashes(seq), self._test_keys)

@@ -20,6 +20,7 @@ one might expect from the description, so the majority baseline is about 52%.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -99,7 +100,7 @@ class Dyck(Task):
     name = "dyck"
     Config = DyckConfig
     cfg: DyckConfig
-    defaults = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
+    defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
     def __init__(self, cfg: DyckConfig | None = None, seed: int = 0, test_size: int = 4000):
         super().__init__(cfg, seed=seed, test_size=test_size)

@@ -33,6 +33,7 @@ with an answer (alphabet=16, length=64, 100k sequences): 0.754 for k=1
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -99,7 +100,7 @@ class Induction(Task):
     name = "induction"
     Config = InductionConfig
     cfg: InductionConfig
-    defaults = {"steps": 1000, "batch_size": 64, "lr": 1e-3}
+    defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3}
 
     def __init__(self, cfg: InductionConfig | None = None, seed: int = 0, test_size: int = 4000):
         super().__init__(cfg, seed=seed, test_size=test_size)

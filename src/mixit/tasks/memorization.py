@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -46,7 +47,7 @@ class Memorization(FixedSplitTask):
     name = "memorization"
     Config = MemorizationConfig
     cfg: MemorizationConfig
-    defaults = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
+    defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
     def __init__(self, cfg: MemorizationConfig | None = None, seed: int = 0, test_size: int = 4000):
         super().__init__(cfg, seed=seed, test_size=test_size)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -30,9 +31,11 @@ class ModularAdditionConfig(TaskConfig):
         check(self.p >= 2, f"p must be an integer >= 2, got {self.p}")
         check(0 < self.train_fraction < 1, f"train_fraction must be in (0, 1), got {self.train_fraction}")
         n_train = math.floor(self.p * self.p * self.train_fraction)
-        check(1 <= n_train < self.p * self.p,
-              f"train_fraction={self.train_fraction} leaves {n_train} of {self.p * self.p} pairs for training;"
-              " both the train and the test part must be non-empty")
+        check(
+            1 <= n_train < self.p * self.p,
+            f"train_fraction={self.train_fraction} leaves {n_train} of {self.p * self.p} pairs for training;"
+            " both the train and the test part must be non-empty",
+        )
 
 
 @TASKS.register("modular_addition")
@@ -46,7 +49,7 @@ class ModularAddition(FixedSplitTask):
     name = "modular_addition"
     Config = ModularAdditionConfig
     cfg: ModularAdditionConfig
-    defaults = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
+    defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
     def __init__(self, cfg: ModularAdditionConfig | None = None, seed: int = 0, test_size: int = 4000):
         super().__init__(cfg, seed=seed, test_size=test_size)

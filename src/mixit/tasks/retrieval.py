@@ -11,6 +11,7 @@ k = 2 stored pairs, asking for the second key::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -34,8 +35,10 @@ class RetrievalConfig(TaskConfig):
         # Markers and queries take the 2*max_pairs tokens from vocab/2 up, and
         # values need at least one token in [1, vocab/2 - 1].
         min_vocab = max(4, 4 * self.max_pairs)
-        check(self.vocab % 2 == 0 and self.vocab >= min_vocab,
-              f"vocab must be an even integer >= {min_vocab} (4 * max_pairs, at least 4), got {self.vocab}")
+        check(
+            self.vocab % 2 == 0 and self.vocab >= min_vocab,
+            f"vocab must be an even integer >= {min_vocab} (4 * max_pairs, at least 4), got {self.vocab}",
+        )
 
 
 @TASKS.register("retrieval")
@@ -49,7 +52,7 @@ class Retrieval(Task):
     name = "retrieval"
     Config = RetrievalConfig
     cfg: RetrievalConfig
-    defaults = {"steps": 1000, "batch_size": 128, "lr": 1e-3}
+    defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 1e-3}
 
     def __init__(self, cfg: RetrievalConfig | None = None, seed: int = 0, test_size: int = 4000):
         super().__init__(cfg, seed=seed, test_size=test_size)

@@ -22,7 +22,7 @@ import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import torch
@@ -65,7 +65,8 @@ class TextConfig(TaskConfig):
     """What both text tasks' parameters share: the tokenizer and where the data comes from."""
 
     tokenizer: str = "bpe"
-    """bpe (a byte-level BPE of `vocab` entries trained on the training split and cached), or a tokenizer.json file or a directory holding one."""
+    """bpe (a byte-level BPE of `vocab` entries trained on the training split
+    and cached), or a tokenizer.json file or a directory holding one."""
     data_dir: str = ""
     """A local copy of a hub dataset's repository to read instead of the hub (empty: the hub)."""
     max_documents: int = 0
@@ -100,8 +101,9 @@ class TextTask(Task):
 
 
 @functools.lru_cache(maxsize=2)
-def _lm_data(corpus: str, data_dir: str, max_documents: int, held_out: float, tokenizer: str,
-             vocab: int) -> tuple[TextTokenizer, np.ndarray, np.ndarray, dict[str, Any]]:
+def _lm_data(
+    corpus: str, data_dir: str, max_documents: int, held_out: float, tokenizer: str, vocab: int
+) -> tuple[TextTokenizer, np.ndarray, np.ndarray, dict[str, Any]]:
     """(tokenizer, train tokens, held-out tokens, info), built once per process and cached on disk."""
     data: TextDataset = load_corpus(corpus, data_dir or None, max_documents, held_out)
     tok = get_tokenizer(tokenizer, data.train.texts, vocab)
@@ -109,8 +111,13 @@ def _lm_data(corpus: str, data_dir: str, max_documents: int, held_out: float, to
     for split in (data.train, data.test):
         key = f"lm-{texts_fingerprint(split.texts)}-{tok.fingerprint()}"
         streams.append(load_or_build_array(key, functools.partial(encode_documents, tok, split.texts)))
-    info = {**data.info, "train_documents": len(data.train), "held_out_documents": len(data.test),
-            "train_tokens": int(len(streams[0])), "held_out_tokens": int(len(streams[1]))}
+    info = {
+        **data.info,
+        "train_documents": len(data.train),
+        "held_out_documents": len(data.test),
+        "train_tokens": len(streams[0]),
+        "held_out_tokens": len(streams[1]),
+    }
     return tok, streams[0], streams[1], info
 
 
@@ -119,7 +126,8 @@ class LanguageModelingConfig(TextConfig):
     """Language modelling on real text (embedded English by default), packed sequences."""
 
     corpus: str = "english"
-    """english (embedded), wikitext-103, fineweb-edu, or a local file or directory of .txt/.jsonl/.json/.parquet/.csv/.tsv."""
+    """english (embedded), wikitext-103, fineweb-edu, or a local file or
+    directory of .txt/.jsonl/.json/.parquet/.csv/.tsv."""
     length: int = 128
     """Tokens the model reads per sequence."""
     vocab: int = 4096
@@ -157,22 +165,32 @@ class LanguageModeling(TextTask):
     cfg: LanguageModelingConfig
     # Sized for a laptop CPU (about 15 minutes on 2 cores); the paper used length 256,
     # 8-12 layers of width 512-1024 and 40,000 steps.
-    defaults = {"steps": 2000, "batch_size": 32, "lr": 2e-3, "eval_batch_size": 64, "n_layers": 4}
+    defaults: ClassVar[dict[str, Any]] = {
+        "steps": 2000,
+        "batch_size": 32,
+        "lr": 2e-3,
+        "eval_batch_size": 64,
+        "n_layers": 4,
+    }
 
     def __init__(self, cfg: LanguageModelingConfig | None = None, seed: int = 0, test_size: int = 4000):
         super().__init__(cfg, seed=seed, test_size=test_size)
         c = self.cfg
         self.length = length = c.length
         self.tokenizer, self.train_tokens, self.test_tokens, self.dataset_info = _lm_data(
-            c.corpus, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab)
+            c.corpus, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab
+        )
         self.vocab_size = self.tokenizer.vocab_size
         self.seq_len = length + 1
         self.n_train = (len(self.train_tokens) - 1) // length
         self.n_test = (len(self.test_tokens) - 1) // length
         if self.n_train < 1 or self.n_test < 1:
             which = "training" if self.n_train < 1 else "held-out"
-            check(False, f"corpus {c.corpus!r}: the {which} split has fewer than {length + 1} tokens; "
-                         f"lower length or use a larger corpus")
+            check(
+                False,
+                f"corpus {c.corpus!r}: the {which} split has fewer than {length + 1} tokens; "
+                f"lower length or use a larger corpus",
+            )
         counts = np.bincount(self.train_tokens, minlength=self.vocab_size).astype(np.float64) + 1.0
         self._unigram_logp = torch.from_numpy(np.log(counts / counts.sum()))
 
@@ -205,8 +223,9 @@ class LanguageModeling(TextTask):
 
 
 @functools.lru_cache(maxsize=2)
-def _sentiment_data(dataset: str, data_dir: str, max_documents: int, held_out: float, tokenizer: str,
-                    vocab: int, length: int):
+def _sentiment_data(
+    dataset: str, data_dir: str, max_documents: int, held_out: float, tokenizer: str, vocab: int, length: int
+):
     data = load_labelled(dataset, data_dir or None, max_documents, held_out)
     tok = get_tokenizer(tokenizer, data.train.texts, vocab)
     splits = []
@@ -214,7 +233,7 @@ def _sentiment_data(dataset: str, data_dir: str, max_documents: int, held_out: f
         rows = np.full((len(split), length), tok.pad_id, dtype=np.int64)
         for i, ids in enumerate(tok.encode_batch(split.texts)):
             ids = ids[:length] or [tok.eos_id]  # truncate; an empty text reads as EOS alone
-            rows[i, :len(ids)] = ids
+            rows[i, : len(ids)] = ids
         splits.append((rows, np.asarray(split.labels, dtype=np.int64)))
     info = {**data.info, "train_examples": len(data.train), "test_examples": len(data.test)}
     return tok, splits[0], splits[1], info
@@ -258,14 +277,15 @@ class Sentiment(TextTask):
     name = "sentiment"
     Config = SentimentConfig
     cfg: SentimentConfig
-    defaults = {"steps": 1000, "batch_size": 64, "lr": 1e-3, "eval_batch_size": 500}
+    defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3, "eval_batch_size": 500}
 
     def __init__(self, cfg: SentimentConfig | None = None, seed: int = 0, test_size: int = 4000):
         super().__init__(cfg, seed=seed, test_size=test_size)
         c = self.cfg
         self.length = length = c.length
         self.tokenizer, self.train_set, self.test_set, self.dataset_info = _sentiment_data(
-            c.dataset, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab, length)
+            c.dataset, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab, length
+        )
         labels = np.concatenate([self.train_set[1], self.test_set[1]])
         check(labels.min() >= 0, f"dataset {c.dataset!r}: labels must be integers >= 0, found {labels.min()}")
         self.n_classes = max(int(labels.max()) + 1, 2)
@@ -274,8 +294,12 @@ class Sentiment(TextTask):
         self.majority = int(np.bincount(self.train_set[1], minlength=self.n_classes).argmax())
 
     def model_defaults(self, attention: str) -> dict[str, Any]:
-        return {"head": "classifier", "n_classes": self.n_classes, "pad_id": self.tokenizer.pad_id,
-                "causal": attention == "softmax"}
+        return {
+            "head": "classifier",
+            "n_classes": self.n_classes,
+            "pad_id": self.tokenizer.pad_id,
+            "causal": attention == "softmax",
+        }
 
     def _batch(self, rows: np.ndarray, labels: np.ndarray) -> Batch:
         width = int((rows != self.tokenizer.pad_id).sum(axis=1).max())
@@ -298,5 +322,7 @@ class Sentiment(TextTask):
 
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
         right = (preds == batch.targets) & (batch.targets != IGNORE)
-        return {"accuracy": right.float().mean().item(),
-                "majority_baseline": (batch.targets == self.majority).float().mean().item()}
+        return {
+            "accuracy": right.float().mean().item(),
+            "majority_baseline": (batch.targets == self.majority).float().mean().item(),
+        }

@@ -83,15 +83,26 @@ class HubSpec:
 
 HUB: dict[str, HubSpec] = {
     "wikitext-103": HubSpec(
-        "Salesforce/wikitext", "wikitext-103-raw-v1", {"train": "train", "test": "validation"},
+        "Salesforce/wikitext",
+        "wikitext-103-raw-v1",
+        {"train": "train", "test": "validation"},
         {"train": "wikitext-103-raw-v1/train-*.parquet", "validation": "wikitext-103-raw-v1/validation-*.parquet"},
-        wikitext_articles=True),
+        wikitext_articles=True,
+    ),
     "fineweb-edu": HubSpec(
-        "HuggingFaceFW/fineweb-edu", "sample-10BT", {"train": "train"},
-        {"train": "sample/10BT/*.parquet"}, default_max_documents=100_000),
+        "HuggingFaceFW/fineweb-edu",
+        "sample-10BT",
+        {"train": "train"},
+        {"train": "sample/10BT/*.parquet"},
+        default_max_documents=100_000,
+    ),
     "yelp_polarity": HubSpec(
-        "fancyzhx/yelp_polarity", "plain_text", {"train": "train", "test": "test"},
-        {"train": "plain_text/train-*.parquet", "test": "plain_text/test-*.parquet"}, label_column="label"),
+        "fancyzhx/yelp_polarity",
+        "plain_text",
+        {"train": "train", "test": "test"},
+        {"train": "plain_text/train-*.parquet", "test": "plain_text/test-*.parquet"},
+        label_column="label",
+    ),
 }
 LM_CORPORA = ("english", "wikitext-103", "fineweb-edu")
 LABELLED = ("movies", "yelp_polarity")
@@ -105,7 +116,8 @@ def held_out(text: str, fraction: float) -> bool:
 
 
 def hash_split(texts: list[str], labels: list[int] | None, fraction: float) -> tuple[TextSplit, TextSplit]:
-    train_i, test_i = [], []
+    train_i: list[int] = []
+    test_i: list[int] = []
     for i, text in enumerate(texts):
         (test_i if held_out(text, fraction) else train_i).append(i)
 
@@ -132,8 +144,10 @@ def _embedded(name: str) -> bytes:
     try:
         return lzma.decompress(path.read_bytes())
     except FileNotFoundError:
-        raise UsageError(f"embedded data file mixit/data/{name} is missing from this installation; "
-                         f"rebuild it with scripts/build_text_data.py") from None
+        raise UsageError(
+            f"embedded data file mixit/data/{name} is missing from this installation; "
+            f"rebuild it with scripts/build_text_data.py"
+        ) from None
 
 
 def english_documents() -> list[dict[str, str]]:
@@ -143,8 +157,9 @@ def english_documents() -> list[dict[str, str]]:
 
 def movie_snippets() -> tuple[list[str], list[int]]:
     """The embedded movie snippets with a nonzero score: texts, labels (1 = score > 0)."""
-    rows = csv.DictReader(io.StringIO(_embedded("movie_snippets.tsv.xz").decode()), delimiter="\t",
-                          quoting=csv.QUOTE_NONE)
+    rows = csv.DictReader(
+        io.StringIO(_embedded("movie_snippets.tsv.xz").decode()), delimiter="\t", quoting=csv.QUOTE_NONE
+    )
     texts, labels = [], []
     for row in rows:
         score = float(row["score"])
@@ -159,15 +174,19 @@ def _datasets():
     try:
         import datasets
     except ImportError:
-        raise UsageError("this dataset is read through Hugging Face `datasets`, which is not installed; "
-                         "pip install 'mixit[hf]' (or use the embedded default)") from None
+        raise UsageError(
+            "this dataset is read through Hugging Face `datasets`, which is not installed; "
+            "pip install 'mixit[hf]' (or use the embedded default)"
+        ) from None
     datasets.disable_progress_bars()
     return datasets
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+        for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -200,14 +219,16 @@ def _rows(table, spec: HubSpec, max_documents: int) -> TextSplit:
     labels = None
     if spec.label_column is not None:
         if spec.label_column not in table.column_names:
-            raise UsageError(f"{spec.repo}: expected a {spec.label_column!r} column, "
-                             f"found {', '.join(table.column_names)}")
+            raise UsageError(
+                f"{spec.repo}: expected a {spec.label_column!r} column, found {', '.join(table.column_names)}"
+            )
         labels = [int(v) for v in table[spec.label_column]]
     return _limit(TextSplit(texts, labels), max_documents)
 
 
-def load_hub(name: str, data_dir: str | None = None, max_documents: int = 0,
-             held_out_fraction: float = 0.05) -> TextDataset:
+def load_hub(
+    name: str, data_dir: str | None = None, max_documents: int = 0, held_out_fraction: float = 0.05
+) -> TextDataset:
     """Hub dataset `name` (a key of HUB), from the hub or from `data_dir`, a
     local copy of its repository (the layout `huggingface-cli download` makes)."""
     spec = HUB[name]
@@ -221,16 +242,19 @@ def load_hub(name: str, data_dir: str | None = None, max_documents: int = 0,
         for hub_split, pattern in spec.files.items():
             matches = sorted(root.glob(pattern))
             if not matches:
-                raise UsageError(f"data_dir {root} has no files matching {pattern} (a local copy of {spec.repo} "
-                                 f"should have them)")
+                raise UsageError(
+                    f"data_dir {root} has no files matching {pattern} (a local copy of {spec.repo} should have them)"
+                )
             files[hub_split] = [str(p) for p in matches]
         loaded = ds_lib.load_dataset("parquet", data_files=files)
         tables = {ours: loaded[hub] for ours, hub in spec.splits.items()}
         source = str(root)
     else:
         if not _offline() and not hub_reachable():
-            raise UsageError(f"dataset {name} ({spec.repo}) needs the Hugging Face hub, and {HUB_HOST} cannot be "
-                             f"reached from here; pass -p data_dir=LOCAL_COPY, or use the embedded default")
+            raise UsageError(
+                f"dataset {name} ({spec.repo}) needs the Hugging Face hub, and {HUB_HOST} cannot be "
+                f"reached from here; pass -p data_dir=LOCAL_COPY, or use the embedded default"
+            )
         stream = spec.default_max_documents > 0
         tables = {}
         try:
@@ -243,8 +267,10 @@ def load_hub(name: str, data_dir: str | None = None, max_documents: int = 0,
                     tables[ours] = ds_lib.load_dataset(spec.repo, spec.config, split=hub)
         except Exception as e:  # datasets raises many kinds (ConnectionError, FileNotFoundError, ValueError...)
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise UsageError(f"dataset {name} ({spec.repo}) could not be loaded ({first}); "
-                             f"pass -p data_dir=LOCAL_COPY, or use the embedded default") from None
+            raise UsageError(
+                f"dataset {name} ({spec.repo}) could not be loaded ({first}); "
+                f"pass -p data_dir=LOCAL_COPY, or use the embedded default"
+            ) from None
         source = f"hf://{spec.repo}/{spec.config}"
     train = _rows(tables["train"], spec, max_documents)
     if "test" in tables:
@@ -264,8 +290,9 @@ def _local_files(root: Path) -> list[Path]:
     else:
         files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
     if not files:
-        raise UsageError(f"{root}: no readable text files; allowed: {', '.join(LOCAL_SUFFIXES)} "
-                         f"(a file, or a directory of them)")
+        raise UsageError(
+            f"{root}: no readable text files; allowed: {', '.join(LOCAL_SUFFIXES)} (a file, or a directory of them)"
+        )
     return files
 
 
@@ -288,8 +315,10 @@ def _read_local(path: Path, labelled: bool) -> TextSplit:
     """
     if path.suffix == ".txt":
         if labelled:
-            raise UsageError(f"{path}: a .txt file has no labels; use .jsonl, .json, .parquet, .csv or .tsv "
-                             f"with 'text' and 'label' columns")
+            raise UsageError(
+                f"{path}: a .txt file has no labels; use .jsonl, .json, .parquet, .csv or .tsv "
+                f"with 'text' and 'label' columns"
+            )
         blocks = re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace"))
         return TextSplit([b.strip() for b in blocks if b.strip()])
     ds_lib = _datasets()
@@ -314,12 +343,14 @@ def _read_local(path: Path, labelled: bool) -> TextSplit:
 def _concat(splits: list[TextSplit]) -> TextSplit:
     """One split holding the documents (and labels) of several, in order."""
     labelled = splits[0].labels is not None
-    return TextSplit([t for s in splits for t in s.texts],
-                     [y for s in splits for y in s.labels] if labelled else None)
+    return TextSplit(
+        [t for s in splits for t in s.texts], [y for s in splits for y in s.labels or ()] if labelled else None
+    )
 
 
-def load_local(path: str | Path, labelled: bool, max_documents: int = 0,
-               held_out_fraction: float = 0.05) -> TextDataset:
+def load_local(
+    path: str | Path, labelled: bool, max_documents: int = 0, held_out_fraction: float = 0.05
+) -> TextDataset:
     """A local file or directory; files whose path names a split (train, validation, test) are used as that split."""
     root = Path(path)
     by_split: dict[str | None, list[TextSplit]] = {}
@@ -334,8 +365,10 @@ def load_local(path: str | Path, labelled: bool, max_documents: int = 0,
         train, test = hash_split(everything.texts, everything.labels, held_out_fraction)
         rule = f"hash split, held-out fraction {held_out_fraction}"
     if not train.texts or not test.texts:
-        raise UsageError(f"{root}: the {'held-out' if train.texts else 'training'} split is empty; "
-                         f"give more documents or another held-out fraction")
+        raise UsageError(
+            f"{root}: the {'held-out' if train.texts else 'training'} split is empty; "
+            f"give more documents or another held-out fraction"
+        )
     return TextDataset(str(root), train, test, {"source": str(root.resolve()), "split": rule})
 
 
@@ -344,17 +377,22 @@ def _looks_like_path(name: str) -> bool:
     return os.sep in name or "/" in name or Path(name).suffix in LOCAL_SUFFIXES or Path(name).exists()
 
 
-def _embedded_dataset(name: str, file: str, texts: list[str], labels: list[int] | None, max_documents: int,
-                      held_out_fraction: float) -> TextDataset:
+def _embedded_dataset(
+    name: str, file: str, texts: list[str], labels: list[int] | None, max_documents: int, held_out_fraction: float
+) -> TextDataset:
     _check_fraction(held_out_fraction)
     train, test = hash_split(texts, labels, held_out_fraction)
-    return TextDataset(name, _limit(train, max_documents), test,
-                       {"source": f"embedded mixit/data/{file}", "split": f"hash split, held-out fraction "
-                                                                        f"{held_out_fraction}"})
+    return TextDataset(
+        name,
+        _limit(train, max_documents),
+        test,
+        {"source": f"embedded mixit/data/{file}", "split": f"hash split, held-out fraction {held_out_fraction}"},
+    )
 
 
-def load_corpus(name: str = "english", data_dir: str | None = None, max_documents: int = 0,
-                held_out_fraction: float = 0.05) -> TextDataset:
+def load_corpus(
+    name: str = "english", data_dir: str | None = None, max_documents: int = 0, held_out_fraction: float = 0.05
+) -> TextDataset:
     """Documents for language modelling: a name of LM_CORPORA or a local path."""
     if name == "english":
         texts = [d["text"] for d in english_documents()]
@@ -363,12 +401,15 @@ def load_corpus(name: str = "english", data_dir: str | None = None, max_document
         return load_hub(name, data_dir, max_documents, held_out_fraction)
     if _looks_like_path(name):
         return load_local(name, labelled=False, max_documents=max_documents, held_out_fraction=held_out_fraction)
-    raise UsageError(f"unknown corpus {name!r}; choose one of: {', '.join(LM_CORPORA)}, or a local file or directory "
-                     f"({', '.join(LOCAL_SUFFIXES)})")
+    raise UsageError(
+        f"unknown corpus {name!r}; choose one of: {', '.join(LM_CORPORA)}, or a local file or directory "
+        f"({', '.join(LOCAL_SUFFIXES)})"
+    )
 
 
-def load_labelled(name: str = "movies", data_dir: str | None = None, max_documents: int = 0,
-                  held_out_fraction: float = 0.2) -> TextDataset:
+def load_labelled(
+    name: str = "movies", data_dir: str | None = None, max_documents: int = 0, held_out_fraction: float = 0.2
+) -> TextDataset:
     """Texts with integer labels for classification: a name of LABELLED or a local path."""
     if name == "movies":
         return _embedded_dataset(name, "movie_snippets.tsv.xz", *movie_snippets(), max_documents, held_out_fraction)
@@ -376,5 +417,7 @@ def load_labelled(name: str = "movies", data_dir: str | None = None, max_documen
         return load_hub(name, data_dir, max_documents, held_out_fraction)
     if _looks_like_path(name):
         return load_local(name, labelled=True, max_documents=max_documents, held_out_fraction=held_out_fraction)
-    raise UsageError(f"unknown dataset {name!r}; choose one of: {', '.join(LABELLED)}, or a local file or directory "
-                     f"({', '.join(LOCAL_SUFFIXES[1:])}) with text and label columns")
+    raise UsageError(
+        f"unknown dataset {name!r}; choose one of: {', '.join(LABELLED)}, or a local file or directory "
+        f"({', '.join(LOCAL_SUFFIXES[1:])}) with text and label columns"
+    )

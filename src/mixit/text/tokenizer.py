@@ -17,8 +17,8 @@ sampling and resuming read that copy, so a run never depends on the cache.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -73,7 +73,7 @@ class TextTokenizer:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: str | Path) -> "TextTokenizer":
+    def load(cls, path: str | Path) -> TextTokenizer:
         """A tokenizer.json file, or a directory holding one (a local Hugging Face model or run directory)."""
         from tokenizers import Tokenizer
 
@@ -81,8 +81,10 @@ class TextTokenizer:
         if path.is_dir():
             path = path / TOKENIZER_FILE
         if not path.is_file():
-            raise UsageError(f"tokenizer {path} not found; give 'bpe' (train one on the training split), "
-                             f"a tokenizer.json file, or a directory holding one")
+            raise UsageError(
+                f"tokenizer {path} not found; give 'bpe' (train one on the training split), "
+                f"a tokenizer.json file, or a directory holding one"
+            )
         try:
             return cls(Tokenizer.from_file(str(path)))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
@@ -94,13 +96,18 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> TextTokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < MIN_VOCAB:
-        raise UsageError(f"vocab must be at least {MIN_VOCAB} (256 bytes + {len(SPECIALS)} special tokens), "
-                         f"got {vocab_size}")
+        raise UsageError(
+            f"vocab must be at least {MIN_VOCAB} (256 bytes + {len(SPECIALS)} special tokens), got {vocab_size}"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIALS),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer)
     return TextTokenizer(tok)
 
@@ -145,9 +152,11 @@ def encode_documents(tok: TextTokenizer, documents: Sequence[str], chunk: int = 
     from tqdm.auto import tqdm
 
     pieces = []
-    bar = tqdm(total=len(documents), desc="tokenizing", unit="doc", disable=None if len(documents) > 20 * chunk else True)
+    bar = tqdm(
+        total=len(documents), desc="tokenizing", unit="doc", disable=None if len(documents) > 20 * chunk else True
+    )
     for start in range(0, len(documents), chunk):
-        batch = documents[start:start + chunk]
+        batch = documents[start : start + chunk]
         for ids in tok.encode_batch(batch):
             pieces.append(np.asarray(ids, dtype=np.int32))
             pieces.append(np.asarray([tok.eos_id], dtype=np.int32))

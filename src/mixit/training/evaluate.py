@@ -15,8 +15,9 @@ from mixit.training.step import loss_fn
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, task: Task, device: torch.device, batch_size: int = 1000,
-             batch: Batch | None = None) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, task: Task, device: torch.device, batch_size: int = 1000, batch: Batch | None = None
+) -> dict[str, float]:
     """Loss and the task's metrics on `batch` (default: the task's test set).
 
     Runs in chunks of `batch_size` examples; the loss is averaged over all
@@ -27,15 +28,17 @@ def evaluate(model: nn.Module, task: Task, device: torch.device, batch_size: int
     batch = task.test_batch() if batch is None else batch
     preds, loss_sum = [], 0.0
     for start in range(0, len(batch), batch_size):
-        chunk = batch[start:start + batch_size].to(device)
+        chunk = batch[start : start + batch_size].to(device)
         logits = model(chunk.inputs)
         n = int(chunk.mask.sum())
         if n:
             loss_sum += loss_fn(logits, chunk.targets).item() * n
         preds.append(logits.argmax(dim=-1).cpu())
     model.train(was_training)
-    counts = ParamCounts(trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
-                         total=sum(p.numel() for p in model.parameters()))
+    counts = ParamCounts(
+        trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        total=sum(p.numel() for p in model.parameters()),
+    )
     metrics = {"loss": loss_sum / max(int(batch.mask.sum()), 1)}
     metrics.update(task.loss_metrics(metrics["loss"]))
     metrics.update(task.score(torch.cat(preds), batch, counts))
@@ -55,5 +58,10 @@ def evaluate_run(run_dir: Path, device: str = "auto", batch_size: int = 1000) ->
     loaded = run.load(device)
     # The frozen parts are frozen again, so bits per trainable parameter count what training could change.
     metrics = evaluate(loaded.model, loaded.task, next(loaded.model.parameters()).device, batch_size)
-    return {"run_dir": str(run_dir), "checkpoint": loaded.checkpoint.name, "task": loaded.task.describe(),
-            "variant": loaded.cfg.variant, "test": metrics}
+    return {
+        "run_dir": str(run_dir),
+        "checkpoint": loaded.checkpoint.name,
+        "task": loaded.task.describe(),
+        "variant": loaded.cfg.variant,
+        "test": metrics,
+    }

@@ -24,9 +24,15 @@ from mixit.training.optim import build_optimizer, lr_at
 from mixit.training.step import train_step
 
 
-def train(cfg: RunConfig, run_dir: str | Path, device: str = "auto", resume: bool = False,
-          progress: bool = True, compile: bool = False,
-          on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+def train(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    device: str = "auto",
+    resume: bool = False,
+    progress: bool = True,
+    compile: bool = False,
+    on_step: Callable[[int, float], None] | None = None,
+) -> dict[str, Any]:
     """Train `cfg` into `run_dir` and return the summary (also written to summary.json).
 
     Args:
@@ -67,8 +73,14 @@ def train(cfg: RunConfig, run_dir: str | Path, device: str = "auto", resume: boo
     trainable = [p for p in model.parameters() if p.requires_grad]
     forward = torch.compile(model) if compile else model
     # Redraw at most every 10 s when stderr is a log file rather than a terminal.
-    bar = tqdm(total=tc.steps, initial=start, disable=not progress, desc=f"{cfg.task}/{cfg.variant}",
-               dynamic_ncols=True, mininterval=0.1 if sys.stderr.isatty() else 10.0)
+    bar = tqdm(
+        total=tc.steps,
+        initial=start,
+        disable=not progress,
+        desc=f"{cfg.task}/{cfg.variant}",
+        dynamic_ncols=True,
+        mininterval=0.1 if sys.stderr.isatty() else 10.0,
+    )
     t0, train_time = time.perf_counter(), 0.0
     metrics: dict[str, float] = {}
     model.train()
@@ -84,8 +96,15 @@ def train(cfg: RunConfig, run_dir: str | Path, device: str = "auto", resume: boo
             done = step + 1
             if done % log_every == 0 or done == tc.steps:
                 loss_value = loss.item()
-                log.write({"step": done, "event": "train", "loss": loss_value, "lr": lr,
-                           "elapsed_s": round(time.perf_counter() - t0, 3)})
+                log.write(
+                    {
+                        "step": done,
+                        "event": "train",
+                        "loss": loss_value,
+                        "lr": lr,
+                        "elapsed_s": round(time.perf_counter() - t0, 3),
+                    }
+                )
                 bar.set_postfix(loss=f"{loss_value:.4f}", **({"test": f"{headline(metrics):.3f}"} if metrics else {}))
             if done % eval_every == 0 or done == tc.steps:
                 metrics = evaluate(model, task, dev, tc.eval_batch_size)
@@ -102,10 +121,16 @@ def train(cfg: RunConfig, run_dir: str | Path, device: str = "auto", resume: boo
         metrics = evaluate(model, task, dev, tc.eval_batch_size)
 
     summary = {
-        "task": task.describe(), "variant": cfg.variant, "steps": tc.steps, "resumed_from": start if resume else None,
-        "test": metrics, "n_params": report.n_trainable + report.n_frozen, "n_trainable": report.n_trainable,
+        "task": task.describe(),
+        "variant": cfg.variant,
+        "steps": tc.steps,
+        "resumed_from": start if resume else None,
+        "test": metrics,
+        "n_params": report.n_trainable + report.n_frozen,
+        "n_trainable": report.n_trainable,
         "train_seconds_this_session": round(train_time, 2),
-        "wall_seconds_this_session": round(time.perf_counter() - t0, 2), "device": str(dev),
+        "wall_seconds_this_session": round(time.perf_counter() - t0, 2),
+        "device": str(dev),
         "run_dir": str(run.path),
     }
     run.write_summary(summary)

@@ -23,8 +23,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
         raise ValueError("the model has no trainable parameter")
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     fused = True if device.type in ("cuda", "cpu") else None
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 

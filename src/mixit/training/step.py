@@ -15,9 +15,14 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
 
-def train_step(model: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer,
-               inputs: torch.Tensor, targets: torch.Tensor, trainable: list[torch.nn.Parameter],
-               grad_clip: float) -> torch.Tensor:
+def train_step(
+    model: Callable[[torch.Tensor], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    trainable: list[torch.nn.Parameter],
+    grad_clip: float,
+) -> torch.Tensor:
     """One optimizer step: forward, the task loss, backward, global-norm clipping
     (grad_clip > 0), AdamW. `model` maps tokens to logits (a module, a compiled
     module, or a wrapper). Returns the loss tensor without synchronising on it."""
