@@ -314,8 +314,11 @@ def hf_llama(shape: Shape) -> nn.Module | None:
         use_cache=False,
     )
     config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
+    # Hugging Face initialises from the global generator: seed it inside a fork,
+    # so the caller's random state is left as it was.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config)
 
 
 def bench_hf(shape: Shape, device: torch.device, dtype: torch.dtype, compile: bool = False) -> Contender | None:

@@ -35,8 +35,7 @@ from pathlib import Path
 from typing import Any, NoReturn, get_args, get_origin
 
 import docstring_parser
-import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, DefaultHelpFormatter
 
 from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import format_signal, signal_command
@@ -44,10 +43,9 @@ from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
 from mixit.config import ModelConfig, TrainConfig, field_docs, field_hints
 from mixit.errors import UsageError
-from mixit.experiment import DERIVED, RunConfig, as_request, merge, resolve
-from mixit.files import read_json
+from mixit.experiment import DERIVED, RunConfig, as_request, load_request, merge, resolve
 from mixit.generate import sample_run
-from mixit.run import Run, load_config_file
+from mixit.run import Run
 from mixit.runtime import tune_allocator
 from mixit.tasks import TASKS
 from mixit.training.evaluate import evaluate_run
@@ -153,11 +151,15 @@ def add_options(parser: ArgumentParser, options: list[Option], prefix: str = "",
             )
 
 
+class RawEpilogFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
+    """jsonargparse's help layout, with the description and epilog kept as written."""
+
+
 class Parser(ArgumentParser):
     """jsonargparse's parser, raising on errors (printed on one line by `main`)."""
 
     def __init__(self, **kwargs: Any):
-        super().__init__(exit_on_error=False, print_config=None, **kwargs)
+        super().__init__(exit_on_error=False, print_config=None, formatter_class=RawEpilogFormatter, **kwargs)
 
 
 # -- mixit train ------------------------------------------------------------------------
@@ -180,7 +182,6 @@ def train_parser() -> Parser:
         "default steps, batch size and learning rate (`mixit list`); the defaults shown here "
         "apply where it does not.",
         epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--config",
@@ -201,39 +202,13 @@ def train_parser() -> Parser:
     return p
 
 
-def load_request_file(path: Path) -> dict[str, Any]:
-    """A request from a config file: a user's YAML/TOML/JSON, or a run's config.json (or its directory),
-    which is turned into the smallest request that replays that run (`as_request`)."""
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise UsageError(f"config file {path} does not exist")
-    text = path.read_text()
-    try:
-        if path.suffix == ".toml":
-            import tomllib
-
-            data: Any = tomllib.loads(text)
-        elif path.suffix == ".json":
-            data = read_json(path, "a config file")
-        else:
-            data = yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
-        raise UsageError(f"config file {path} cannot be parsed: {' '.join(str(e).split())}") from None
-    if isinstance(data, dict) and isinstance(data.get("config"), dict) and "mixit_version" in data:
-        return as_request(load_config_file(path))
-    if not isinstance(data, dict):
-        raise UsageError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
-    return data
-
-
 def _given(ns: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
     return {k: ns[k] for k in names if k in ns}
 
 
 def train_request(args: Mapping[str, Any]) -> dict[str, Any]:
     """The request that the flags (and --config file) of `mixit train` make."""
-    base = load_request_file(args["config"]) if "config" in args else {}
+    base = load_request(args["config"]) if "config" in args else {}
     flags: dict[str, Any] = _given(args, [o.name for o in RUN_OPTIONS])
     for group in ("model", "train"):
         if group in args:
@@ -311,10 +286,9 @@ def cmd_sample(args: Mapping[str, Any]) -> int:
 
 
 def cmd_analyze(args: Mapping[str, Any]) -> int:
-    analyze_run(**args)
-    out = Run(args["run_dir"]).analysis_dir
-    print((out / "summary.md").read_text().strip())
-    print(f"\nwritten to {out}")
+    result = analyze_run(**args)
+    print(result["summary"].strip())
+    print(f"\nwritten to {result['out_dir']}")
     return 0
 
 

@@ -168,9 +168,9 @@ class ModelConfig(Config):
     """The decoder (docs/model.md): width, depth, attention kind and initialisation."""
 
     what: ClassVar[str] = "model option"
+    # Options whose value names a registered part (attention, activation): the
+    # module holding each registry adds it here, so a typo fails at construction.
     named: ClassVar[dict[str, Registry[Any]]] = {}
-    """Options whose value names a registered part (attention, activation): the
-    module holding each registry adds it here, so a typo fails at construction."""
 
     vocab_size: int
     """Vocabulary size; always the task's, never set by hand."""

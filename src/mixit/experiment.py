@@ -25,10 +25,14 @@ replays a run and lets flags change it.
 from __future__ import annotations
 
 import dataclasses
+import json
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from mixit.config import ModelConfig, TaskConfig, TrainConfig, check, field_docs
 from mixit.errors import UsageError
@@ -278,6 +282,37 @@ def model_config(variant: str, **options: Any) -> ModelConfig:
     merged = {**v.model_defaults, "attention": v.attention, **options}
     check_attention(v, merged["attention"])
     return ModelConfig.from_dict(merged)
+
+
+def is_record(data: Any) -> bool:
+    """Whether `data` is a run's config.json: {"config": ..., "mixit_version": ..., "git_commit": ...}."""
+    return isinstance(data, dict) and isinstance(data.get("config"), dict) and "mixit_version" in data
+
+
+def load_request(path: Path) -> dict[str, Any]:
+    """The request in a config file: a user's YAML, TOML or JSON file, or a
+    run's config.json (or its directory), which becomes the smallest request
+    that replays that run (`as_request`)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UsageError(f"config file {path} does not exist")
+    try:
+        text = path.read_text()
+        if path.suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (ValueError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise UsageError(f"config file {path} cannot be parsed: {' '.join(str(e).split())}") from None
+    if is_record(data):
+        return as_request(RunConfig.from_dict(data["config"]))
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
+    return data
 
 
 # -- building ---------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from mixit.errors import UsageError
-from mixit.experiment import RunConfig, build
+from mixit.experiment import RunConfig, build, is_record
 from mixit.files import read_json, write_json, write_text
 from mixit.models import Transformer
 from mixit.runtime import resolve_device
@@ -77,7 +77,7 @@ def _fsync_dir(path: Path) -> None:
 def load_config_file(path: Path) -> RunConfig:
     """The RunConfig stored in a run's config.json."""
     data = read_json(path, "config.json")
-    if not isinstance(data, dict) or "config" not in data:
+    if not is_record(data):
         raise UsageError(f"{path} is corrupt: no 'config' entry")
     return RunConfig.from_dict(data["config"])
 

@@ -38,7 +38,10 @@ def analyze_run(
     batch: int = 64,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Run every analysis on a run's latest checkpoint and write RUN_DIR/analysis/; return what summary.md says.
+    """Run every analysis on a run's latest checkpoint and write RUN_DIR/analysis/.
+
+    Returns the findings of summary.md as data, with the text itself under
+    "summary" and the directory written under "out_dir".
 
     Args:
         run_dir: the run directory.
@@ -91,8 +94,9 @@ def analyze_run(
     write_json(out_dir / "signal.json", signal)
 
     findings = summarize(scores, signal)
-    write_text(out_dir / "summary.md", render_summary(name, findings, fixed is not None))
-    return findings
+    text = render_summary(name, findings, fixed is not None)
+    write_text(out_dir / "summary.md", text)
+    return {**findings, "summary": text, "out_dir": str(out_dir)}
 
 
 def summarize(scores: dict[str, Any], signal: dict[str, Any]) -> dict[str, Any]:

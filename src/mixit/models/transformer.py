@@ -51,6 +51,13 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        # torch's layers draw a throw-away initialisation from the global generator;
+        # building inside a fork leaves the caller's random state untouched.
+        with torch.random.fork_rng(devices=[]):
+            self._build(cfg)
+        self.reset_parameters()
+
+    def _build(self, cfg: ModelConfig) -> None:
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         learned_positions = ATTENTION.get(cfg.attention).learned_positions
         self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model) if learned_positions else None
@@ -60,7 +67,6 @@ class Transformer(nn.Module):
             self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         else:
             self.classifier = nn.Linear(cfg.d_model, cfg.n_classes, bias=False)
-        self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

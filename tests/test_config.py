@@ -1,0 +1,282 @@
+"""The typed configuration: strict checks, every option on the command line,
+requests and their resolution, config files and the replay of a run."""
+
+import dataclasses
+import json
+import math
+import re
+
+import pytest
+
+from mixit import ModelConfig, RunConfig, TrainConfig, as_request, resolve, run_config, train
+from mixit.cli import main, train_parser
+from mixit.config import field_docs
+from mixit.errors import UsageError
+from mixit.experiment import DERIVED, FLAT_NAMES, load_request, nest
+from mixit.tasks import TASKS
+
+TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "steps": 4, "batch_size": 8, "test_size": 20}
+
+
+def printed_config(capsys, *args):
+    """The resolved config `mixit train ... --print-config` prints."""
+    assert main(["train", *args, "--print-config"]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+# -- the dataclasses ------------------------------------------------------------------------
+
+
+def test_every_option_has_a_docstring():
+    for cls in (ModelConfig, TrainConfig, RunConfig, *(t.Config for _, t in TASKS.items())):
+        docs = field_docs(cls)
+        assert set(docs) == {f.name for f in dataclasses.fields(cls)}, cls
+        assert all(doc and "\n" not in doc for doc in docs.values()), cls
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, message",
+    [
+        (TrainConfig, {"lr": "abc"}, "lr must be a finite number, got 'abc'"),
+        (TrainConfig, {"lr": math.inf}, "lr must be a finite number, got inf"),
+        (TrainConfig, {"lr": math.nan}, "lr must be a finite number"),
+        (TrainConfig, {"steps": 1.5}, "steps must be an integer, got 1.5"),
+        (TrainConfig, {"steps": True}, "steps must be an integer, got True"),
+        (TrainConfig, {"warmup_steps": "10"}, "warmup_steps must be an integer or null, got '10'"),
+        (ModelConfig, {"bias": "false"}, "bias must be true or false, got 'false'"),
+        (ModelConfig, {"init_std": None}, "init_std must be a finite number, got None"),
+        (ModelConfig, {"causal": "no"}, "causal must be true or false, got 'no'"),
+        (ModelConfig, {"head": "regression"}, "head must be one of 'lm', 'classifier', got 'regression'"),
+        (ModelConfig, {"attention": "linear"}, "unknown attention kind 'linear'; allowed: softmax, mixing"),
+        (ModelConfig, {"activation": "relu"}, "unknown activation 'relu'; allowed: silu, shaped_leaky_relu"),
+    ],
+)
+def test_values_are_checked_strictly_at_construction(cls, kwargs, message):
+    base = {"vocab_size": 16, "n_ctx": 8} if cls is ModelConfig else {}
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        cls(**base, **kwargs)
+
+
+def test_an_integer_is_a_float_and_derived_defaults_are_resolved():
+    tc = TrainConfig(steps=500, lr=1)
+    assert tc.lr == 1.0 and isinstance(tc.lr, float)
+    assert (tc.warmup_steps, tc.eval_every, tc.log_every, tc.checkpoint_every) == (50, 50, 25, 125)
+    assert ModelConfig(vocab_size=16, n_ctx=8, d_model=64).d_mlp == 256
+
+
+def test_flat_names_are_unique_and_cover_every_option():
+    model = {f.name for f in dataclasses.fields(ModelConfig)} - set(DERIVED["model"])
+    train_ = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert not model & train_
+    assert set(FLAT_NAMES) == model | train_ | {"data_seed", "test_size"}
+    assert nest({"d_model": 8, "lr": 0.1, "data_seed": 3}) == {
+        "model": {"d_model": 8},
+        "train": {"lr": 0.1},
+        "data_seed": 3,
+    }
+
+
+# -- the command line is generated from the dataclasses ------------------------------------------
+
+
+def test_every_option_is_a_flag_with_its_docstring_in_help():
+    text = train_parser().format_help()
+    for group, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        for name, doc in field_docs(cls).items():
+            if name in DERIVED.get(group, ()):
+                assert f"--{group}.{name}" not in text
+                continue
+            assert f"--{group}.{name}" in text and f"--{name.replace('_', '-')}" in text, name
+            assert doc.split()[0] in text, name
+
+
+NON_DEFAULT = {
+    # A value other than the default for every option, spelled as on the command line.
+    "n_ctx": ("40", 40),
+    "d_model": ("48", 48),
+    "n_layers": ("3", 3),
+    "n_heads": ("3", 3),
+    "d_mlp": ("100", 100),
+    "attention": ("softmax", "softmax"),
+    "bias": ("false", False),
+    "rope_base": ("500", 500.0),
+    "init_std": ("0.05", 0.05),
+    "mixing_alpha": ("0.5", 0.5),
+    "mixing_sink": ("false", False),
+    "skip_scale": ("0.9", 0.9),
+    "branch_scale": ("0.8", 0.8),
+    "activation": ("shaped_leaky_relu", "shaped_leaky_relu"),
+    "leaky_c": ("-2", -2.0),
+    "width_scaling": ("true", True),
+    "base_width": ("256", 256),
+    "seed": ("5", 5),
+    "causal": ("true", True),
+    "head": ("lm", "lm"),
+    "n_classes": ("3", 3),
+    "pooling": ("mean", "mean"),
+    "pad_id": ("12", 12),
+    "steps": ("77", 77),
+    "batch_size": ("9", 9),
+    "lr": ("0.004", 0.004),
+    "weight_decay": ("0.2", 0.2),
+    "beta1": ("0.8", 0.8),
+    "beta2": ("0.95", 0.95),
+    "warmup_steps": ("7", 7),
+    "min_lr_ratio": ("0.3", 0.3),
+    "grad_clip": ("0.5", 0.5),
+    "eval_every": ("11", 11),
+    "log_every": ("3", 3),
+    "checkpoint_every": ("13", 13),
+    "eval_batch_size": ("17", 17),
+}
+
+
+@pytest.mark.parametrize("spelling", ["dotted", "short"])
+def test_every_option_is_settable_from_the_command_line(spelling, capsys):
+    assert set(NON_DEFAULT) == set(FLAT_NAMES) - {"data_seed", "test_size"}  # a new option needs a row here
+    args = ["--task", "addition", "-p", "n_digits=3", "--data-seed", "4", "--test-size", "30"]
+    for name, (text, _) in NON_DEFAULT.items():
+        flag = f"--{FLAT_NAMES[name]}.{name}" if spelling == "dotted" else f"--{name.replace('_', '-')}"
+        args += [flag, text]
+    cfg = printed_config(capsys, *args)
+    for name, (_, value) in NON_DEFAULT.items():
+        assert cfg[FLAT_NAMES[name]][name] == value, name
+    assert (cfg["data_seed"], cfg["test_size"], cfg["task_params"]["n_digits"]) == (4, 30, 3)
+
+
+def test_bool_options_read_like_flags(capsys):
+    assert printed_config(capsys, "--no-bias")["model"]["bias"] is False
+    assert printed_config(capsys, "--bias")["model"]["bias"] is True
+    assert printed_config(capsys, "--width-scaling")["model"]["width_scaling"] is True
+
+
+def test_help_lists_each_tasks_parameters(capsys):
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    for name in TASKS:
+        assert f"  {name}: " in out
+    assert "n_digits=10" in out and "--d-model" in out and "--model.d_model" in out
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+def test_layers_of_defaults_task_then_variant_then_request():
+    cfg = resolve({"task": "addition", "variant": "mixit", "task_params": {"n_digits": 5}})
+    assert (cfg.train.steps, cfg.train.lr, cfg.train.batch_size) == (1000, 3e-3, 128)  # the task's defaults
+    assert cfg.model.attention == "mixing"  # the variant's
+    assert (cfg.model.vocab_size, cfg.model.n_ctx) == (31, 18)  # the task's alone
+    cfg = resolve({"task": "addition", "train": {"steps": 10, "lr": 0.1}, "model": {"n_ctx": 40}})
+    assert (cfg.train.steps, cfg.train.lr, cfg.train.eval_every, cfg.model.n_ctx) == (10, 0.1, 1, 40)
+
+
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        ({"tsk": "addition"}, r"unknown key\(s\) tsk"),
+        ({"model": {"d_modle": 3}}, r"unknown model option\(s\) d_modle"),
+        ({"train": {"lr": "abc"}}, "lr must be a finite number, got 'abc'"),
+        ({"task_params": [1]}, "task_params must be a mapping"),
+        ({"task_params": {"n_digits": "5"}}, "n_digits must be an integer, got '5'"),
+        ({"model": {"vocab_size": 7}}, "vocab_size comes from the task"),
+        ({"variant": "frozen_v"}, "unknown variant 'frozen_v'"),
+        ({"data_seed": "1"}, "data_seed must be an integer"),
+        ({"model": {"n_ctx": 3}}, "longer than n_ctx=3"),
+    ],
+)
+def test_bad_requests_are_refused(request_, message):
+    with pytest.raises(UsageError, match=message):
+        resolve(request_)
+
+
+CONFIGS = [
+    run_config("addition", "standard", {"n_digits": 3}),
+    run_config("addition", "mixit", {"n_digits": 3}, d_model=64, steps=300, lr=0.01, seed=2, data_seed=5),
+    run_config("retrieval", "frozen_qk", {"max_pairs": 4, "vocab": 32}, d_mlp=100, eval_every=7, n_ctx=20),
+    run_config("memorization", "random", {"n": 8}, attention="mixing", **ModelConfig.shaped()),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_as_request_is_small_and_resolves_back(cfg):
+    request = as_request(cfg)
+    assert resolve(request) == cfg
+    assert RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_as_request_keeps_changes_and_lets_defaults_follow():
+    cfg = run_config("addition", "mixit", {"n_digits": 3}, d_model=64, lr=0.01)
+    request = as_request(cfg)
+    assert request["model"] == {"d_model": 64} and request["train"] == {"lr": 0.01}
+    # Another task: n_ctx and the task's own steps follow it; the changed d_model and lr stay.
+    other = resolve({**request, "task": "retrieval", "task_params": {"max_pairs": 4, "vocab": 32}})
+    assert (other.model.n_ctx, other.model.vocab_size, other.model.d_model) == (10, 32, 64)
+    assert (other.train.lr, other.train.steps) == (0.01, 1000)
+    # Another step count: the cadences derived from it follow.
+    longer = resolve({**request, "train": {**request["train"], "steps": 5000}})
+    assert (longer.train.eval_every, longer.train.warmup_steps) == (500, 100)
+
+
+# -- config files and replay -------------------------------------------------------------------
+
+
+def test_yaml_toml_and_json_config_files_with_flags_overriding(tmp_path, capsys):
+    files = {
+        "c.yaml": "task: retrieval\nvariant: mixit\ntask_params:\n  max_pairs: 4\n  vocab: 32\n"
+        "model:\n  d_model: 48\ntrain:\n  lr: 0.02\n",
+        "c.toml": 'task = "retrieval"\nvariant = "mixit"\n[task_params]\nmax_pairs = 4\nvocab = 32\n'
+        "[model]\nd_model = 48\n[train]\nlr = 0.02\n",
+        "c.json": json.dumps(
+            {
+                "task": "retrieval",
+                "variant": "mixit",
+                "task_params": {"max_pairs": 4, "vocab": 32},
+                "model": {"d_model": 48},
+                "train": {"lr": 0.02},
+            }
+        ),
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        assert load_request(tmp_path / name)["model"] == {"d_model": 48}
+        cfg = printed_config(capsys, "--config", str(tmp_path / name), "--lr", "0.5", "-p", "max_pairs=5")
+        assert (cfg["task"], cfg["variant"], cfg["model"]["d_model"]) == ("retrieval", "mixit", 48)
+        assert (cfg["train"]["lr"], cfg["task_params"]) == (0.5, {"max_pairs": 5, "vocab": 32})
+
+
+def test_a_run_is_replayed_exactly_and_changed_by_flags(tmp_path, capsys):
+    cfg = run_config("addition", "mixit", {"n_digits": 2}, **TINY, lr=0.01, seed=3)
+    train(cfg, tmp_path / "run", progress=False)
+    for source in (tmp_path / "run" / "config.json", tmp_path / "run"):
+        assert printed_config(capsys, "--config", str(source)) == cfg.to_dict()
+    changed = printed_config(capsys, "--config", str(tmp_path / "run"), "--seed", "4", "-p", "n_digits=3")
+    assert changed["model"]["seed"] == 4 and changed["train"]["lr"] == 0.01
+    assert changed["model"]["n_ctx"] == 3 * 3 + 3  # the default n_ctx followed the new task parameters
+    # The replayed config trains to the same numbers.
+    assert main(["train", "--config", str(tmp_path / "run"), "--out", str(tmp_path / "again"), "--no-progress"]) == 0
+    first = json.loads((tmp_path / "run" / "summary.json").read_text())["test"]
+    second = json.loads((tmp_path / "again" / "summary.json").read_text())["test"]
+    assert first == second
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"model": {"bias": "false"}}', "bias must be true or false, got 'false'"),
+        ('{"train": {"lr": "abc"}}', "lr must be a finite number, got 'abc'"),
+        ('{"model": {"init_std": null}}', "init_std must be a finite number, got None"),
+        ('{"task_params": [1]}', "task_params must be a mapping"),
+        ('{"model": {"causal": "no"}}', "causal must be true or false, got 'no'"),
+        ('{"modle": {}}', r"unknown key\(s\) modle"),
+        ("[1, 2]", "must hold a mapping"),
+        ("{not json", "cannot be parsed"),
+    ],
+)
+def test_bad_config_files_are_one_line_and_exit_2(tmp_path, capsys, text, message):
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    assert main(["train", "--config", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert re.search(message, err), err
+    assert not (tmp_path / "out").exists()

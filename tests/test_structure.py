@@ -1,0 +1,124 @@
+"""The package's structure: modules import only downwards, the CLI only parses
+and dispatches, library code leaves global state alone, and nothing points
+outside the repository."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "mixit"
+
+# Each module's layer (docs/design.md, "Layout"): a module may import modules of
+# its own layer or lower ones, never higher ones and never the package itself.
+LAYERS = {
+    0: ["errors", "registry", "version", "files"],
+    1: ["config"],
+    2: ["models", "text", "runtime"],
+    3: ["freezing", "tasks"],
+    4: ["experiment", "catalogue"],
+    5: ["run"],
+    6: ["training"],
+    7: ["analysis", "generate", "bench"],
+    8: ["cli"],
+    9: ["__init__", "__main__"],
+}
+LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
+
+
+def modules():
+    for path in sorted(SRC.rglob("*.py")):
+        yield path, path.relative_to(SRC).parts[0].removesuffix(".py")
+
+
+def mixit_imports(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "mixit":
+            yield node.module
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name.split(".")[0] == "mixit")
+
+
+def test_every_module_has_a_layer():
+    assert {top for _, top in modules()} <= set(LAYER_OF)
+
+
+def test_no_module_imports_a_module_above_it_or_the_package():
+    upward = []
+    for path, top in modules():
+        for name in mixit_imports(path):
+            parts = name.split(".")
+            if len(parts) == 1:
+                if top not in ("__init__", "__main__"):
+                    upward.append(f"{path.relative_to(SRC)} imports the package `mixit` itself")
+                continue
+            if LAYER_OF[parts[1]] > LAYER_OF[top]:
+                upward.append(
+                    f"{path.relative_to(SRC)} (layer {LAYER_OF[top]}) imports {name} (layer {LAYER_OF[parts[1]]})"
+                )
+    assert not upward, "\n".join(upward)
+
+
+def test_cli_only_parses_and_dispatches():
+    """cli.py does no tensor, model or file work itself: no torch, numpy or
+    safetensors, no open/read/write/mkdir."""
+    tree = ast.parse((SRC / "cli.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not imported & {"torch", "numpy", "safetensors", "shutil", "os"}
+    calls = {
+        n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, (ast.Attribute, ast.Name))
+        and not (isinstance(n.func, ast.Attribute) and getattr(n.func.value, "id", "") == "Run")
+    }
+    assert not calls & {"open", "read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink", "rmtree"}
+
+
+def test_library_import_and_plotting_leave_global_state_alone(tmp_path):
+    """Importing mixit and drawing every figure keeps the matplotlib backend,
+    torch's threads and the global random state as they were."""
+    script = f"""
+import matplotlib
+matplotlib.use("svg")
+import torch
+torch.manual_seed(123)
+threads = torch.get_num_threads()
+state = torch.random.get_rng_state()
+import numpy as np
+import mixit
+from mixit.analysis.attention_maps import plot_pattern_grid, plot_score_tables
+from mixit.analysis.signal import plot_signal, signal_propagation
+from mixit.bench import hf_llama, Shape
+plot_pattern_grid(np.random.default_rng(0).random((1, 2, 4, 4)), r"{tmp_path}/a.png", "t")
+scores = {{k: [[0.1, 0.2]] for k in ("previous_token", "induction", "duplicate_token")}}
+plot_score_tables(scores, r"{tmp_path}/b.png", "t")
+plot_signal(signal_propagation(["standard"], [1, 2], d_model=16, n_heads=2, n_ctx=8, seeds=[0]), r"{tmp_path}/c.png")
+hf_llama(Shape(d_model=16, n_layers=1, n_heads=2, vocab_size=8, seq_len=8, batch_size=2))
+assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
+assert torch.get_num_threads() == threads
+assert torch.equal(torch.random.get_rng_state(), state)
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert all((tmp_path / f).stat().st_size > 1000 for f in ("a.png", "b.png", "c.png"))
+
+
+@pytest.mark.parametrize("folder", ["src", "docs", "tests", "scripts"])
+def test_nothing_points_outside_the_repository(folder):
+    outside = "../" + "shared"  # spelled in two parts, so this file does not match itself
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / folder).rglob("*")
+        if p.is_file()
+        and p.suffix in (".py", ".md", ".sh", ".toml", ".txt")
+        and "egg-info" not in str(p)
+        and outside in p.read_text(errors="ignore")
+    ]
+    assert not offenders, offenders
+    assert outside not in (ROOT / "README.md").read_text()
