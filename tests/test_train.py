@@ -10,7 +10,6 @@ from safetensors.torch import load_file
 from mixit import Run, build, run_config, train
 from mixit.config import TrainConfig
 from mixit.errors import UsageError
-from mixit.training.optim import lr_at
 
 
 def tiny_cfg(**kw):
@@ -44,11 +43,11 @@ def latest_weights(run_dir):
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
     cfg = TrainConfig(steps=110, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
-    assert lr_at(0, cfg) == pytest.approx(0.1)
-    assert lr_at(9, cfg) == pytest.approx(1.0)
-    assert lr_at(10, cfg) == pytest.approx(1.0)
-    assert lr_at(59.5, cfg) == pytest.approx(0.55)  # halfway through the cosine
-    assert lr_at(109, cfg) == pytest.approx(0.1)
+    assert cfg.lr_at(0) == pytest.approx(0.1)
+    assert cfg.lr_at(9) == pytest.approx(1.0)
+    assert cfg.lr_at(10) == pytest.approx(1.0)
+    assert cfg.lr_at(59.5) == pytest.approx(0.55)  # halfway through the cosine
+    assert cfg.lr_at(109) == pytest.approx(0.1)
 
 
 def test_run_config_uses_task_defaults_and_overrides():

@@ -331,6 +331,17 @@ class TrainConfig(Config):
         check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         check(self.grad_clip >= 0, f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
 
+    def lr_at(self, step: int | float) -> float:
+        """Learning rate of optimizer step `step` (0-based): linear warmup to
+        lr over warmup_steps, then cosine decay to min_lr_ratio * lr at the last step."""
+        warmup = self.cadence[0]
+        if step < warmup:
+            return self.lr * (step + 1) / warmup
+        span = max(self.steps - 1 - warmup, 1)
+        progress = min((step - warmup) / span, 1.0)
+        floor = self.min_lr_ratio
+        return self.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
     @property
     def cadence(self) -> tuple[int, int, int, int]:
         """(warmup_steps, eval_every, log_every, checkpoint_every), resolved (never None after construction)."""

@@ -20,7 +20,7 @@ from mixit.experiment import RunConfig, build
 from mixit.run import Run
 from mixit.runtime import resolve_device
 from mixit.training.evaluate import evaluate
-from mixit.training.optim import build_optimizer, lr_at
+from mixit.training.optim import build_optimizer
 from mixit.training.step import train_step
 
 
@@ -87,7 +87,7 @@ def train(
     try:
         for step in range(start, tc.steps):
             batch = task.train_batch(step, tc.batch_size).to(dev)
-            lr = lr_at(step, tc)
+            lr = tc.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             tick = time.perf_counter()

@@ -1,8 +1,6 @@
-"""AdamW over the trainable parameters and the warmup + cosine schedule."""
+"""AdamW over the trainable parameters (the schedule is `TrainConfig.lr_at`)."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -26,16 +24,3 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     fused = True if device.type in ("cuda", "cpu") else None
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Learning rate for optimizer step `step` (0-based): linear warmup to
-    cfg.lr over warmup_steps, then cosine decay to min_lr_ratio * lr at the
-    last step."""
-    warmup = cfg.cadence[0]
-    if step < warmup:
-        return cfg.lr * (step + 1) / warmup
-    span = max(cfg.steps - 1 - warmup, 1)
-    progress = min((step - warmup) / span, 1.0)
-    floor = cfg.min_lr_ratio
-    return cfg.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
