@@ -294,8 +294,10 @@ class TrainConfig(Config):
     """AdamW beta2."""
     warmup_steps: int | None = None
     """Steps of linear warmup; null means min(100, steps / 10)."""
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Learning rate after the warmup: cosine or linear decay to min_lr_ratio * lr at the last step, or constant."""
     min_lr_ratio: float = 0.1
-    """The cosine schedule ends at min_lr_ratio * lr."""
+    """The decaying schedules end at min_lr_ratio * lr."""
     grad_clip: float = 1.0
     """Clip gradients to this global L2 norm; 0 turns clipping off."""
     eval_every: int | None = None
@@ -333,14 +335,15 @@ class TrainConfig(Config):
 
     def lr_at(self, step: int | float) -> float:
         """Learning rate of optimizer step `step` (0-based): linear warmup to
-        lr over warmup_steps, then cosine decay to min_lr_ratio * lr at the last step."""
+        lr over warmup_steps, then the schedule down to min_lr_ratio * lr at the last step."""
         warmup = self.cadence[0]
         if step < warmup:
             return self.lr * (step + 1) / warmup
         span = max(self.steps - 1 - warmup, 1)
         progress = min((step - warmup) / span, 1.0)
+        decay = {"cosine": 0.5 * (1 + math.cos(math.pi * progress)), "linear": 1 - progress, "constant": 1.0}
         floor = self.min_lr_ratio
-        return self.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+        return self.lr * (floor + (1 - floor) * decay[self.schedule])
 
     @property
     def cadence(self) -> tuple[int, int, int, int]:
