@@ -50,6 +50,14 @@ def test_lr_schedule_warmup_then_cosine_to_floor():
     assert cfg.lr_at(109) == pytest.approx(0.1)
 
 
+def test_linear_and_constant_schedules():
+    linear = TrainConfig(steps=110, lr=1.0, warmup_steps=10, min_lr_ratio=0.1, schedule="linear")
+    assert [linear.lr_at(s) for s in (10, 59.5, 109)] == pytest.approx([1.0, 0.55, 0.1])
+    assert linear.lr_at(34.75) == pytest.approx(0.775)  # a quarter of the way: linear, not cosine
+    constant = TrainConfig(steps=110, lr=1.0, warmup_steps=10, schedule="constant")
+    assert [constant.lr_at(s) for s in (0, 10, 109)] == pytest.approx([0.1, 1.0, 1.0])
+
+
 def test_run_config_uses_task_defaults_and_overrides():
     cfg = run_config("addition", "mixit", {"n_digits": 5}, lr=0.002)
     assert cfg.model.attention == "mixing"
