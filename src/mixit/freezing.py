@@ -33,7 +33,7 @@ from mixit.registry import Registry
 Rule = Callable[[Transformer], dict[str, nn.Module]]
 
 
-def _block_parts(model: Transformer, part: str, names: tuple[str, ...]) -> dict[str, nn.Module]:
+def block_parts(model: Transformer, part: str, names: tuple[str, ...]) -> dict[str, nn.Module]:
     found = {}
     for i, block in enumerate(model.layers):
         parent = getattr(block, part)
@@ -46,12 +46,12 @@ def _block_parts(model: Transformer, part: str, names: tuple[str, ...]) -> dict[
 
 def query_key(model: Transformer) -> dict[str, nn.Module]:
     """The q and k projections of every layer."""
-    return _block_parts(model, "attn", ("q", "k"))
+    return block_parts(model, "attn", ("q", "k"))
 
 
 def mlps(model: Transformer) -> dict[str, nn.Module]:
     """gate, up and down of every MLP."""
-    return _block_parts(model, "mlp", ("gate", "up", "down"))
+    return block_parts(model, "mlp", ("gate", "up", "down"))
 
 
 def all_but_embeddings(model: Transformer) -> dict[str, nn.Module]:

@@ -1,0 +1,110 @@
+"""docs/extending.md is true: its example attention kind, variant and task are
+written to disk from the page itself, imported, and trained with, through the
+Python API and the command line."""
+
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from mixit import ModelConfig, run_config, train
+from mixit.catalogue import catalogue
+from mixit.cli import main
+from mixit.freezing import VARIANTS
+from mixit.models.attention import ATTENTION
+from mixit.tasks import TASKS
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+TINY = [
+    "--d-model",
+    "32",
+    "--n-heads",
+    "2",
+    "--n-layers",
+    "1",
+    "--steps",
+    "4",
+    "--batch-size",
+    "8",
+    "--test-size",
+    "20",
+    "--no-progress",
+]
+
+
+@pytest.fixture
+def examples(tmp_path, monkeypatch):
+    """Import every `# file:` block of docs/extending.md, in order, registering
+    into copies of the registries that are thrown away after the test."""
+    for registry in (ATTENTION, VARIANTS, TASKS):
+        monkeypatch.setattr(registry, "_items", dict(registry._items))
+    blocks = re.findall(r"```python\n# file: (\S+)\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert [Path(p).name for p, _ in blocks] == ["uniform.py", "frozen_attention.py", "copy.py"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ["extending_example_" + Path(path).stem for path, _ in blocks]
+    for name, (_, code) in zip(names, blocks):
+        (tmp_path / f"{name}.py").write_text(code)
+        importlib.import_module(name)
+    yield tmp_path
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+def test_the_examples_register_and_train(examples):
+    assert "uniform" in ATTENTION and "frozen_attention" in VARIANTS and "copy" in TASKS
+    listing = catalogue()
+    assert listing["tasks"]["copy"]["parameters"]["length"] == {"default": 8, "type": "int", "doc": "Tokens to copy."}
+    assert "uniform" in listing["attention_kinds"]
+    cfg = run_config(
+        "copy",
+        "frozen_attention",
+        {"length": 5},
+        d_model=32,
+        n_heads=2,
+        n_layers=1,
+        steps=4,
+        batch_size=8,
+        test_size=20,
+    )
+    summary = train(cfg, examples / "run", progress=False)
+    assert set(summary["test"]) == {"loss", "token_acc", "exact_match"}
+    frozen = json.loads((examples / "run" / "metrics.jsonl").read_text().splitlines()[0])["frozen"]
+    assert sorted({name.split(".")[-2] for name in frozen}) == ["k", "o", "q", "v"]
+    model = run_config("copy", "random", {"length": 5}, attention="uniform").model
+    assert isinstance(model, ModelConfig) and model.attention == "uniform"
+
+
+def test_the_examples_on_the_command_line(examples, capsys):
+    run = examples / "cli"
+    assert (
+        main(
+            [
+                "train",
+                "--task",
+                "copy",
+                "-p",
+                "length=6",
+                "--variant",
+                "random",
+                "--attention",
+                "uniform",
+                *TINY,
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
+    assert main(["analyze", str(run), "--batch", "4"]) == 0  # the uniform pattern goes through the hook
+    capsys.readouterr()
+    for args, message in [
+        (["-p", "length=twelve"], "task parameter length: expected int, got 'twelve'"),
+        (["-p", "length=0"], "length must be an integer >= 1, got 0"),
+        (["--schedule", "step"], "train.schedule: expected one of 'cosine', 'linear', 'constant', got 'step'"),
+    ]:
+        assert main(["train", "--task", "copy", *args, "--out", str(examples / "bad")]) == 2
+        assert message in capsys.readouterr().err
+    assert not (examples / "bad").exists()
