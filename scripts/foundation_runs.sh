@@ -11,5 +11,5 @@ for variant in standard mixit frozen_qk frozen_mlp; do
   $mixit train --task addition -p n_digits=5 --variant "$variant" --out "$out/addition5-$variant" --no-progress
   $mixit train --task retrieval -p max_pairs=10 --variant "$variant" --out "$out/retrieval10-$variant" --no-progress
 done
-$mixit train --task addition -p n_digits=5 --variant mixit --shaped --out "$out/extra-addition5-mixit-shaped" --no-progress
+$mixit train --task addition -p n_digits=5 --variant mixit --skip-scale 0.7071067811865476 --branch-scale 0.7071067811865476 --activation shaped_leaky_relu --width-scaling --out "$out/extra-addition5-mixit-shaped" --no-progress
 $mixit train --task addition -p n_digits=5 --variant mixit --n-heads 32 --out "$out/extra-addition5-mixit-32heads" --no-progress
