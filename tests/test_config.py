@@ -103,7 +103,14 @@ NON_DEFAULT = {
     "rope_base": ("500", 500.0),
     "init_std": ("0.05", 0.05),
     "mixing_alpha": ("0.5", 0.5),
-    "mixing_sink": ("false", False),
+    "mixing_sink": ("off", "off"),
+    "mixing_centring": ("reference", "reference"),
+    "qk_init": ("paper", "paper"),
+    "depth_alpha": ("0.5", 0.5),
+    "base_n_layers": ("2", 2),
+    "down_base_width": ("64", 64),
+    "width_scale_head": ("false", False),
+    "width_init": ("fan_in", "fan_in"),
     "skip_scale": ("0.9", 0.9),
     "branch_scale": ("0.8", 0.8),
     "activation": ("shaped_leaky_relu", "shaped_leaky_relu"),
@@ -197,7 +204,7 @@ def test_layers_of_defaults_task_then_variant_then_request():
     cfg = resolve({"task": "addition", "variant": "mixit", "task_params": {"n_digits": 5}})
     assert (cfg.train.steps, cfg.train.lr, cfg.train.batch_size) == (1000, 3e-3, 128)  # the task's defaults
     assert cfg.model.attention == "mixing"  # the variant's
-    assert (cfg.model.vocab_size, cfg.model.n_ctx) == (31, 18)  # the task's alone
+    assert (cfg.model.vocab_size, cfg.model.n_ctx) == (31, 19)  # the task's alone (n_ctx: the whole example)
     cfg = resolve({"task": "addition", "train": {"steps": 10, "lr": 0.1}, "model": {"n_ctx": 40}})
     assert (cfg.train.steps, cfg.train.lr, cfg.train.eval_every, cfg.model.n_ctx) == (10, 0.1, 1, 40)
 
@@ -242,7 +249,7 @@ def test_as_request_keeps_changes_and_lets_defaults_follow():
     assert request["model"] == {"d_model": 64} and request["train"] == {"lr": 0.01}
     # Another task: n_ctx and the task's own steps follow it; the changed d_model and lr stay.
     other = resolve({**request, "task": "retrieval", "task_params": {"max_pairs": 4, "vocab": 32}})
-    assert (other.model.n_ctx, other.model.vocab_size, other.model.d_model) == (10, 32, 64)
+    assert (other.model.n_ctx, other.model.vocab_size, other.model.d_model) == (11, 32, 64)
     assert (other.train.lr, other.train.steps) == (0.01, 1000)
     # Another step count: the cadences derived from it follow.
     longer = resolve({**request, "train": {**request["train"], "steps": 5000}})
@@ -283,7 +290,7 @@ def test_a_run_is_replayed_exactly_and_changed_by_flags(tmp_path, capsys):
         assert printed_config(capsys, "--config", str(source)) == cfg.to_dict()
     changed = printed_config(capsys, "--config", str(tmp_path / "run"), "--seed", "4", "-p", "n_digits=3")
     assert changed["model"]["seed"] == 4 and changed["train"]["lr"] == 0.01
-    assert changed["model"]["n_ctx"] == 3 * 3 + 3  # the default n_ctx followed the new task parameters
+    assert changed["model"]["n_ctx"] == 3 * 3 + 4  # the default n_ctx followed the new task parameters
     # The replayed config trains to the same numbers.
     assert main(["train", "--config", str(tmp_path / "run"), "--out", str(tmp_path / "again"), "--no-progress"]) == 0
     first = json.loads((tmp_path / "run" / "summary.json").read_text())["test"]

@@ -18,11 +18,11 @@ def tiny(attention="softmax", **kw):
     )
 
 
-def matrices(sink=True, alpha=1.0, T=12, H=3, seed=0):
+def matrices(sink="normalised", alpha=1.0, T=12, H=3, seed=0):
     return mixit_matrices(H, T, 8, torch.Generator().manual_seed(seed), alpha=alpha, sink=sink)
 
 
-@pytest.mark.parametrize("sink", [True, False])
+@pytest.mark.parametrize("sink", ["normalised", "off"])
 def test_mixit_rows_sum_to_one_and_are_causal(sink):
     a = matrices(sink=sink)
     assert a.shape == (3, 12, 12)
@@ -33,7 +33,7 @@ def test_mixit_rows_sum_to_one_and_are_causal(sink):
 
 def test_mixit_centring_has_zero_mean_over_causal_support():
     # A - I restricted to row i is alpha * (W_i - mean(W_i[:i+1])): zero mean over j <= i.
-    a = matrices(sink=False, alpha=0.7).double()
+    a = matrices(sink="off", alpha=0.7).double()
     centred = a - torch.eye(12, dtype=torch.float64)
     for i in range(12):
         assert abs(centred[:, i, : i + 1].mean(-1)).max() < 1e-6
@@ -41,23 +41,23 @@ def test_mixit_centring_has_zero_mean_over_causal_support():
 
 
 def test_mixit_alpha_zero_is_identity():
-    torch.testing.assert_close(matrices(sink=False, alpha=0.0), torch.eye(12).expand(3, 12, 12))
+    torch.testing.assert_close(matrices(sink="off", alpha=0.0), torch.eye(12).expand(3, 12, 12))
 
 
-def test_sink_head_is_half_identity_half_first_token():
-    a = matrices(sink=True)
+def test_normalised_sink_head_is_half_identity_half_first_token():
+    a = matrices(sink="normalised")
     expected = 0.5 * torch.eye(12)
     expected[:, 0] += 0.5
     torch.testing.assert_close(a[0], expected)
     # Only head 0 is replaced: the other heads are the same with or without the sink.
-    torch.testing.assert_close(a[1:], matrices(sink=False)[1:])
-    assert not torch.allclose(matrices(sink=False)[0], expected)
+    torch.testing.assert_close(a[1:], matrices(sink="off")[1:])
+    assert not torch.allclose(matrices(sink="off")[0], expected)
 
 
 def test_mixit_sigma_range_per_head():
     # Row T-1 has T random entries with std sigma_h in [1/sqrt(T d_head), 1/sqrt(T)].
     T, d_head = 256, 16
-    a = mixit_matrices(8, T, d_head, torch.Generator().manual_seed(1), sink=False)
+    a = mixit_matrices(8, T, d_head, torch.Generator().manual_seed(1), sink="off")
     lower = torch.tril(a - torch.eye(T), diagonal=-1)
     n = T * (T - 1) / 2
     std = (lower.pow(2).sum((-1, -2)) / n).sqrt()
@@ -102,7 +102,7 @@ def test_short_sequence_uses_top_left_block_of_mixing_matrix():
 
 @pytest.mark.parametrize("attention", ["softmax", "mixing"])
 def test_pattern_hook_path_matches_fast_path(attention):
-    model = Transformer(tiny(attention)).eval()
+    model = Transformer(tiny(attention, mixing_sink="normalised")).eval()
     x = torch.randint(0, 13, (2, 16))
     fast = model(x)
     with capture_patterns(model) as patterns:
@@ -178,8 +178,8 @@ def test_too_long_input_is_refused():
         Transformer(tiny()).forward(torch.zeros(1, 17, dtype=torch.long))
 
 
-def test_shaped_settings():
-    cfg = tiny("mixing", **ModelConfig.shaped())
+def test_shaped_settings_with_fan_in_initialisation():
+    cfg = tiny("mixing", **ModelConfig.shaped(), width_init="fan_in", down_base_width=512)
     assert cfg.skip_scale == pytest.approx(math.sqrt(0.5)) and cfg.branch_scale == pytest.approx(math.sqrt(0.5))
     model = Transformer(cfg)
     assert model.blocks[0].mlp.down.multiplier == pytest.approx(math.sqrt(512 / 128))

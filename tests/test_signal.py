@@ -172,7 +172,7 @@ def test_signal_command_writes_json_and_png_and_never_overwrites(tmp_path, capsy
     printed = capsys.readouterr().out
     assert printed.splitlines()[1].startswith("standard") and printed.splitlines()[2].startswith("mixit")
     result = json.loads((out / "signal.json").read_text())
-    assert result["config"]["model"]["mixing_sink"] is True
+    assert result["config"]["model"]["mixing_sink"] == "reference"
     assert (out / "signal.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     before = (out / "signal.json").read_bytes()
     assert main([*SMALL_CLI, "--out", str(out)]) == 2
@@ -183,9 +183,9 @@ def test_signal_command_writes_json_and_png_and_never_overwrites(tmp_path, capsy
 
 def test_signal_command_no_sink_changes_only_mixit(tmp_path, capsys):
     assert main([*SMALL_CLI, "--out", str(tmp_path / "a")]) == 0
-    assert main([*SMALL_CLI, "--no-mixing-sink", "--out", str(tmp_path / "b")]) == 0
+    assert main([*SMALL_CLI, "--mixing-sink", "off", "--out", str(tmp_path / "b")]) == 0
     capsys.readouterr()
     a, b = (json.loads((tmp_path / d / "signal.json").read_text()) for d in ("a", "b"))
-    assert b["config"]["model"]["mixing_sink"] is False
+    assert b["config"]["model"]["mixing_sink"] == "off"
     assert a["results"]["standard"] == b["results"]["standard"]
     assert a["results"]["mixit"]["2"]["cosine"] != pytest.approx(b["results"]["mixit"]["2"]["cosine"])

@@ -61,7 +61,7 @@ def test_linear_and_constant_schedules():
 def test_run_config_uses_task_defaults_and_overrides():
     cfg = run_config("addition", "mixit", {"n_digits": 5}, lr=0.002)
     assert cfg.model.attention == "mixing"
-    assert cfg.model.vocab_size == 31 and cfg.model.n_ctx == 3 * 5 + 4 - 1
+    assert cfg.model.vocab_size == 31 and cfg.model.n_ctx == 3 * 5 + 4  # the whole example, as the reference
     assert cfg.train.lr == 0.002
     with pytest.raises(UsageError, match="unknown option"):
         run_config("addition", "standard", None, learning_rate=1.0)

@@ -11,6 +11,7 @@ from mixit.config import field_docs, field_hints
 from mixit.freezing import VARIANTS
 from mixit.models.attention import ATTENTION
 from mixit.models.mlp import ACTIVATIONS
+from mixit.recipes import RECIPES
 from mixit.tasks import TASKS
 
 
@@ -36,15 +37,23 @@ def catalogue() -> dict[str, Any]:
             "attention": v.attention,
             "description": v.description,
             "freezes": v.freeze.__name__ if v.freeze is not None else None,
-            "model_defaults": dict(v.model_defaults),
         }
         for name, v in VARIANTS.items()
+    }
+    recipes = {
+        name: {
+            "description": r.description,
+            "tasks": {task: r.settings(task, "softmax") for task in TASKS},
+            "with_mixing": {task: r.settings(task, "mixing") for task in TASKS},
+        }
+        for name, r in RECIPES.items()
     }
     return {
         "tasks": tasks,
         "variants": variants,
-        "attention_kinds": list(ATTENTION.names()),
+        "attention_kinds": {name: dict(cls.coupled) for name, cls in ATTENTION.items()},
         "activations": list(ACTIVATIONS.names()),
+        "recipes": recipes,
     }
 
 
@@ -57,9 +66,18 @@ def format_catalogue(listing: dict[str, Any]) -> str:
         lines += [f"  {name:<17} {info['description']}", f"  {'':<17} parameters: {params}", f"  {'':<17} [{own}]"]
     lines.append("variants (--variant NAME):")
     for name, info in listing["variants"].items():
-        settings = "".join(f"; sets {k}={v}" for k, v in info["model_defaults"].items())
-        lines.append(f"  {name:<17} [{info['attention']}] {info['description']}{settings}")
-    lines.append(f"attention kinds (--attention, random variant only): {', '.join(listing['attention_kinds'])}")
+        lines.append(f"  {name:<17} [{info['attention']}] {info['description']}")
+    lines.append("attention kinds (--attention, random variant only), with the options each brings unless set:")
+    for name, coupled in listing["attention_kinds"].items():
+        settings = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in coupled.items())
+        lines.append(f"  {name:<17} {settings or '-'}")
+    lines.append("recipes (--recipe NAME; where unset options start from):")
+    for name, info in listing["recipes"].items():
+        lines.append(f"  {name:<17} {info['description']}")
+        for task, settings in info["tasks"].items():
+            if settings:
+                text = ", ".join(f"{k}={v}" for k, v in settings.items())
+                lines.append(f"  {'':<17} {task}: {text}")
     lines.append(f"activations (--activation): {', '.join(listing['activations'])}")
     return "\n".join(lines)
 

@@ -175,8 +175,8 @@ class ModelConfig(Config):
     vocab_size: int
     """Vocabulary size; always the task's, never set by hand."""
     n_ctx: int
-    """Longest sequence the model is built for; defaults to the task's input length.
-    MixiT's matrices are n_ctx x n_ctx."""
+    """Longest sequence the model is built for, and the T of MixiT's T x T matrices and of sigma_h;
+    defaults to the length the reference code builds its model for (the whole example of a next-token task)."""
     d_model: int = 128
     """Model width."""
     n_layers: int = 2
@@ -193,23 +193,40 @@ class ModelConfig(Config):
     """Base of the rotary position embedding of softmax attention."""
     init_std: float = 0.02
     """Standard deviation of the normal initialisation of weights and embeddings."""
+    qk_init: Literal["reference", "paper"] = "reference"
+    """Query and key weights: reference (the code: N(0, init_std^2)) or paper (its text: effective N(0, 1/d_model))."""
     mixing_alpha: float = 1.0
     """MixiT: scale of the centred random part of each mixing matrix."""
-    mixing_sink: bool = True
-    """MixiT: head 0 of every layer is the reference code's sink head (0.5 I + 0.5 on token 0)."""
+    mixing_sink: Literal["reference", "normalised", "off"] = "reference"
+    """MixiT head 0 of every layer: reference (0.5 I, column 0 set to 0.5: row 0 sums to 0.5),
+    normalised (0.5 I + 0.5 on token 0: row 0 sums to 1), or off (an ordinary random head)."""
+    mixing_centring: Literal["real_tokens", "reference"] = "real_tokens"
+    """Non-causal MixiT (classifiers): centre each row over the real tokens, so rows sum to 1; or as the reference
+    code, over the whole padded length but divided by i + 1 (its rows do not sum to 1)."""
     skip_scale: float = 1.0
     """Residual: h = skip_scale * h + branch_scale * block(h); 1 is the standard residual."""
     branch_scale: float = 1.0
     """Residual: the scale of each block's output (see skip_scale)."""
+    depth_alpha: float = 0.0
+    """Depth scaling (the reference's depth_alpha): if not 0, skip 1, branch (base_n_layers / n_layers)^depth_alpha,
+    and MixiT matrices without the identity, sigma 1/sqrt(T)."""
+    base_n_layers: int = 4
+    """Depth scaling: the depth at which the branch scale is 1."""
     activation: str = "silu"
     """MLP activation: silu, or shaped_leaky_relu (slope 1 + leaky_c / sqrt(d_model), times its gain)."""
     leaky_c: float = -1.0
     """Shaped LeakyReLU: c in the negative slope 1 + c / sqrt(d_model)."""
     width_scaling: bool = False
-    """Multiply each block linear's output by sqrt(base_width / fan_in) and
-    initialise it with std 1/sqrt(base_width)."""
+    """Multiply each block linear's output by sqrt(base / fan_in): base_width, or down_base_width for the down
+    projection."""
     base_width: int = 512
-    """Width scaling: the width at which the multiplier is 1."""
+    """Width scaling: the width at which the multiplier of a d_model -> * linear (and the head's) is 1."""
+    down_base_width: int = 1
+    """Width scaling: the base of the MLP down projection; the reference's 1 gives it sqrt(1 / d_mlp)."""
+    width_scale_head: bool = True
+    """Width scaling: the LM or classifier head is scaled too, by sqrt(base_width / d_model), as in the reference."""
+    width_init: Literal["reference", "fan_in"] = "reference"
+    """Width scaling: weights N(0, init_std^2) before the multiplier (reference), or effective N(0, 1/fan_in)."""
     seed: int = 0
     """Seed of the parameter initialisation and of the MixiT matrices."""
     causal: bool = True
@@ -228,7 +245,17 @@ class ModelConfig(Config):
             registry.get(getattr(self, name))
         if self.d_mlp is None:
             self.d_mlp = 4 * self.d_model
-        for name in ("vocab_size", "n_ctx", "d_model", "n_layers", "n_heads", "d_mlp", "base_width"):
+        for name in (
+            "vocab_size",
+            "n_ctx",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "d_mlp",
+            "base_width",
+            "down_base_width",
+            "base_n_layers",
+        ):
             positive_int(name, getattr(self, name))
         check(
             self.d_model % self.n_heads == 0,
@@ -260,7 +287,8 @@ class ModelConfig(Config):
 
     @staticmethod
     def shaped(**overrides: Any) -> dict[str, Any]:
-        """The signal-propagation ("shaped") settings of docs/model.md, as keyword arguments."""
+        """The signal-propagation ("shaped") settings of docs/model.md, as keyword arguments: what the
+        reference switches on with MixiT (residual sqrt(1/2), shaped LeakyReLU, width scaling)."""
         s = math.sqrt(0.5)
         return {
             "skip_scale": s,

@@ -11,10 +11,14 @@ one before:
 
     1. the dataclass defaults (`ModelConfig`, `TrainConfig`, the task's Config)
     2. the task's own defaults (``Task.defaults``: steps, batch size, lr, ...)
-    3. the variant's model settings (``Variant.model_defaults``) and attention kind
+    3. the recipe's settings (`mixit.recipes`: ``laptop`` adds nothing, ``reference``
+       the paper's code's hyperparameters)
     4. the request
-    5. what only the task can say: vocab_size, n_ctx (its input length unless
-       requested), and the settings a task needs (a classifier head for sentiment)
+    and, below all of these, what follows from the model chosen (`coupling`: the
+    settings the reference switches on with MixiT attention, and those of depth
+    scaling), and what only the task can say: vocab_size, n_ctx (the length the
+    reference builds its model for, unless requested) and the settings a task
+    needs (a classifier head for sentiment).
 
 The command line (flags and ``--config`` files) and `run_config` build
 requests; `as_request` turns a resolved config back into the smallest request
@@ -34,14 +38,17 @@ from typing import Any
 
 import yaml
 
-from mixit.config import ModelConfig, TaskConfig, TrainConfig, check, field_docs
+from mixit.config import ModelConfig, TaskConfig, TrainConfig, check
 from mixit.errors import UsageError
 from mixit.freezing import FreezeReport, apply_variant, check_attention, get_variant
 from mixit.models import Transformer
+from mixit.models.attention import ATTENTION
+from mixit.recipes import RECIPES
 from mixit.tasks import TASKS, Task
 
 DEFAULT_TASK = "addition"
 DEFAULT_VARIANT = "standard"
+DEFAULT_RECIPE = "laptop"
 
 
 @dataclass
@@ -54,6 +61,8 @@ class RunConfig:
     """The model (resolved: vocabulary and n_ctx come from the task)."""
     variant: str = DEFAULT_VARIANT
     """Training regime: standard, frozen_qk, frozen_mlp, mixit or random (`mixit list`)."""
+    recipe: str = DEFAULT_RECIPE
+    """Where unset options start from: laptop (each task's defaults) or reference (the paper's code; `mixit list`)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Optimisation and bookkeeping."""
     task_params: TaskConfig | None = None
@@ -77,6 +86,7 @@ class RunConfig:
         )
         variant = get_variant(self.variant)
         check_attention(variant, self.model.attention)
+        RECIPES.get(self.recipe)
         for name in ("data_seed", "test_size"):
             value = getattr(self, name)
             check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
@@ -92,6 +102,7 @@ class RunConfig:
         return {
             "task": self.task,
             "variant": self.variant,
+            "recipe": self.recipe,
             "task_params": self.params.to_dict(),
             "model": self.model.to_dict(),
             "train": self.train.to_dict(),
@@ -113,6 +124,7 @@ class RunConfig:
         return cls(
             task=data["task"],
             variant=data.get("variant", DEFAULT_VARIANT),
+            recipe=data.get("recipe", DEFAULT_RECIPE),
             model=ModelConfig.from_dict(data["model"]),
             train=TrainConfig.from_dict(data.get("train", {})),
             task_params=task_cls.Config.from_dict(data.get("task_params", {})),
@@ -125,11 +137,12 @@ class RunConfig:
 
 GROUPS: dict[str, type[Any]] = {"model": ModelConfig, "train": TrainConfig}
 """The nested sections of a request and the config class each is checked by."""
-TOP_LEVEL = ("task", "variant", "task_params", "data_seed", "test_size")
+TOP_LEVEL = ("task", "variant", "recipe", "task_params", "data_seed", "test_size")
 DERIVED = {"model": ("vocab_size",)}
 """Options a request may not choose: the task decides them."""
-SOURCES = {"model": ("d_model",), "train": ("steps",)}
-"""Options whose value other defaults are computed from (d_mlp from d_model, the cadences from steps)."""
+SOURCES = {"model": ("d_model", "n_layers", "depth_alpha", "base_n_layers"), "train": ("steps",)}
+"""Options whose value other defaults are computed from (d_mlp from d_model, the residual scales
+from the depth, the cadences from steps)."""
 
 
 def _flat_names() -> dict[str, str]:
@@ -192,9 +205,16 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     check(isinstance(task_name, str), f"task must be a string, got {task_name!r}")
     variant_name = request.get("variant", DEFAULT_VARIANT)
     check(isinstance(variant_name, str), f"variant must be a string, got {variant_name!r}")
+    recipe_name = request.get("recipe", DEFAULT_RECIPE)
+    check(isinstance(recipe_name, str), f"recipe must be a string, got {recipe_name!r}")
     task_cls = TASKS.get(task_name)
     variant = get_variant(variant_name)
-    params = task_cls.Config.from_dict(_section(request, "task_params"))
+    requested_model = _section(request, "model")
+    attention = requested_model.setdefault("attention", variant.attention)
+    check(isinstance(attention, str), f"attention must be a string, got {attention!r}")
+    check_attention(variant, attention)
+    recipe_request = nest_request(RECIPES.get(recipe_name).settings(task_name, attention))
+    params = task_cls.Config.from_dict({**recipe_request.get("task_params", {}), **_section(request, "task_params")})
     seeds = {k: request[k] for k in ("data_seed", "test_size") if k in request}
     # Checked here as well as by RunConfig, because the task is built first.
     for name, value in seeds.items():
@@ -202,22 +222,20 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     task = task_cls(params, seed=seeds.get("data_seed", 0), test_size=seeds.get("test_size", 4000))
 
     defaults = nest(task_cls.defaults)
-    model = {**defaults.get("model", {}), **variant.model_defaults, **_section(request, "model")}
-    train = {**defaults.get("train", {}), **_section(request, "train")}
+    model = {**defaults.get("model", {}), **recipe_request.get("model", {}), **requested_model}
+    train = {**defaults.get("train", {}), **recipe_request.get("train", {}), **_section(request, "train")}
     if "vocab_size" in model:
         check(
             model["vocab_size"] == task.vocab_size,
             f"vocab_size comes from the task: {task.describe()} has {task.vocab_size} tokens, "
             f"not {model['vocab_size']!r}",
         )
-    model.setdefault("attention", variant.attention)
-    check(isinstance(model["attention"], str), f"attention must be a string, got {model['attention']!r}")
-    check_attention(variant, model["attention"])
-    model = {**task.model_defaults(model["attention"]), **model, "vocab_size": task.vocab_size}
-    model.setdefault("n_ctx", task.input_len)
+    model = {**task.model_defaults(attention), **coupling(model), **model, "vocab_size": task.vocab_size}
+    model.setdefault("n_ctx", task.reference_len)
     cfg = RunConfig(
         task=task_name,
         variant=variant.name,
+        recipe=recipe_name,
         task_params=params,
         model=ModelConfig.from_dict(model),
         train=TrainConfig.from_dict(train),
@@ -227,15 +245,45 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     return cfg
 
 
+def coupling(model: Mapping[str, Any]) -> dict[str, Any]:
+    """Model options that follow from others unless set, as in the reference code: the
+    settings an attention kind brings (`Attention.coupled`: MixiT's residual, activation
+    and width scaling), and, with depth scaling, the residual scales it implies (which
+    take precedence, as in the reference). `model` holds the options chosen so far,
+    `attention` among them."""
+    out = dict(ATTENTION.get(model["attention"]).coupled)
+    alpha = model.get("depth_alpha", _default("depth_alpha"))
+    if alpha:
+        base, depth = model.get("base_n_layers", _default("base_n_layers")), model.get("n_layers", _default("n_layers"))
+        check(
+            isinstance(base, int) and isinstance(depth, int) and base > 0 and depth > 0,
+            f"n_layers and base_n_layers must be positive integers, got {depth!r}, {base!r}",
+        )
+        out.update(skip_scale=1.0, branch_scale=(base / depth) ** alpha)
+    return out
+
+
+def _default(name: str) -> Any:
+    return ModelConfig.__dataclass_fields__[name].default
+
+
+def nest_request(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A recipe's settings (flat option names, and task_params) as a nested request."""
+    flat = {k: v for k, v in settings.items() if k != "task_params"}
+    return {**nest(flat), **({"task_params": settings["task_params"]} if "task_params" in settings else {})}
+
+
 def run_config(
     task: str = DEFAULT_TASK,
     variant: str = DEFAULT_VARIANT,
     task_params: Mapping[str, Any] | TaskConfig | None = None,
+    recipe: str = DEFAULT_RECIPE,
     **overrides: Any,
 ) -> RunConfig:
-    """A complete RunConfig for `task` and `variant`, from keyword overrides of
-    any option by its name (``d_model=64, steps=500, data_seed=1``)."""
-    return resolve(merge({"task": task, "variant": variant, "task_params": task_params or {}}, nest(overrides)))
+    """A complete RunConfig for `task` and `variant`, starting from `recipe`, with
+    keyword overrides of any option by its name (``d_model=64, steps=500, data_seed=1``)."""
+    base = {"task": task, "variant": variant, "recipe": recipe, "task_params": task_params or {}}
+    return resolve(merge(base, nest(overrides)))
 
 
 def as_request(cfg: RunConfig) -> dict[str, Any]:
@@ -250,6 +298,7 @@ def as_request(cfg: RunConfig) -> dict[str, Any]:
     base: dict[str, Any] = {
         "task": cfg.task,
         "variant": cfg.variant,
+        "recipe": cfg.recipe,
         "task_params": cfg.params.to_dict(),
         "data_seed": cfg.data_seed,
         "test_size": cfg.test_size,
@@ -275,13 +324,13 @@ def as_request(cfg: RunConfig) -> dict[str, Any]:
 
 
 def model_config(variant: str, **options: Any) -> ModelConfig:
-    """The model config `variant` gets with these model options: its own
-    settings (``Variant.model_defaults``) and attention kind, unless given.
-    For models built outside a task (`mixit signal`, `mixit bench`)."""
+    """The model config `variant` gets with these model options: its attention
+    kind and the settings coupled to it (`coupling`), unless given. For models
+    built outside a task (`mixit signal`, `mixit bench`)."""
     v = get_variant(variant)
-    merged = {**v.model_defaults, "attention": v.attention, **options}
+    merged = {"attention": v.attention, **options}
     check_attention(v, merged["attention"])
-    return ModelConfig.from_dict(merged)
+    return ModelConfig.from_dict({**coupling(merged), **merged})
 
 
 def is_record(data: Any) -> bool:
@@ -350,11 +399,3 @@ def build(cfg: RunConfig, run_dir: Path | None = None) -> tuple[Task, Transforme
     check_fits(cfg, task)
     model, report = build_model(cfg)
     return task, model, report
-
-
-def option_docs() -> dict[str, str]:
-    """The one-line description of every option a request may set, by flat name."""
-    docs = {name: field_docs(RunConfig)[name] for name in ("data_seed", "test_size")}
-    for group, cls in GROUPS.items():
-        docs.update({name: doc for name, doc in field_docs(cls).items() if FLAT_NAMES.get(name) == group})
-    return docs

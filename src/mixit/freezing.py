@@ -21,7 +21,7 @@ variant is one `Variant` (with its rule) added to `VARIANTS` (docs/extending.md)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -70,7 +70,6 @@ class Variant:
     freeze: Rule | None
     description: str
     any_attention: bool = False  # may be combined with another attention kind
-    model_defaults: dict[str, Any] = field(default_factory=dict)  # model options this variant sets unless given
 
 
 VARIANTS: Registry[Variant] = Registry("variant")

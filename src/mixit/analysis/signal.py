@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -303,7 +303,7 @@ def signal_command(
     n_ctx: int = 64,
     seeds: int = 3,
     shaped: bool = False,
-    mixing_sink: bool = True,
+    mixing_sink: Literal["reference", "normalised", "off"] = "reference",
 ) -> tuple[dict[str, Any], list[Path]]:
     """Measure, for freshly initialised models of several variants and depths, the mean cosine similarity and
     covariance between token representations after each layer; write signal.json and signal.png to `out`.
@@ -317,7 +317,7 @@ def signal_command(
         n_ctx: sequence length of the random inputs.
         seeds: initialisations averaged per point (seeds 0..seeds-1).
         shaped: build every variant with the signal-propagation settings.
-        mixing_sink: MixiT with the reference code's sink head (head 0 = 0.5 I + 0.5 on token 0).
+        mixing_sink: MixiT's head 0: reference, normalised or off (docs/model.md, "The sink head").
     """
     files = (out / "signal.json", out / "signal.png")
     check_output_dir(out, tuple(f.name for f in files))
@@ -331,7 +331,7 @@ def signal_command(
         n_ctx=n_ctx,
         seeds=tuple(range(seeds)),
         shaped=shaped,
-        model_overrides=None if mixing_sink else {"mixing_sink": False},
+        model_overrides={"mixing_sink": mixing_sink},
     )
     out.mkdir(parents=True, exist_ok=True)
     write_json(files[0], result)

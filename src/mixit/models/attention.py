@@ -20,6 +20,7 @@ softmax, one batched matmul against the stored buffer for mixing.
 from __future__ import annotations
 
 import math
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -44,7 +45,14 @@ class Attention(nn.Module):
 
     learned_positions: bool = False
     """True for a kind that cannot see positions itself: the model then adds learned absolute position embeddings."""
+    coupled: ClassVar[dict[str, Any]] = {}
+    """Model options this kind brings unless set (the reference switches them on together with the kind)."""
     hook_pattern: HookPoint
+
+    @property
+    def fixed_length(self) -> bool:
+        """True if this layer reads every input right-padded to n_ctx (the model pads it)."""
+        return False
 
     @property
     def fixed_pattern(self) -> torch.Tensor | None:
@@ -65,75 +73,108 @@ ATTENTION: Registry[type[Attention]] = Registry("attention kind")
 ModelConfig.named["attention"] = ATTENTION
 
 
-def mixit_noise(n_heads: int, n_ctx: int, d_head: int, generator: torch.Generator) -> torch.Tensor:
+def mixit_noise(
+    n_heads: int, n_ctx: int, d_head: int, generator: torch.Generator, depth_scaled: bool = False
+) -> torch.Tensor:
     """The random part of one layer's MixiT matrices, (n_heads, n_ctx, n_ctx) float64, not yet masked or centred.
 
     docs/model.md, "MixiT attention", with T = n_ctx: W_h ~ N(0, sigma_h^2) entrywise, with
-      sigma_h = 1/sqrt(T d_head) + u_h (1/sqrt(T) - 1/sqrt(T d_head)), u_h ~ U(0, 1).
+      sigma_h = 1/sqrt(T d_head) + u_h (1/sqrt(T) - 1/sqrt(T d_head)), u_h ~ U(0, 1),
+    or, in the depth-scaled form, sigma_h = 1/sqrt(T) for every head.
     """
     T = n_ctx
     lo, hi = 1.0 / math.sqrt(T * d_head), 1.0 / math.sqrt(T)
-    u = torch.rand(n_heads, generator=generator, dtype=torch.float64)
-    sigma = lo + u * (hi - lo)  # (H,)
+    if depth_scaled:
+        sigma = torch.full((n_heads,), hi, dtype=torch.float64)
+    else:
+        u = torch.rand(n_heads, generator=generator, dtype=torch.float64)
+        sigma = lo + u * (hi - lo)  # (H,)
     w = torch.randn(n_heads, T, T, generator=generator, dtype=torch.float64)
     return w * sigma[:, None, None]
 
 
-def _set_sink(a: torch.Tensor) -> torch.Tensor:
-    """Head 0 (dimension -3) becomes 0.5 I + 0.5 e_0^T: each token keeps half of itself and half of token 0."""
+def set_sink(a: torch.Tensor, sink: str) -> torch.Tensor:
+    """Make head 0 (dimension -3) the sink head: each token keeps half of itself and takes half of token 0.
+
+    reference: 0.5 I, then column 0 set to 0.5, as the reference code does (an
+    assignment, so A[0, 0] = 0.5 and row 0 sums to 0.5); normalised: 0.5 I +
+    0.5 on column 0 (A[0, 0] = 1, every row sums to 1); off: unchanged.
+    """
+    if sink == "off":
+        return a
     T = a.shape[-1]
     a[..., 0, :, :] = 0.5 * torch.eye(T, dtype=a.dtype, device=a.device)
-    a[..., 0, :, 0] += 0.5
+    if sink == "reference":
+        a[..., 0, :, 0] = 0.5
+    else:
+        a[..., 0, :, 0] += 0.5
     return a
 
 
 def mixit_matrices(
-    n_heads: int, n_ctx: int, d_head: int, generator: torch.Generator, alpha: float = 1.0, sink: bool = True
+    n_heads: int,
+    n_ctx: int,
+    d_head: int,
+    generator: torch.Generator,
+    alpha: float = 1.0,
+    sink: str = "reference",
+    depth_scaled: bool = False,
 ) -> torch.Tensor:
     """The causal MixiT mixing matrices of one layer, (n_heads, n_ctx, n_ctx).
 
     docs/model.md, "MixiT attention": W_h from `mixit_noise`, kept lower-triangular;
       Wbar_h[i] = sum_{j<=i} W_h[i, j] / (i + 1)          (centring over the causal support)
-      A_h = tril(I + alpha (W_h - Wbar_h))
-    so every row sums to exactly 1 and row 0 is [1, 0, ...]. With `sink`,
-    head 0 becomes 0.5 I + 0.5 e_0^T: each token keeps half of itself and
-    half of token 0 (the reference code's undocumented "sink head").
-    Row i depends only on W[i, :i+1], so the top-left t x t block is exactly
-    the matrix a length-t sequence should use. Built in float64, returned in
-    float32.
+      A_h = tril(I + alpha (W_h - Wbar_h))                (depth-scaled: without I)
+    so every row sums to exactly 1 (0 depth-scaled) and row 0 is [1, 0, ...].
+    Head 0 then becomes the sink head (`set_sink`). Row i depends only on
+    W[i, :i+1], so the top-left t x t block is exactly the matrix a length-t
+    sequence should use. Built in float64, returned in float32.
     """
     T = n_ctx
-    w = torch.tril(mixit_noise(n_heads, n_ctx, d_head, generator))  # (H, T, T)
+    w = torch.tril(mixit_noise(n_heads, n_ctx, d_head, generator, depth_scaled))  # (H, T, T)
     support = torch.arange(1, T + 1, dtype=torch.float64)  # (T,) entries j <= i in row i
     w_bar = w.sum(dim=-1, keepdim=True) / support[:, None]  # (H, T, 1)
-    a = torch.tril(torch.eye(T, dtype=torch.float64) + alpha * (w - w_bar))
-    return (_set_sink(a) if sink else a).float()
+    identity = 0.0 if depth_scaled else torch.eye(T, dtype=torch.float64)
+    a = torch.tril(identity + alpha * (w - w_bar))
+    return set_sink(a, sink).float()
 
 
 def bidirectional_mixing(
-    noise: torch.Tensor, alpha: float = 1.0, sink: bool = True, valid: torch.Tensor | None = None
+    noise: torch.Tensor,
+    alpha: float = 1.0,
+    sink: str = "reference",
+    valid: torch.Tensor | None = None,
+    centring: str = "real_tokens",
+    depth_scaled: bool = False,
 ) -> torch.Tensor:
     """Non-causal MixiT matrices for the sequences at hand.
 
     noise (H, T, T): `mixit_noise` cut to the sequence length T.
     valid (B, T) bool: which positions hold real tokens (right padding); None: all of them.
-    Each row is centred over the real columns only and padded columns are zero:
+    centring real_tokens: each row is centred over the real columns only and padded columns are zero,
       A[i, j] = I[i, j] + alpha (W[i, j] - mean_{k real} W[i, k])   for real j, else 0,
     so every row sums to exactly 1 and a padded sequence is mixed exactly as
-    its unpadded copy. (The reference skips tril but still divides by i + 1,
-    so its rows do not sum to 1; docs/model.md, "Non-causal use".)
-    Returns (H, T, T) without `valid`, else (B, H, T, T).
+    its unpadded copy. centring reference: as the reference code, which drops
+    the triangular mask but still divides each row's sum by i + 1, over every
+    column, padding included (`valid` is ignored; the model pads the input to
+    n_ctx, as the reference's inputs always are):
+      A[i, j] = I[i, j] + alpha (W[i, j] - sum_k W[i, k] / (i + 1)),
+    whose rows do not sum to 1 (docs/model.md, "Non-causal use"). Depth-scaled: without I.
+    Returns (H, T, T) without `valid` (or with reference centring), else (B, H, T, T).
     """
     T = noise.shape[-1]
-    eye = torch.eye(T, dtype=noise.dtype, device=noise.device)
-    if valid is None:
+    eye = 0.0 if depth_scaled else torch.eye(T, dtype=noise.dtype, device=noise.device)
+    if centring == "reference":
+        support = torch.arange(1, T + 1, dtype=noise.dtype, device=noise.device)  # (T,)
+        a = eye + alpha * (noise - noise.sum(dim=-1, keepdim=True) / support[:, None])
+    elif valid is None:
         a = eye + alpha * (noise - noise.mean(dim=-1, keepdim=True))
     else:
         cols = valid[:, None, None, :].to(noise.dtype)  # (B, 1, 1, T)
         w = noise * cols  # (B, H, T, T)
         centred = (w - w.sum(dim=-1, keepdim=True) / cols.sum(dim=-1, keepdim=True)) * cols
         a = eye + alpha * centred
-    return _set_sink(a) if sink else a
+    return set_sink(a, sink)
 
 
 def layer_generator(seed: int, layer: int) -> torch.Generator:
@@ -232,25 +273,39 @@ class MixingAttention(Attention):
     from the stored ``mixing_noise``)."""
 
     learned_positions = True
+    # In the reference, shaped_attention="mixing" switches on the signal-propagation settings
+    # together with the mixing matrices (docs/fidelity.md).
+    coupled: ClassVar[dict[str, Any]] = ModelConfig.shaped()
     mixing: torch.Tensor  # (H, n_ctx, n_ctx) buffer of the causal form
     mixing_noise: torch.Tensor  # (H, n_ctx, n_ctx) buffer of the non-causal form
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.n_heads, self.d_head, self.causal = cfg.n_heads, cfg.d_head, cfg.causal
-        self.alpha, self.sink = cfg.mixing_alpha, cfg.mixing_sink
+        self.alpha, self.sink, self.centring = cfg.mixing_alpha, cfg.mixing_sink, cfg.mixing_centring
+        self.depth_scaled = cfg.depth_alpha != 0
         self.v = block_linear(cfg, cfg.d_model, cfg.d_model)
         self.o = block_linear(cfg, cfg.d_model, cfg.d_model)
         generator = layer_generator(cfg.seed, layer)
         if cfg.causal:
             mixing = mixit_matrices(
-                cfg.n_heads, cfg.n_ctx, cfg.d_head, generator, alpha=cfg.mixing_alpha, sink=cfg.mixing_sink
+                cfg.n_heads,
+                cfg.n_ctx,
+                cfg.d_head,
+                generator,
+                alpha=cfg.mixing_alpha,
+                sink=cfg.mixing_sink,
+                depth_scaled=self.depth_scaled,
             )
             self.register_buffer("mixing", mixing)  # (H, n_ctx, n_ctx), saved with the model
         else:
-            noise = mixit_noise(cfg.n_heads, cfg.n_ctx, cfg.d_head, generator).float()
+            noise = mixit_noise(cfg.n_heads, cfg.n_ctx, cfg.d_head, generator, self.depth_scaled).float()
             self.register_buffer("mixing_noise", noise)  # (H, n_ctx, n_ctx), saved with the model
         self.hook_pattern = HookPoint()
+
+    @property
+    def fixed_length(self) -> bool:
+        return not self.causal and self.centring == "reference"
 
     def matmul_flops(self, batch: int, seq: int) -> int:
         """FLOPs of one training step's A V over the T(T+1)/2 causal pairs:
@@ -264,7 +319,9 @@ class MixingAttention(Attention):
         return self.mixing if self.causal else self._bidirectional(self.mixing_noise.shape[-1], None)
 
     def _bidirectional(self, T: int, valid: torch.Tensor | None) -> torch.Tensor:
-        return bidirectional_mixing(self.mixing_noise[:, :T, :T], self.alpha, self.sink, valid)
+        return bidirectional_mixing(
+            self.mixing_noise[:, :T, :T], self.alpha, self.sink, valid, self.centring, self.depth_scaled
+        )
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, d_model); valid (B, T) bool, the real (unpadded) positions,

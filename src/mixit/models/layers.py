@@ -29,10 +29,15 @@ class Linear(nn.Linear):
         return y if self.multiplier == 1.0 else y * self.multiplier
 
 
-def block_linear(cfg: ModelConfig, fan_in: int, fan_out: int) -> Linear:
-    """A linear layer inside a transformer block, scaled as `cfg` says."""
-    multiplier = math.sqrt(cfg.base_width / fan_in) if cfg.width_scaling else 1.0
-    return Linear(fan_in, fan_out, bias=cfg.bias, multiplier=multiplier)
+def scaled_linear(cfg: ModelConfig, fan_in: int, fan_out: int, base: int, bias: bool) -> Linear:
+    """A linear layer whose output is multiplied by sqrt(base / fan_in) under width scaling, by 1 otherwise."""
+    multiplier = math.sqrt(base / fan_in) if cfg.width_scaling else 1.0
+    return Linear(fan_in, fan_out, bias=bias, multiplier=multiplier)
+
+
+def block_linear(cfg: ModelConfig, fan_in: int, fan_out: int, base: int | None = None) -> Linear:
+    """A linear layer inside a transformer block, scaled as `cfg` says (base: cfg.base_width unless given)."""
+    return scaled_linear(cfg, fan_in, fan_out, cfg.base_width if base is None else base, cfg.bias)
 
 
 def trains_alike(*layers: nn.Linear) -> bool:

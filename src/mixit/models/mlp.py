@@ -49,7 +49,8 @@ class GatedMLP(nn.Module):
         assert d_mlp is not None  # resolved by ModelConfig
         self.gate = block_linear(cfg, cfg.d_model, d_mlp)
         self.up = block_linear(cfg, cfg.d_model, d_mlp)
-        self.down = block_linear(cfg, d_mlp, cfg.d_model)
+        # The reference passes no base width to the down projection (docs/fidelity.md): down_base_width.
+        self.down = block_linear(cfg, d_mlp, cfg.d_model, base=cfg.down_base_width)
         self.act = ACTIVATIONS.get(cfg.activation)(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d_model)

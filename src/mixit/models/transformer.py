@@ -13,15 +13,17 @@ model.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mixit.config import ModelConfig
 from mixit.models.attention import ATTENTION, Attention
-from mixit.models.layers import Linear
+from mixit.models.layers import Linear, scaled_linear
 from mixit.models.mlp import GatedMLP
 
 
@@ -63,30 +65,48 @@ class Transformer(nn.Module):
         self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model) if learned_positions else None
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.norm_f = nn.RMSNorm(cfg.d_model, eps=1e-6)
+        # The head is width-scaled like the block linears when the config says so (the reference's ScaledLinear).
+        head_cfg = cfg if cfg.width_scale_head else dataclasses.replace(cfg, width_scaling=False)
+        out = cfg.vocab_size if cfg.head == "lm" else cfg.n_classes
+        head = scaled_linear(head_cfg, cfg.d_model, out, base=cfg.base_width, bias=False)
         if cfg.head == "lm":
-            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            self.lm_head = head
         else:
-            self.classifier = nn.Linear(cfg.d_model, cfg.n_classes, bias=False)
+            self.classifier = head
+        # Right-padding inputs to n_ctx, for an attention kind that reads a fixed length (the reference's
+        # non-causal MixiT centring).
+        self.pads_to_n_ctx = any(block.attn.fixed_length for block in self.layers)
+
+    def init_std(self, module: Linear) -> float:
+        """The std of `module`'s weight at initialisation (docs/model.md, "Initialisation"):
+        init_std, except queries and keys under qk_init=paper (effective std 1/sqrt(d_model)) and the
+        block linears under width_init=fan_in (effective std 1/sqrt(fan_in)). "Effective" is the std of
+        weight times the layer's width multiplier."""
+        cfg = self.cfg
+        queries_keys = [getattr(b.attn, name) for b in self.layers for name in ("q", "k") if hasattr(b.attn, name)]
+        if cfg.qk_init == "paper" and any(module is m for m in queries_keys):
+            return 1.0 / (math.sqrt(cfg.d_model) * module.multiplier)
+        is_head = module is getattr(self, "lm_head", None) or module is getattr(self, "classifier", None)
+        if cfg.width_scaling and cfg.width_init == "fan_in" and not is_head:
+            return 1.0 / (math.sqrt(module.in_features) * module.multiplier)
+        return cfg.init_std
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Initialise from cfg.seed: N(0, init_std^2) weights and embeddings, zero
-        biases, unit norm gains. Under width scaling the block linears get std
-        1/sqrt(base_width) instead (see ModelConfig). Buffers are left alone:
-        they are built from their own seeds at construction.
+        """Initialise from cfg.seed: weights and embeddings normal (`init_std`), zero
+        biases, unit norm gains. Buffers are left alone: they are built from their
+        own seeds at construction.
         """
-        cfg = self.cfg
-        g = torch.Generator().manual_seed(cfg.seed)
+        g = torch.Generator().manual_seed(self.cfg.seed)
         for module in self.modules():
             if isinstance(module, nn.RMSNorm):
                 module.weight.fill_(1.0)
             elif isinstance(module, Linear):
-                std = 1.0 / math.sqrt(cfg.base_width) if cfg.width_scaling else cfg.init_std
-                module.weight.copy_(torch.randn(module.weight.shape, generator=g) * std)
+                module.weight.copy_(torch.randn(module.weight.shape, generator=g) * self.init_std(module))
                 if module.bias is not None:
                     module.bias.zero_()
-            elif isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.copy_(torch.randn(module.weight.shape, generator=g) * cfg.init_std)
+            elif isinstance(module, nn.Embedding):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=g) * self.cfg.init_std)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) int64 with T <= n_ctx -> logits (B, T, vocab_size),
@@ -101,6 +121,9 @@ class Transformer(nn.Module):
         T = tokens.shape[1]  # tokens (B, T)
         if T > cfg.n_ctx:
             raise ValueError(f"sequence length {T} exceeds the model's n_ctx={cfg.n_ctx}")
+        if self.pads_to_n_ctx and cfg.pad_id is not None and T < cfg.n_ctx:
+            tokens = F.pad(tokens, (0, cfg.n_ctx - T), value=cfg.pad_id)  # (B, n_ctx)
+            T = cfg.n_ctx
         valid = None  # (B, T) bool: real tokens; needed only where padding could be read
         if cfg.pad_id is not None and (cfg.head == "classifier" or not cfg.causal):
             valid = tokens != cfg.pad_id

@@ -167,6 +167,12 @@ class Task:
         """Length of the sequences the model reads (n_ctx must be at least this)."""
         return self.seq_len - 1
 
+    @property
+    def reference_len(self) -> int:
+        """The sequence length the reference code builds its model for, the default n_ctx: the
+        whole example, since it feeds every token and ignores the last prediction (docs/fidelity.md)."""
+        return self.seq_len
+
     def analysis_tokens(self) -> range:
         """Token ids that probes of the trained model (repeated random sequences)
         draw from: the whole vocabulary unless a task says otherwise."""

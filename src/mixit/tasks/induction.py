@@ -115,6 +115,11 @@ class Induction(Task):
     def input_len(self) -> int:
         return self.length
 
+    @property
+    def reference_len(self) -> int:
+        """Not in the reference code: the input length."""
+        return self.length
+
     def analysis_tokens(self) -> range:
         """NONE is never an input token."""
         return range(self.alphabet)

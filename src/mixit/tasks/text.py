@@ -90,6 +90,11 @@ class TextTask(Task):
     tokenizer: TextTokenizer
     dataset_info: dict[str, Any]
 
+    @property
+    def reference_len(self) -> int:
+        """The reference builds its text models for the tokens they read (its max_seq_len)."""
+        return self.input_len
+
     def save_artifacts(self, run_dir: Path) -> None:
         """Keep the tokenizer with the run (evaluation and sampling read it from there)."""
         self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
