@@ -48,12 +48,11 @@ def test_lm_packing_predicts_every_training_token_exactly_once_per_epoch(corpus)
     stream, L = task.train_tokens, task.length
     # One epoch of batches of 1: every sequence once.
     seqs = np.concatenate([task.train_examples(step, 1)[0] for step in range(task.n_train)])
-    starts = sorted(
-        int(np.flatnonzero(np.all(task.sequences(stream, np.arange(task.n_train)) == s, axis=1))[0]) for s in seqs
-    )
+    every = task.sequences(stream, np.arange(task.n_train))[0]
+    starts = sorted(int(np.flatnonzero(np.all(every == s, axis=1))[0]) for s in seqs)
     assert starts == list(range(task.n_train))
     # Sequence i is stream[i L : i L + L + 1]: targets tile the stream with no gap and no overlap.
-    targets = task.sequences(stream, np.arange(task.n_train))[:, 1:].reshape(-1)
+    targets = every[:, 1:].reshape(-1)
     assert np.array_equal(targets, stream[1 : task.n_train * L + 1])
     assert len(stream) - 1 - task.n_train * L < L  # only a partial sequence is left out
 
@@ -75,7 +74,22 @@ def test_lm_test_set_is_spread_over_the_held_out_split(corpus):
     task = make_task("lm", {"corpus": corpus, "length": 16, "vocab": 300, "held_out": 0.1}, test_size=5)
     seq, _ = task.test_examples()
     assert len(seq) == 5
-    assert np.array_equal(seq[-1], task.sequences(task.test_tokens, np.array([task.n_test - 1]))[0])
+    assert np.array_equal(seq[-1], task.sequences(task.test_tokens, np.array([task.n_test - 1]))[0][0])
+
+
+def test_lm_without_packing_reads_one_document_per_sequence_as_the_reference(corpus):
+    task = lm_task(corpus, packing=False)
+    eos, pad = task.tokenizer.eos_id, task.tokenizer.pad_id
+    docs = np.split(task.train_tokens, np.flatnonzero(task.train_tokens == eos) + 1)[:-1]  # each ends with EOS
+    docs = [d[:-1] for d in docs if len(d) - 1 >= 2]
+    assert task.n_train == len(docs)
+    seq, mask = task.sequences(task.train_tokens, np.arange(task.n_train))
+    for row, doc, m in zip(seq, docs, mask):
+        n = min(len(doc), 17)
+        assert np.array_equal(row[:n], doc[:n]) and (row[n:] == pad).all() and eos not in row
+        assert m.sum() == n - 1 and m[: n - 1].all()  # every prediction of a real next token, and no other
+    batch = task.train_batch(0, 8)
+    assert (batch.targets[~batch.mask] == -100).all() and batch.mask.any()
 
 
 def test_lm_bad_parameters_are_refused(corpus):

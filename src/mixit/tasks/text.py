@@ -139,6 +139,9 @@ class LanguageModelingConfig(TextConfig):
     """Vocabulary of the BPE tokenizer trained for the run."""
     held_out: float = 0.05
     """Fraction of documents held out (by text hash) where the corpus has no test split."""
+    packing: bool = True
+    """Concatenate the documents and cut them into sequences (every token predicted once per epoch); false: as the
+    reference code, one document per sequence, its first length + 1 tokens, right-padded, the rest discarded."""
 
     def validate(self) -> None:
         super().validate()
@@ -187,8 +190,12 @@ class LanguageModeling(TextTask):
         )
         self.vocab_size = self.tokenizer.vocab_size
         self.seq_len = length + 1
-        self.n_train = (len(self.train_tokens) - 1) // length
-        self.n_test = (len(self.test_tokens) - 1) // length
+        if c.packing:
+            self.n_train = (len(self.train_tokens) - 1) // length
+            self.n_test = (len(self.test_tokens) - 1) // length
+        else:
+            self.train_docs, self.test_docs = self.documents(self.train_tokens), self.documents(self.test_tokens)
+            self.n_train, self.n_test = len(self.train_docs), len(self.test_docs)
         if self.n_train < 1 or self.n_test < 1:
             which = "training" if self.n_train < 1 else "held-out"
             check(
@@ -199,23 +206,43 @@ class LanguageModeling(TextTask):
         counts = np.bincount(self.train_tokens, minlength=self.vocab_size).astype(np.float64) + 1.0
         self._unigram_logp = torch.from_numpy(np.log(counts / counts.sum()))
 
-    def sequences(self, stream: np.ndarray, index: np.ndarray) -> np.ndarray:
-        """Packed sequences number `index` of a token stream: (len(index), length + 1) int64."""
-        offsets = index[:, None] * self.length + np.arange(self.length + 1)
-        return stream[offsets].astype(np.int64)
+    def documents(self, stream: np.ndarray) -> np.ndarray:
+        """(start, end) of every document of a stream with at least two tokens (one prediction): (n, 2)."""
+        ends = np.flatnonzero(stream == self.tokenizer.eos_id)  # each document is followed by EOS
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        bounds = np.stack([starts, ends], axis=1)
+        return bounds[bounds[:, 1] - bounds[:, 0] >= 2]
+
+    def sequences(self, stream: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Sequences number `index` and their loss masks: (len(index), length + 1) each.
+
+        Packed: consecutive windows of the stream, every prediction scored. Not
+        packed: document number `index`, its first length + 1 tokens (no EOS),
+        right-padded; a prediction is scored where its target is a real token.
+        """
+        if self.cfg.packing:
+            offsets = index[:, None] * self.length + np.arange(self.length + 1)
+            seq = stream[offsets].astype(np.int64)
+            return seq, np.ones_like(seq, dtype=bool)
+        docs = self.train_docs if stream is self.train_tokens else self.test_docs
+        seq = np.full((len(index), self.length + 1), self.tokenizer.pad_id, dtype=np.int64)
+        mask = np.zeros_like(seq, dtype=bool)
+        for row, (start, end) in enumerate(docs[index]):
+            n = min(end - start, self.length + 1)
+            seq[row, :n] = stream[start : start + n]
+            mask[row, : n - 1] = True  # the prediction at t of token t + 1
+        return seq, mask
 
     def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
         if self._test is None:
             index = np.arange(self.n_test)
             if self.n_test > self.test_size:
                 index = np.linspace(0, self.n_test - 1, self.test_size).round().astype(np.int64)
-            seq = self.sequences(self.test_tokens, index)
-            self._test = (seq, np.ones_like(seq, dtype=bool))
+            self._test = self.sequences(self.test_tokens, index)
         return self._test
 
     def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        seq = self.sequences(self.train_tokens, epoch_indices(self.seed, step, n, self.n_train))
-        return seq, np.ones_like(seq, dtype=bool)
+        return self.sequences(self.train_tokens, epoch_indices(self.seed, step, n, self.n_train))
 
     def loss_metrics(self, loss: float) -> dict[str, float]:
         return {"perplexity": math.exp(min(loss, 700.0))}
