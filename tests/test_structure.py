@@ -18,7 +18,7 @@ LAYERS = {
     0: ["errors", "registry", "version", "files"],
     1: ["config"],
     2: ["models", "text", "runtime"],
-    3: ["freezing", "tasks", "recipes"],
+    3: ["freezing", "tasks", "recipes", "resources"],
     4: ["experiment", "catalogue"],
     5: ["run"],
     6: ["training"],

@@ -89,7 +89,7 @@ def test_local_directory_uses_the_split_its_file_names_give(tmp_path):
 
 
 def test_local_file_problems_are_usage_errors(tmp_path):
-    with pytest.raises(UsageError, match="missing column"):
+    with pytest.raises(UsageError, match="record 1 has no label field"):
         load_labelled(str(write_jsonl(tmp_path / "x.jsonl", [{"text": "a"}, {"text": "b"}])))
     with pytest.raises(UsageError, match="has no labels"):
         load_labelled(str(write_text_corpus(tmp_path / "c.txt")))

@@ -51,6 +51,7 @@ from mixit.experiment import model_config
 from mixit.files import check_output_dir, write_json
 from mixit.freezing import VARIANTS, apply_variant
 from mixit.models import Transformer
+from mixit.resources import activation_bytes, check_memory, model_bytes
 from mixit.runtime import release_free_memory, resolve_device
 from mixit.tasks import make_task
 from mixit.training.optim import build_optimizer
@@ -392,6 +393,18 @@ def run_bench(
         if not (isinstance(value, int) and value >= 1):
             raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
     dev = resolve_device(device)
+    # Every row is built and warmed up before the timing starts, so all are held at once.
+    cfg = shape.model_config("standard")
+    n_rows = len(variants) + int(baseline)
+    check_memory(
+        "this benchmark",
+        {
+            f"{n_rows} models with their optimizer state": n_rows * 4 * model_bytes(cfg),
+            f"{n_rows} rows' activations": n_rows * activation_bytes(cfg, shape.batch_size, shape.seq_len),
+        },
+        dev,
+        "lower the batch size, the sequence length, the model's size or the number of variants",
+    )
     if dtype == "bf16" and dev.type != "cuda":
         raise UsageError("dtype bf16 (autocast) is offered on cuda only; on CPU fp32 is many times faster")
     data_s = data_seconds(task, task_params or {}, shape.batch_size) if task is not None else None

@@ -266,6 +266,7 @@ class ModelConfig(Config):
             f"RoPE needs an even d_head, got d_model/n_heads = {self.d_head}",
         )
         check(self.init_std > 0, f"init_std must be > 0, got {self.init_std}")
+        check(0 <= self.seed < 2**63, f"seed must be an integer in [0, 2^63), got {self.seed}")
         check(self.rope_base > 0, f"rope_base must be > 0, got {self.rope_base}")
         check(
             self.skip_scale >= 0 and self.branch_scale > 0,
@@ -387,6 +388,11 @@ class TaskConfig(Config):
     the task's own module, validated at construction like every config."""
 
     what: ClassVar[str] = "task parameter"
+
+    def memory_bytes(self) -> int:
+        """Bytes the task allocates when it is built (a table of every example); 0 for tasks that
+        draw examples as they go. Checked against the free memory before the task is built."""
+        return 0
 
     def for_run(self, run_dir: Path) -> Self:
         """These parameters, pointing at what the task saved in `run_dir` (its

@@ -44,6 +44,7 @@ from mixit.freezing import FreezeReport, apply_variant, check_attention, get_var
 from mixit.models import Transformer
 from mixit.models.attention import ATTENTION
 from mixit.recipes import RECIPES
+from mixit.resources import check_memory
 from mixit.tasks import TASKS, Task
 
 DEFAULT_TASK = "addition"
@@ -91,6 +92,7 @@ class RunConfig:
             value = getattr(self, name)
             check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
         check(self.test_size > 0, f"test_size must be a positive integer, got {self.test_size}")
+        check(0 <= self.data_seed < 2**63, f"data_seed must be an integer in [0, 2^63), got {self.data_seed}")
 
     @property
     def params(self) -> TaskConfig:
@@ -219,6 +221,13 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     # Checked here as well as by RunConfig, because the task is built first.
     for name, value in seeds.items():
         check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
+    check(
+        0 <= seeds.get("data_seed", 0) < 2**63,
+        f"data_seed must be an integer in [0, 2^63), got {seeds.get('data_seed')}",
+    )
+    check_memory(
+        f"task {task_name}", {"its table of examples": params.memory_bytes()}, "cpu", "choose smaller task parameters"
+    )
     task = task_cls(params, seed=seeds.get("data_seed", 0), test_size=seeds.get("test_size", 4000))
 
     defaults = nest(task_cls.defaults)

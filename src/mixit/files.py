@@ -55,5 +55,10 @@ def check_output_dir(path: Path, names: tuple[str, ...] = ()) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise UsageError(f"cannot create {path}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write to {path}: {existing} is not writable")
+    # Try it: permission bits say nothing to root, and some filesystems refuse every write.
+    probe = existing / f".mixit-probe-{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to {path}: {existing} is not writable ({e.strerror})") from None

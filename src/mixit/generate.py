@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from mixit.errors import UsageError
 from mixit.models import Transformer
+from mixit.resources import activation_bytes, check_memory, model_bytes
 from mixit.run import Run
+from mixit.runtime import resolve_device
+
+MAX_NEW_TOKENS = 100_000
+MAX_SAMPLES = 10_000
 
 
 @torch.no_grad()
@@ -28,8 +35,8 @@ def generate(
     takes the most likely token; top_k keeps only the k most likely before sampling.
     Generation stops early once every row has produced `stop_token`.
     """
-    if temperature < 0:
-        raise UsageError(f"temperature must be >= 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise UsageError(f"temperature must be a finite number >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise UsageError(f"top_k must be a positive integer, got {top_k}")
     was_training = model.training
@@ -37,7 +44,8 @@ def generate(
     n_ctx = model.cfg.n_ctx
     out = prompt
     done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
-    for _ in range(max_new_tokens):
+    # A progress bar on stderr for long generations (stdout receives only the text).
+    for _ in tqdm(range(max_new_tokens), desc="sampling", unit="tok", disable=None if max_new_tokens > 500 else True):
         logits = model(out[:, -n_ctx:])[:, -1].float()  # (B, vocab)
         if temperature == 0:
             nxt = logits.argmax(dim=-1, keepdim=True)
@@ -80,11 +88,26 @@ def sample_run(
         seed: sampling seed.
         device: auto, cpu, cuda or cuda:N.
     """
-    if max_new_tokens < 1 or num_samples < 1:
-        raise UsageError(f"max_new_tokens and num_samples must be positive, got {max_new_tokens}, {num_samples}")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise UsageError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS:,}], got {max_new_tokens}")
+    if not 1 <= num_samples <= MAX_SAMPLES:
+        raise UsageError(f"num_samples must be an integer in [1, {MAX_SAMPLES:,}], got {num_samples}")
     if top_k < 0:
         raise UsageError(f"top_k must be >= 0 (0 = all), got {top_k}")
-    loaded = Run.open(run_dir).load(device)
+    run = Run.open(run_dir)
+    # The model reads at most n_ctx tokens at a time: num_samples rows of n_ctx, without gradients.
+    check_memory(
+        "sampling",
+        {
+            "the model": model_bytes(run.config.model),
+            f"{num_samples} rows of activations": activation_bytes(
+                run.config.model, num_samples, run.config.model.n_ctx, backward=False
+            ),
+        },
+        resolve_device(device),
+        "lower num_samples",
+    )
+    loaded = run.load(device)
     cfg, task, model = loaded.cfg, loaded.task, loaded.model
     tokenizer = getattr(task, "tokenizer", None)
     if tokenizer is None or cfg.model.head != "lm":

@@ -1,6 +1,7 @@
 """The run directory and the one object that owns it: `Run`.
 
     RUN_DIR/
+      .lock                held (flock) by the process training or resuming the run; holds its pid
       config.json          {"config": the RunConfig, "mixit_version", "git_commit"}
       metrics.jsonl        one JSON object per event: the freeze report, training losses, evaluations
       summary.json         final metrics (written when the run completes)
@@ -21,6 +22,7 @@ killed mid-write resumes from the previous checkpoint.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -36,13 +38,14 @@ from torch import nn
 
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build, is_record
-from mixit.files import read_json, write_json, write_text
+from mixit.files import check_output_dir, read_json, write_json, write_text
 from mixit.models import Transformer
 from mixit.runtime import resolve_device
 from mixit.tasks import Task
 from mixit.version import __version__, git_commit
 
 CONFIG = "config.json"
+LOCK = ".lock"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
@@ -104,6 +107,7 @@ class Run:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._config: RunConfig | None = None
+        self._lock: IO[str] | None = None
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
@@ -132,7 +136,7 @@ class Run:
     # -- creating and opening ---------------------------------------------------------
     @classmethod
     def check_new(cls, path: str | Path) -> None:
-        """Refuse `path` as the directory of a new run unless it is absent or empty."""
+        """Refuse `path` as the directory of a new run unless it is absent or empty (and creatable)."""
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise UsageError(f"output path {path} exists and is not a directory")
@@ -140,18 +144,61 @@ class Run:
             raise UsageError(
                 f"{path} already holds a run; continue it with --resume or choose another output directory"
             )
-        if path.exists() and any(path.iterdir()):
+        if path.exists() and any(p.name != LOCK for p in path.iterdir()):
             raise UsageError(f"output directory {path} is not empty and holds no mixit run; refusing to write into it")
+        check_output_dir(path)
 
     @classmethod
     def create(cls, path: str | Path, cfg: RunConfig) -> Run:
-        """A new run directory holding `cfg`'s config.json."""
+        """A new run directory holding `cfg`'s config.json, locked by this process until `release`.
+
+        The directory is created and locked first and checked second, so two
+        processes starting a run in one directory cannot both succeed. If the
+        check fails, what was created is removed again.
+        """
         cls.check_new(path)
         run = cls(path)
+        made = not run.path.exists()
         run.path.mkdir(parents=True, exist_ok=True)
+        try:
+            run.acquire()
+            cls.check_new(path)
+        except UsageError:
+            if run._lock is not None:
+                run.release()
+            if made:
+                shutil.rmtree(run.path, ignore_errors=True)
+            raise
         write_json(run.config_path, {"config": cfg.to_dict(), "mixit_version": __version__, "git_commit": git_commit()})
         run._config = cfg
         return run
+
+    # -- the lock ---------------------------------------------------------------------
+    def acquire(self) -> None:
+        """Take the run directory's exclusive lock (``RUN_DIR/.lock``, an advisory file lock that the
+        kernel releases when the process ends, however it ends), or refuse naming the holder's pid."""
+        handle = open(self.path / LOCK, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise UsageError(
+                f"{self.path} is in use by another mixit process (pid {holder}); wait for it to finish or stop it"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._lock = handle
+
+    def release(self) -> None:
+        """Give the lock back (the lock file stays; it holds no state)."""
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
 
     @classmethod
     def open(cls, path: str | Path) -> Run:

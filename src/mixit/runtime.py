@@ -62,6 +62,21 @@ def release_free_memory() -> None:
         libc.malloc_trim(0)
 
 
+def available_memory(device: torch.device) -> int | None:
+    """Bytes of memory free for new allocations on `device`: CUDA's free memory, or on Linux the
+    kernel's MemAvailable; None where it cannot be read."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def resolve_device(name: str) -> torch.device:
     """'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."""
     if name == "auto":

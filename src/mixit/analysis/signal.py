@@ -31,6 +31,7 @@ from mixit.experiment import model_config
 from mixit.files import check_output_dir, write_json
 from mixit.freezing import VARIANTS
 from mixit.models import Transformer
+from mixit.resources import activation_bytes, check_memory, model_bytes
 from mixit.version import __version__
 
 # Random inputs are drawn from a generator of their own, so they do not share a
@@ -193,8 +194,18 @@ def signal_propagation(
             **settings,
         )
 
-    # Validate the model settings of every variant before any work.
+    # Validate the model settings of every variant before any work, and check that the deepest fits.
     example = {v: config(v, depths[0], seeds[0]) for v in variants}
+    deepest = config(variants[0], max(depths), seeds[0])
+    check_memory(
+        "the signal sweep",
+        {
+            "the deepest model": model_bytes(deepest),
+            f"its activations at batch {batch}": activation_bytes(deepest, batch, n_ctx),
+        },
+        "cpu",
+        "lower the depths, d_model or n_ctx",
+    )
     inputs = {
         s: torch.randint(
             vocab_size,

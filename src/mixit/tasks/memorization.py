@@ -30,6 +30,10 @@ class MemorizationConfig(TaskConfig):
     fraction: float = 1.0
     """Fraction of the n*n pairs kept in the table."""
 
+    def memory_bytes(self) -> int:
+        # The table (n^2 rows of 3 int64) and the temporaries it is built from.
+        return 6 * 8 * self.n * self.n
+
     def validate(self) -> None:
         check(self.n >= 2, f"n must be an integer >= 2, got {self.n}")
         check(0 < self.fraction <= 1, f"fraction must be in (0, 1], got {self.fraction}")

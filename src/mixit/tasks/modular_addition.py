@@ -27,6 +27,10 @@ class ModularAdditionConfig(TaskConfig):
     train_fraction: float = 0.95
     """Fraction of all p*p pairs in the training part; the rest is the test set."""
 
+    def memory_bytes(self) -> int:
+        # The shuffled table of all p^2 pairs (3 int64 each) and its temporaries.
+        return 6 * 8 * self.p * self.p
+
     def validate(self) -> None:
         check(self.p >= 2, f"p must be an integer >= 2, got {self.p}")
         check(0 < self.train_fraction < 1, f"train_fraction must be in (0, 1), got {self.train_fraction}")

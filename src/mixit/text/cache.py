@@ -1,8 +1,15 @@
-"""Where derived text data (trained tokenizers, token streams) is cached.
+"""Where everything mixit caches lives: trained tokenizers, token streams,
+and the Hugging Face datasets it downloads or converts.
 
-``$MIXIT_CACHE`` if set, else ``$XDG_CACHE_HOME/mixit``, else ``~/.cache/mixit``.
-Everything here can be deleted at any time: it is rebuilt on demand, and a
-run directory never depends on it (it keeps its own tokenizer).
+``$MIXIT_CACHE`` if set, else ``$XDG_CACHE_HOME/mixit``, else ``~/.cache/mixit``:
+
+    tokenizers/     trained BPE tokenizers
+    tokens/         token streams of tokenized corpora
+    hf-datasets/    Hugging Face `datasets` files (hub downloads, local copies of hub repositories)
+
+Everything here can be deleted at any time (``rm -r`` the directory): it is
+rebuilt on demand, and a run directory never depends on it (it keeps its own
+tokenizer). Local text files are read directly and never copied here.
 """
 
 from __future__ import annotations
@@ -18,6 +25,11 @@ def cache_dir() -> Path:
         return Path(os.environ["MIXIT_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "mixit"
+
+
+def hf_cache_dir() -> Path:
+    """Where Hugging Face `datasets` keeps what mixit loads through it."""
+    return cache_dir() / "hf-datasets"
 
 
 def load_or_build_array(name: str, build) -> np.ndarray:

@@ -40,12 +40,14 @@ import lzma
 import os
 import re
 import socket
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from mixit.errors import UsageError
+from mixit.text.cache import hf_cache_dir
 
 HUB_HOST = "huggingface.co"
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".csv", ".tsv")
@@ -55,6 +57,7 @@ LOCAL_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".csv", ".tsv")
 class TextSplit:
     texts: list[str]
     labels: list[int] | None = None  # classification only
+    skipped: int = 0  # empty texts left out when reading
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -246,7 +249,7 @@ def load_hub(
                     f"data_dir {root} has no files matching {pattern} (a local copy of {spec.repo} should have them)"
                 )
             files[hub_split] = [str(p) for p in matches]
-        loaded = ds_lib.load_dataset("parquet", data_files=files)
+        loaded = ds_lib.load_dataset("parquet", data_files=files, cache_dir=str(hf_cache_dir()))
         tables = {ours: loaded[hub] for ours, hub in spec.splits.items()}
         source = str(root)
     else:
@@ -260,11 +263,13 @@ def load_hub(
         try:
             for ours, hub in spec.splits.items():
                 if stream:  # a sample of a very large dataset: read only what is used
-                    it = ds_lib.load_dataset(spec.repo, spec.config, split=hub, streaming=True)
+                    it = ds_lib.load_dataset(
+                        spec.repo, spec.config, split=hub, streaming=True, cache_dir=str(hf_cache_dir())
+                    )
                     rows = list(it.take(max_documents))
                     tables[ours] = ds_lib.Dataset.from_list(rows)
                 else:
-                    tables[ours] = ds_lib.load_dataset(spec.repo, spec.config, split=hub)
+                    tables[ours] = ds_lib.load_dataset(spec.repo, spec.config, split=hub, cache_dir=str(hf_cache_dir()))
         except Exception as e:  # datasets raises many kinds (ConnectionError, FileNotFoundError, ValueError...)
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise UsageError(
@@ -284,11 +289,33 @@ def load_hub(
 
 
 # -- local files -------------------------------------------------------------
+MAX_DEPTH = 8
+MAX_FILES = 10_000
+SPECIAL_FILESYSTEMS = ("/proc", "/sys", "/dev", "/run")
+
+
 def _local_files(root: Path) -> list[Path]:
+    """The readable text files of a file or directory, walked to at most MAX_DEPTH levels and
+    MAX_FILES files, never into the kernel's special filesystems."""
+    resolved = root.resolve()
+    if any(resolved == Path(s) or Path(s) in resolved.parents for s in SPECIAL_FILESYSTEMS):
+        raise UsageError(f"{root} is on a special filesystem ({', '.join(SPECIAL_FILESYSTEMS)}); give a data directory")
     if root.is_file():
         files = [root] if root.suffix in LOCAL_SUFFIXES else []
     else:
-        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in LOCAL_SUFFIXES)
+        files, seen = [], 0
+        for here, dirs, names in os.walk(root, followlinks=False):
+            depth = len(Path(here).relative_to(root).parts)
+            dirs[:] = sorted(
+                d for d in dirs if depth < MAX_DEPTH and str(Path(here, d).resolve()) not in SPECIAL_FILESYSTEMS
+            )
+            for name in sorted(names):
+                seen += 1
+                if seen > MAX_FILES:
+                    raise UsageError(f"{root} holds more than {MAX_FILES:,} files; give a directory of text files")
+                if Path(name).suffix in LOCAL_SUFFIXES:
+                    files.append(Path(here, name))
+        files.sort()
     if not files:
         raise UsageError(
             f"{root}: no readable text files; allowed: {', '.join(LOCAL_SUFFIXES)} (a file, or a directory of them)"
@@ -306,12 +333,47 @@ def _split_of(path: Path, root: Path) -> str | None:
     return None
 
 
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The records of a .jsonl, .json, .csv, .tsv or .parquet file, read directly (nothing is cached)."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path.suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and "text" in data and isinstance(data["text"], list):  # columns
+            return [dict(zip(data, row)) for row in zip(*data.values())]
+        if not isinstance(data, list):
+            raise ValueError("expected a list of records or a mapping of columns")
+        return data
+    if path.suffix in (".csv", ".tsv"):
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UsageError(f"{path}: reading .parquet needs pyarrow: pip install 'mixit[hf]'") from None
+    return pq.read_table(path).to_pylist()
+
+
+def _label(value: Any) -> int:
+    """A class label: an integer, or a number or string that is exactly one; anything else raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+        return int(value)
+    raise ValueError(value)
+
+
 def _read_local(path: Path, labelled: bool) -> TextSplit:
     """Documents (and labels) of one local file.
 
     .txt: one document per paragraph block (text between blank lines);
     .jsonl/.json/.parquet: a 'text' field per record; .csv/.tsv: a header
     with a 'text' column. Labelled data also needs an integer 'label'.
+    Empty texts are skipped, and counted in `TextSplit.skipped`.
     """
     if path.suffix == ".txt":
         if labelled:
@@ -321,30 +383,36 @@ def _read_local(path: Path, labelled: bool) -> TextSplit:
             )
         blocks = re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace"))
         return TextSplit([b.strip() for b in blocks if b.strip()])
-    ds_lib = _datasets()
-    builder = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}[path.suffix]
-    kwargs = {"delimiter": "\t"} if path.suffix == ".tsv" else {}
     try:
-        table = ds_lib.load_dataset(builder, data_files=str(path), split="train", **kwargs)
-    except Exception as e:
-        raise UsageError(f"{path} could not be read as {builder} ({str(e).strip().splitlines()[0][:200]})") from None
+        records = _records(path)
+    except (OSError, ValueError, UnicodeDecodeError, csv.Error) as e:
+        raise UsageError(f"{path} could not be read ({' '.join(str(e).split())[:200]})") from None
     needed = ["text"] + (["label"] if labelled else [])
-    missing = [c for c in needed if c not in table.column_names]
-    if missing:
-        raise UsageError(f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(table.column_names)}")
-    texts = [str(t) for t in table["text"]]
-    try:
-        labels = [int(v) for v in table["label"]] if labelled else None
-    except (TypeError, ValueError):
-        raise UsageError(f"{path}: 'label' must hold integers (0, 1, ...)") from None
-    return TextSplit(texts, labels)
+    for i, record in enumerate(records):
+        missing = [c for c in needed if not isinstance(record, dict) or c not in record]
+        if missing:
+            raise UsageError(f"{path}: record {i + 1} has no {', '.join(missing)} field")
+    bad = next((r["text"] for r in records if r["text"] is not None and not isinstance(r["text"], str)), None)
+    if bad is not None:
+        raise UsageError(f"{path}: 'text' must hold strings, found {bad!r}")
+    kept = [r for r in records if r["text"] is not None and r["text"].strip()]  # empty cells are skipped
+    texts = [r["text"] for r in kept]
+    labels = None
+    if labelled:
+        try:
+            labels = [_label(r["label"]) for r in kept]
+        except ValueError as e:
+            raise UsageError(f"{path}: 'label' must hold integers (0, 1, ...), found {e.args[0]!r}") from None
+    return TextSplit(texts, labels, skipped=len(records) - len(kept))
 
 
 def _concat(splits: list[TextSplit]) -> TextSplit:
     """One split holding the documents (and labels) of several, in order."""
     labelled = splits[0].labels is not None
     return TextSplit(
-        [t for s in splits for t in s.texts], [y for s in splits for y in s.labels or ()] if labelled else None
+        [t for s in splits for t in s.texts],
+        [y for s in splits for y in s.labels or ()] if labelled else None,
+        skipped=sum(s.skipped for s in splits),
     )
 
 
@@ -369,7 +437,11 @@ def load_local(
             f"{root}: the {'held-out' if train.texts else 'training'} split is empty; "
             f"give more documents or another held-out fraction"
         )
-    return TextDataset(str(root), train, test, {"source": str(root.resolve()), "split": rule})
+    skipped = sum(s.skipped for splits in by_split.values() for s in splits)
+    if skipped:
+        warnings.warn(f"{root}: skipped {skipped} empty text(s)", stacklevel=2)
+    info = {"source": str(root.resolve()), "split": rule, "empty_texts_skipped": skipped}
+    return TextDataset(str(root), train, test, info)
 
 
 # -- entry points ------------------------------------------------------------

@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 from mixit.config import check
+from mixit.resources import activation_bytes, check_memory, model_bytes
 from mixit.run import Run
+from mixit.runtime import resolve_device
 from mixit.tasks import Batch, ParamCounts, Task
 from mixit.training.step import loss_fn
 
@@ -55,6 +57,16 @@ def evaluate_run(run_dir: Path, device: str = "auto", batch_size: int = 1000) ->
     """
     check(batch_size > 0, f"batch_size must be a positive integer, got {batch_size}")
     run = Run.open(run_dir)
+    model_cfg = run.config.model
+    check_memory(
+        "evaluating",
+        {
+            "the model": model_bytes(model_cfg),
+            f"a batch of {batch_size}": activation_bytes(model_cfg, batch_size, model_cfg.n_ctx, backward=False),
+        },
+        resolve_device(device),
+        "lower --batch-size",
+    )
     loaded = run.load(device)
     # The frozen parts are frozen again, so bits per trainable parameter count what training could change.
     metrics = evaluate(loaded.model, loaded.task, next(loaded.model.parameters()).device, batch_size)

@@ -17,8 +17,12 @@ import torch
 from tqdm.auto import tqdm
 
 from mixit.experiment import RunConfig, build
+from mixit.freezing import FreezeReport
+from mixit.models import Transformer
+from mixit.resources import check_memory, training_parts
 from mixit.run import Run
 from mixit.runtime import resolve_device
+from mixit.tasks import Task
 from mixit.training.evaluate import evaluate
 from mixit.training.optim import build_optimizer
 from mixit.training.step import train_step
@@ -45,15 +49,45 @@ def train(
         on_step: called as on_step(step, loss) after each optimizer step (steps count from 1).
     """
     dev = resolve_device(device)
-    if resume:
-        run = Run.open(run_dir)
-        run.check_same(cfg)
-        task, model, report = build(cfg, run.path)
+    tc = cfg.train
+    run = Run.open(run_dir) if resume else None
+    if run is not None:
+        run.acquire()  # before anything is read or rewritten: one process per run directory
     else:
         Run.check_new(run_dir)
-        task, model, report = build(cfg)
-        run = Run.create(run_dir, cfg)
-        task.save_artifacts(run.path)
+    try:
+        if run is not None:
+            run.check_same(cfg)
+        check_memory(
+            "this run",
+            training_parts(cfg.model, tc.batch_size, tc.eval_batch_size, cfg.test_size),
+            dev,
+            "lower batch_size, eval_batch_size, test_size or the model's size",
+        )
+        task, model, report = build(cfg, None if run is None else run.path)
+        task.train_batch(0, tc.batch_size)  # a task that cannot make training data is refused before any write
+        if run is None:
+            run = Run.create(run_dir, cfg)  # created and locked
+            task.save_artifacts(run.path)
+        return _loop(cfg, run, task, model, report, dev, resume, progress, compile, on_step)
+    finally:
+        if run is not None:
+            run.release()
+
+
+def _loop(
+    cfg: RunConfig,
+    run: Run,
+    task: Task,
+    model: Transformer,
+    report: FreezeReport,
+    dev: torch.device,
+    resume: bool,
+    progress: bool,
+    compile: bool,
+    on_step: Callable[[int, float], None] | None,
+) -> dict[str, Any]:
+    """The training loop proper, in a locked run directory."""
     tc = cfg.train
     _, eval_every, log_every, checkpoint_every = tc.cadence
     model.to(dev)
