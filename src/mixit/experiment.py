@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -262,6 +263,10 @@ def coupling(model: Mapping[str, Any]) -> dict[str, Any]:
     `attention` among them."""
     out = dict(ATTENTION.get(model["attention"]).coupled)
     alpha = model.get("depth_alpha", _default("depth_alpha"))
+    check(
+        isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and math.isfinite(alpha),
+        f"depth_alpha must be a finite number, got {alpha!r}",
+    )
     if alpha:
         base, depth = model.get("base_n_layers", _default("base_n_layers")), model.get("n_layers", _default("n_layers"))
         check(

@@ -18,6 +18,14 @@ MAX_NEW_TOKENS = 100_000
 MAX_SAMPLES = 10_000
 
 
+def check_sampling(temperature: float, top_k: int | None) -> None:
+    """Refuse a temperature that is negative or not finite, or a top_k below 1."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise UsageError(f"temperature must be a finite number >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise UsageError(f"top_k must be a positive integer, got {top_k}")
+
+
 @torch.no_grad()
 def generate(
     model: Transformer,
@@ -35,10 +43,7 @@ def generate(
     takes the most likely token; top_k keeps only the k most likely before sampling.
     Generation stops early once every row has produced `stop_token`.
     """
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise UsageError(f"temperature must be a finite number >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise UsageError(f"top_k must be a positive integer, got {top_k}")
+    check_sampling(temperature, top_k)
     was_training = model.training
     model.eval()
     n_ctx = model.cfg.n_ctx
@@ -94,6 +99,7 @@ def sample_run(
         raise UsageError(f"num_samples must be an integer in [1, {MAX_SAMPLES:,}], got {num_samples}")
     if top_k < 0:
         raise UsageError(f"top_k must be >= 0 (0 = all), got {top_k}")
+    check_sampling(temperature, top_k or None)
     run = Run.open(run_dir)
     # The model reads at most n_ctx tokens at a time: num_samples rows of n_ctx, without gradients.
     check_memory(

@@ -362,8 +362,13 @@ def _label(value: Any) -> int:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
-        return int(value)
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(value) from None
+        if number.is_integer():
+            return int(number)
     raise ValueError(value)
 
 
