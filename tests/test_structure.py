@@ -23,8 +23,9 @@ LAYERS = {
     5: ["run"],
     6: ["training"],
     7: ["analysis", "generate", "bench"],
-    8: ["cli"],
-    9: ["__init__", "__main__"],
+    8: ["study"],
+    9: ["cli"],
+    10: ["__init__", "__main__"],
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 

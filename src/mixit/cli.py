@@ -1,4 +1,4 @@
-"""`mixit <command>`: train, eval, sample, analyze, signal, bench, list.
+"""`mixit <command>`: train, eval, sample, analyze, signal, bench, reproduce, report, list.
 
 This module only parses and dispatches. Every option is generated from the
 one place it is declared: a field of `ModelConfig`, `TrainConfig`,
@@ -47,6 +47,7 @@ from mixit.experiment import DERIVED, RunConfig, as_request, load_request, merge
 from mixit.generate import sample_run
 from mixit.run import Run
 from mixit.runtime import tune_allocator
+from mixit.study import report, reproduce
 from mixit.tasks import TASKS
 from mixit.training.evaluate import evaluate_run
 from mixit.training.loop import train
@@ -313,6 +314,17 @@ def cmd_bench(args: Mapping[str, Any]) -> int:
     return 0
 
 
+def cmd_reproduce(args: Mapping[str, Any]) -> int:
+    result = reproduce(**args)
+    print(result.get("listing") or result["text"])
+    return 0
+
+
+def cmd_report(args: Mapping[str, Any]) -> int:
+    print(report(**args)["text"])
+    return 0
+
+
 def cmd_list(args: Mapping[str, Any]) -> int:
     print(catalogue_text(**args))
     return 0
@@ -326,6 +338,8 @@ COMMANDS: dict[str, Command] = {
     "analyze": (cmd_analyze, analyze_run, "head scores, attention maps and signal propagation of a trained run"),
     "signal": (cmd_signal, signal_command, "token similarity against depth at initialisation (rank collapse)"),
     "bench": (cmd_bench, bench_command, "training throughput, memory and MFU per variant, beside HF Llama"),
+    "reproduce": (cmd_reproduce, reproduce, "run the paper's comparison (or a study file) and write its report"),
+    "report": (cmd_report, report, "write the report of a study from what has finished"),
     "list": (cmd_list, catalogue_text, "list tasks, variants and their parameters"),
 }
 

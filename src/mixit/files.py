@@ -3,10 +3,11 @@ and text writes, and JSON reads that fail with one clear line."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from mixit.errors import UsageError
 
@@ -62,3 +63,45 @@ def check_output_dir(path: Path, names: tuple[str, ...] = ()) -> None:
         probe.unlink()
     except OSError as e:
         raise UsageError(f"cannot write to {path}: {existing} is not writable ({e.strerror})") from None
+
+
+class DirectoryLock:
+    """An exclusive lock on a directory: ``DIR/.lock``, an advisory ``flock`` that the
+    kernel releases when the process ends, however it ends (no stale locks). The file
+    holds the holder's pid, which a refused process names."""
+
+    NAME = ".lock"
+
+    def __init__(self, directory: Path, what: str = "mixit process"):
+        self.path = Path(directory) / self.NAME
+        self.what = what
+        self._handle: IO[str] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._handle is not None
+
+    def acquire(self) -> None:
+        """Take the lock, or refuse with one line naming the holder's pid."""
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise UsageError(
+                f"{self.path.parent} is in use by another {self.what} (pid {holder}); wait for it to finish or stop it"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        """Give the lock back (the file stays; it holds no state)."""
+        if self._handle is not None:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None

@@ -22,7 +22,6 @@ killed mid-write resumes from the previous checkpoint.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -38,14 +37,14 @@ from torch import nn
 
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build, is_record
-from mixit.files import check_output_dir, read_json, write_json, write_text
+from mixit.files import DirectoryLock, check_output_dir, read_json, write_json, write_text
 from mixit.models import Transformer
 from mixit.runtime import resolve_device
 from mixit.tasks import Task
 from mixit.version import __version__, git_commit
 
 CONFIG = "config.json"
-LOCK = ".lock"
+LOCK = DirectoryLock.NAME
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
@@ -107,7 +106,7 @@ class Run:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._config: RunConfig | None = None
-        self._lock: IO[str] | None = None
+        self._lock = DirectoryLock(self.path)
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
@@ -164,8 +163,7 @@ class Run:
             run.acquire()
             cls.check_new(path)
         except UsageError:
-            if run._lock is not None:
-                run.release()
+            run.release()
             if made:
                 shutil.rmtree(run.path, ignore_errors=True)
             raise
@@ -175,30 +173,11 @@ class Run:
 
     # -- the lock ---------------------------------------------------------------------
     def acquire(self) -> None:
-        """Take the run directory's exclusive lock (``RUN_DIR/.lock``, an advisory file lock that the
-        kernel releases when the process ends, however it ends), or refuse naming the holder's pid."""
-        handle = open(self.path / LOCK, "a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            handle.close()
-            raise UsageError(
-                f"{self.path} is in use by another mixit process (pid {holder}); wait for it to finish or stop it"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        self._lock = handle
+        """Take the run directory's exclusive lock (`mixit.files.DirectoryLock`), or refuse naming the holder."""
+        self._lock.acquire()
 
     def release(self) -> None:
-        """Give the lock back (the lock file stays; it holds no state)."""
-        if self._lock is not None:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
-            self._lock = None
+        self._lock.release()
 
     @classmethod
     def open(cls, path: str | Path) -> Run:

@@ -1,0 +1,145 @@
+"""Studies: the paper's comparison (or a grid of your own) in one command.
+
+    mixit reproduce --preset quick            # the paper's tables at laptop scale, then report.md
+    mixit reproduce --list                    # the presets, their run counts and estimated times here
+    mixit reproduce --study my_grid.toml      # a study of your own (mixit.study.spec)
+    mixit report STUDY_DIR                    # the report again, from whatever has finished
+
+`spec` (studies as data), `paper` (the paper's tables and presets),
+`execute` (the study directory and the executors), `report` (tables, checks,
+figures).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from mixit.config import check
+from mixit.errors import UsageError
+from mixit.experiment import RunConfig
+from mixit.resources import model_numel
+from mixit.study.execute import execute
+from mixit.study.paper import PRESETS, paper_study
+from mixit.study.report import format_checks, write_report
+from mixit.study.spec import Study, load_study_file, plan
+
+__all__ = ["Study", "estimate_seconds", "list_studies", "load_study_file", "paper_study", "reproduce", "write_report"]
+
+# What a training step reaches of a matmul's speed on the small models of the quick preset
+# (measured: docs/reproduction.md); estimates are rough, to plan a session, not to time it.
+EFFICIENCY = 0.25
+
+
+def matmul_flops_per_second(seconds: float = 0.3) -> float:
+    """This machine's fp32 matmul speed on the CPU, measured for about `seconds`."""
+    a = torch.randn(512, 512)
+    start, n = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        a @ a
+        n += 1
+    return 2 * 512**3 * n / (time.perf_counter() - start)
+
+
+def estimate_seconds(cfg: RunConfig, flops_per_second: float) -> float:
+    """Rough wall time of training `cfg` here: 6 x parameters x tokens per step, plus the evaluations."""
+    params, _ = model_numel(cfg.model)
+    tc = cfg.train
+    train_flops = 6 * params * tc.batch_size * cfg.model.n_ctx * tc.steps
+    evals = tc.steps // (tc.cadence[1] or tc.steps) + 1
+    eval_flops = 2 * params * min(cfg.test_size, 20_000) * cfg.model.n_ctx * evals
+    return (train_flops + eval_flops) / (flops_per_second * EFFICIENCY)
+
+
+def _study(preset: str, study: Path | None, seeds: int) -> Study:
+    if study is not None:
+        return load_study_file(study, seeds if seeds != 1 else None)
+    return paper_study(preset, seeds)
+
+
+def list_studies(seeds: int = 1) -> str:
+    """The presets of the paper study, with their run counts and estimated time on this machine."""
+    speed = matmul_flops_per_second()
+    lines = [
+        f"paper study presets (`mixit reproduce --preset NAME`), {seeds} seed(s); this machine: "
+        f"{speed / 1e9:.0f} GFLOP/s matmul, estimates assume {EFFICIENCY:.0%} of it:"
+    ]
+    for name, scale in PRESETS.items():
+        try:
+            planned = plan(paper_study(name, seeds).specs)
+            total = sum(estimate_seconds(p.cfg, speed) for p in planned)
+            when = f"about {total / 3600:.1f} h of compute" if total > 5400 else f"about {total / 60:.0f} min"
+            lines.append(f"  {name:<7} {len(planned):>3} runs, {when}: {scale.description}")
+        except UsageError as e:  # a preset that needs data this machine does not have (the paper's hub datasets)
+            lines.append(f"  {name:<7} {scale.description} (not resolvable here: {e})")
+    return "\n".join(lines)
+
+
+def reproduce(
+    preset: Literal["smoke", "quick", "paper"] = "quick",
+    study: Path | None = None,
+    seeds: int = 1,
+    out: Path | None = None,
+    executor: Literal["local", "sequential", "slurm", "submitit-local"] = "local",
+    workers: int = 0,
+    threads: int = 0,
+    retry_failed: bool = False,
+    list: bool = False,
+    slurm_partition: str = "",
+    slurm_time_min: int = 240,
+    slurm_gpus_per_node: int = 0,
+    slurm_cpus_per_task: int = 2,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run the paper's comparison (or a study file), resuming what an earlier call left, then write the report.
+
+    Args:
+        preset: smoke (every code path in minutes), quick (the comparison in 30 minutes on 2 CPU cores) or
+            paper (the paper's scales and the reference recipes, for GPUs and clusters).
+        study: a TOML study file of your own instead of the paper's comparison.
+        seeds: seeds per cell (seed s sets the model's seed and the data seed).
+        out: the study directory (default runs/study-<preset or study name>).
+        executor: local (a process pool), sequential, slurm (an array job through submitit) or submitit-local.
+        workers: processes of the local pool (0: one per core).
+        threads: torch threads per worker (0: one).
+        retry_failed: run again the runs that failed before (otherwise they are skipped).
+        list: list the presets with their run counts and estimated time here, and run nothing.
+        slurm_partition: Slurm partition (slurm executor).
+        slurm_time_min: time limit of each Slurm job, minutes.
+        slurm_gpus_per_node: GPUs per Slurm job.
+        slurm_cpus_per_task: CPU cores per Slurm job.
+        progress: show a progress bar.
+    """
+    if list:
+        return {"listing": list_studies(seeds)}
+    check(isinstance(seeds, int) and seeds >= 1, f"seeds must be a positive integer, got {seeds}")
+    chosen = _study(preset, study, seeds)
+    out = out or Path("runs") / f"study-{chosen.name}"
+    slurm = (
+        {
+            "partition": slurm_partition,
+            "timeout_min": slurm_time_min,
+            "gpus_per_node": slurm_gpus_per_node,
+            "cpus_per_task": slurm_cpus_per_task,
+        }
+        if executor == "slurm"
+        else {}
+    )
+    slurm = {k: v for k, v in slurm.items() if v != ""}
+    start = time.perf_counter()
+    tally = execute(chosen, out, executor, workers, threads, retry_failed, progress, slurm)
+    report = write_report(out)
+    return {"tally": tally, "report": report, "seconds": time.perf_counter() - start, "text": format_checks(report)}
+
+
+def report(study_dir: Path) -> dict[str, Any]:
+    """Write report.md, results.csv and figures/ from what a study has finished so far.
+
+    Args:
+        study_dir: the study directory.
+    """
+    result = write_report(study_dir)
+    return {"report": result, "text": format_checks(result)}

@@ -1,0 +1,266 @@
+"""Running a study: the study directory, the state of each run, and the executors.
+
+    STUDY_DIR/
+      .lock            held by the process running the study
+      study.json       the study: its name, preset, seeds, and every run (id, labels, resolved config)
+      runs/<id>/       one ordinary mixit run directory per run (its analysis/ when the table asks for one)
+      failed/<id>.json the error of a run that failed (removed when it is retried and succeeds)
+      signal/          the signal sweep of Tables 6-7
+      slurm/           submitit's logs, with the Slurm executor
+      report.md, results.csv, figures/   written by `mixit report`
+
+A run is *done* when its summary.json is there, *interrupted* when it has a
+config.json but no summary (it is resumed from its last checkpoint), *failed*
+when failed/<id>.json records an error, and *new* otherwise. Running a study
+again skips what is done and what failed (``retry_failed`` reruns the
+failed ones), resumes what was interrupted and starts the rest, so a killed
+study loses at most the steps since each in-flight run's last checkpoint. A
+run that fails is recorded and does not stop the others.
+
+Executors: ``local`` (a process pool: `workers` processes of `threads` torch
+threads each), ``sequential`` (one after another, in this process),
+``slurm`` (an array job through submitit) and ``submitit-local`` (the same
+code path on this machine, for tests).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from mixit.analysis.report import analyze_run
+from mixit.analysis.signal import signal_command
+from mixit.config import check
+from mixit.errors import UsageError
+from mixit.experiment import RunConfig
+from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
+from mixit.study.spec import PlannedRun, Study, plan
+from mixit.training.loop import train
+from mixit.version import __version__, git_commit
+
+Executor = Literal["local", "sequential", "slurm", "submitit-local"]
+EXECUTORS = ("local", "sequential", "slurm", "submitit-local")
+
+
+def run_dir(study_dir: Path, run_id: str) -> Path:
+    return Path(study_dir) / "runs" / run_id
+
+
+def state(study_dir: Path, run_id: str) -> str:
+    """done, failed, interrupted or new (module docstring)."""
+    path = run_dir(study_dir, run_id)
+    if (path / "summary.json").exists():
+        return "done"
+    if (Path(study_dir) / "failed" / f"{run_id}.json").exists():
+        return "failed"
+    if (path / "config.json").exists():
+        return "interrupted"
+    return "new"
+
+
+def write_study(study: Study, study_dir: Path, planned: Sequence[PlannedRun]) -> None:
+    """Write study.json; refuse a directory that holds another study."""
+    path = Path(study_dir) / "study.json"
+    record = {
+        "name": study.name,
+        "description": study.description,
+        "preset": study.preset,
+        "seeds": study.seeds,
+        "extras": study.extras,
+        "mixit_version": __version__,
+        "git_commit": git_commit(),
+        "runs": [p.to_dict() for p in planned],
+    }
+    if path.exists():
+        old = read_json(path, "study.json")
+        if (
+            not isinstance(old, dict)
+            or old.get("name") != study.name
+            or {r["id"] for r in old.get("runs", [])} != {p.id for p in planned}
+        ):
+            raise UsageError(
+                f"{study_dir} holds another study ({old.get('name') if isinstance(old, dict) else '?'}, "
+                f"or other runs); choose another output directory"
+            )
+    write_json(path, record)
+
+
+def load_study_record(study_dir: Path) -> dict[str, Any]:
+    path = Path(study_dir) / "study.json"
+    if not path.exists():
+        raise UsageError(f"{study_dir} holds no study (no study.json)")
+    data = read_json(path, "study.json")
+    if not isinstance(data, dict) or "runs" not in data:
+        raise UsageError(f"{path} is corrupt: no 'runs' entry")
+    return data
+
+
+def run_one(study_dir: str, run_id: str, config: dict[str, Any], analyze: bool, threads: int = 0) -> dict[str, Any]:
+    """Train (or resume) one run of a study, analyse it if asked, and record a failure instead of raising.
+
+    Runs in a worker process (or a Slurm job): everything it needs comes as plain data."""
+    if threads:
+        torch.set_num_threads(threads)
+    start = time.perf_counter()
+    failed = Path(study_dir) / "failed" / f"{run_id}.json"
+    path = run_dir(Path(study_dir), run_id)
+    try:
+        cfg = RunConfig.from_dict(config)
+        resume = (path / "config.json").exists()
+        if not (path / "summary.json").exists():
+            train(cfg, path, device="auto", resume=resume, progress=False)
+        if analyze and not (path / "analysis" / "summary.md").exists():
+            analyze_run(path, batch=32)
+        failed.unlink(missing_ok=True)
+        return {"id": run_id, "state": "done", "seconds": time.perf_counter() - start}
+    except Exception as e:  # a failed run is recorded, and the study goes on
+        message = " ".join(str(e).split()) or type(e).__name__
+        failed.parent.mkdir(parents=True, exist_ok=True)
+        write_json(
+            failed,
+            {
+                "id": run_id,
+                "error": f"{type(e).__name__}: {message}",
+                "traceback": traceback.format_exc()[-4000:],
+                "seconds": time.perf_counter() - start,
+            },
+        )
+        return {"id": run_id, "state": "failed", "error": message, "seconds": time.perf_counter() - start}
+
+
+def _init_worker(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def default_pool(cores: int | None = None) -> tuple[int, int]:
+    """(workers, threads per worker) for this machine: one single-threaded worker per core, which
+    ran the quick preset's small models fastest on 2 cores (docs/reproduction.md)."""
+    cores = cores or os.cpu_count() or 1
+    return cores, 1
+
+
+def execute(
+    study: Study,
+    study_dir: Path,
+    executor: Executor = "local",
+    workers: int = 0,
+    threads: int = 0,
+    retry_failed: bool = False,
+    progress: bool = True,
+    slurm: dict[str, Any] | None = None,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run every run of `study` not yet done into `study_dir`, then its extras; return a tally.
+
+    workers, threads: the local pool (0: `default_pool`). slurm: submitit parameters
+    (``partition``, ``timeout_min``, ``gpus_per_node``, ``cpus_per_task``, ...) for the Slurm executor.
+    """
+    check(executor in EXECUTORS, f"unknown executor {executor!r}; allowed: {', '.join(EXECUTORS)}")
+    check(workers >= 0 and threads >= 0, f"workers and threads must be >= 0 (0: chosen), got {workers}, {threads}")
+    study_dir = Path(study_dir)
+    check_output_dir(study_dir)
+    planned = plan(study.specs)  # every run resolved, so a bad one is refused before anything starts
+    study_dir.mkdir(parents=True, exist_ok=True)
+    lock = DirectoryLock(study_dir, "mixit study")
+    lock.acquire()
+    try:
+        write_study(study, study_dir, planned)
+        states = {p.id: state(study_dir, p.id) for p in planned}
+        todo = [
+            p for p in planned if states[p.id] in ("new", "interrupted") or (retry_failed and states[p.id] == "failed")
+        ]
+        tally = {"done": sum(s == "done" for s in states.values()), "failed": 0, "skipped_failed": 0}
+        tally["skipped_failed"] = sum(s == "failed" for s in states.values()) if not retry_failed else 0
+        default_workers, default_threads = default_pool()
+        workers, threads = workers or default_workers, threads or default_threads
+        jobs = [(str(study_dir), p.id, p.cfg.to_dict(), p.analyze) for p in todo]
+        bar = tqdm(total=len(jobs), disable=not progress, desc=study.name, unit="run", dynamic_ncols=True)
+
+        parallel = 1 if executor == "sequential" else workers if executor == "local" else len(jobs)
+
+        def record(result: dict[str, Any]) -> None:
+            tally[result["state"]] += 1
+            bar.update(1)
+            left = len(jobs) - bar.n
+            bar.set_postfix(done=tally["done"], running=min(parallel, left), failed=tally["failed"], left=left)
+            if on_result is not None:
+                on_result(result)
+
+        try:
+            if executor == "sequential" or (executor == "local" and (workers == 1 or len(jobs) <= 1)):
+                for job in jobs:
+                    record(run_one(*job, threads=threads if executor == "local" else 0))
+            elif executor == "local":
+                context = multiprocessing.get_context("spawn")
+                with concurrent.futures.ProcessPoolExecutor(
+                    workers, mp_context=context, initializer=_init_worker, initargs=(threads,)
+                ) as pool:
+                    futures = [pool.submit(run_one, *job) for job in jobs]
+                    for future in concurrent.futures.as_completed(futures):
+                        record(future.result())
+            else:
+                _submitit(executor, study_dir, jobs, slurm or {}, record)
+        finally:
+            bar.close()
+        signal = study.extras.get("signal")
+        if signal and not (study_dir / "signal" / "signal.json").exists():
+            signal_command(study_dir / "signal", **signal)
+        return tally
+    finally:
+        lock.release()
+
+
+def _submitit(
+    executor: str,
+    study_dir: Path,
+    jobs: list[tuple[Any, ...]],
+    slurm: dict[str, Any],
+    record: Callable[[dict[str, Any]], None],
+) -> None:
+    """Run `jobs` as one submitit array job: on Slurm, or with submitit's local executor."""
+    try:
+        import submitit
+    except ImportError:
+        raise UsageError("the slurm executors need submitit: pip install 'mixit[slurm]'") from None
+    folder = study_dir / "slurm"
+    ex: Any = submitit.LocalExecutor(folder) if executor == "submitit-local" else submitit.AutoExecutor(folder)
+    if executor == "slurm":
+        ex.update_parameters(
+            **{
+                (
+                    "slurm_" + k
+                    if not k.startswith("slurm_")
+                    and k not in ("timeout_min", "gpus_per_node", "cpus_per_task", "nodes", "tasks_per_node", "mem_gb")
+                    else k
+                ): v
+                for k, v in slurm.items()
+            }
+        )
+    elif slurm:
+        ex.update_parameters(**slurm)
+    if not jobs:
+        return
+    submitted = ex.map_array(run_one, *zip(*jobs))
+    pending = list(submitted)
+    while pending:
+        for job in [j for j in pending if j.done()]:
+            pending.remove(job)
+            try:
+                record(job.result())
+            except Exception as e:  # the job itself died (killed, out of time): the run is interrupted
+                record({"id": "?", "state": "failed", "error": " ".join(str(e).split())[:300]})
+        time.sleep(1.0)
+
+
+def run_study(study: Study, study_dir: Path, **options: Any) -> dict[str, Any]:
+    """`execute` (a convenience for Python users)."""
+    return execute(study, study_dir, **options)

@@ -1,0 +1,176 @@
+"""Studies as data: a study is a named list of runs, each an ordinary mixit run.
+
+A run of a study is a `RunSpec`: the request it trains (`mixit.experiment`),
+the labels that place it in the report (table, task, variant, seed, and the
+value of whatever the table varies), and whether `mixit analyze` follows
+it. Its id is a hash of its *resolved* configuration, so the same run asked
+for by two tables is trained once, and a study run again finds its runs
+where it left them.
+
+Studies come from Python (`mixit.study.paper`: one function per paper table)
+or from a TOML file a user writes (`load_study_file`):
+
+    name = "heads"
+    seeds = 2                                    # seeds 0..seeds-1 of every run (model and data)
+    [base]                                       # a request every run starts from
+    task = "addition"
+    task_params = {n_digits = 3}
+    train = {steps = 300}
+    [grid]                                       # every combination of these
+    variant = ["standard", "mixit"]
+    "model.n_heads" = [2, 4, 8]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mixit.config import check
+from mixit.errors import UsageError
+from mixit.experiment import RunConfig, merge, resolve
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a study."""
+
+    request: Mapping[str, Any]
+    """The mixit request it trains."""
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    """Where it goes in the report: table, task, variant, seed, and the value a table varies."""
+    analyze: bool = False
+    """Run `mixit analyze` on it once trained (head scores and attention maps)."""
+
+
+@dataclass
+class PlannedRun:
+    """A RunSpec resolved: its config and stable id, and every label it was asked for under."""
+
+    id: str
+    cfg: RunConfig
+    labels: list[dict[str, Any]]
+    analyze: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "labels": self.labels, "analyze": self.analyze, "config": self.cfg.to_dict()}
+
+
+def run_id(cfg: RunConfig) -> str:
+    """A stable id of a resolved configuration: the first 12 hex digits of the sha256 of its canonical JSON."""
+    text = json.dumps(cfg.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def plan(specs: Iterable[RunSpec]) -> list[PlannedRun]:
+    """Resolve every spec (refusing any bad one before anything runs) and merge those that resolve alike."""
+    planned: dict[str, PlannedRun] = {}
+    for spec in specs:
+        try:
+            cfg = resolve(spec.request)
+        except UsageError as e:
+            where = ", ".join(f"{k}={v}" for k, v in spec.labels.items())
+            raise UsageError(f"study run ({where}): {e}") from None
+        key = run_id(cfg)
+        if key in planned:
+            planned[key].labels.append(dict(spec.labels))
+            planned[key].analyze |= spec.analyze
+        else:
+            planned[key] = PlannedRun(key, cfg, [dict(spec.labels)], spec.analyze)
+    return list(planned.values())
+
+
+def with_seeds(request: Mapping[str, Any], seeds: int) -> list[tuple[int, dict[str, Any]]]:
+    """(seed, request) for seeds 0..seeds-1: the model's seed and the data seed both set to it."""
+    check(
+        isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1,
+        f"seeds must be a positive integer, got {seeds!r}",
+    )
+    return [(s, merge(request, {"model": {"seed": s}, "data_seed": s})) for s in range(seeds)]
+
+
+def _assign(request: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """`request` with the dotted `path` (e.g. "model.n_heads", "variant", "task_params.k") set to `value`."""
+    head, _, rest = path.partition(".")
+    if not rest:
+        return {**request, head: value}
+    inner = request.get(head, {})
+    check(isinstance(inner, Mapping), f"grid key {path}: {head} is not a section")
+    return {**request, head: _assign(dict(inner), rest, value)}
+
+
+def grid(
+    base: Mapping[str, Any],
+    axes: Mapping[str, Sequence[Any]],
+    seeds: int = 1,
+    labels: Mapping[str, Any] | None = None,
+    analyze: bool = False,
+) -> list[RunSpec]:
+    """Every combination of the values of `axes` (dotted request paths) applied to `base`, for each seed."""
+    for path, values in axes.items():
+        check(
+            isinstance(values, (list, tuple)) and len(values) > 0,
+            f"grid key {path} must list one value or more, got {values!r}",
+        )
+    specs = []
+    names = list(axes)
+    for combination in itertools.product(*(axes[n] for n in names)):
+        request: dict[str, Any] = dict(base)
+        for path, value in zip(names, combination):
+            request = _assign(request, path, value)
+        for seed, seeded in with_seeds(request, seeds):
+            varied = {path.split(".")[-1]: value for path, value in zip(names, combination)}
+            specs.append(RunSpec(seeded, {**(labels or {}), **varied, "seed": seed}, analyze))
+    return specs
+
+
+@dataclass
+class Study:
+    """A named list of runs, with the report's tables and checks (empty for a user's grid)."""
+
+    name: str
+    specs: list[RunSpec]
+    description: str = ""
+    preset: str = ""
+    seeds: int = 1
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Work beside the runs (the signal sweep of Tables 6-7): name -> options."""
+
+    def labelled(self, **labels: Any) -> list[RunSpec]:
+        return [s for s in self.specs if all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+def load_study_file(path: Path, seeds: int | None = None) -> Study:
+    """A user's study from a TOML file (module docstring)."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"study file {path} does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"study file {path} cannot be parsed: {' '.join(str(e).split())}") from None
+    unknown = sorted(set(data) - {"name", "description", "seeds", "base", "grid", "analyze"})
+    check(
+        not unknown,
+        f"study file {path}: unknown key(s) {', '.join(unknown)}; "
+        "allowed: name, description, seeds, base, grid, analyze",
+    )
+    name = data.get("name", Path(path).stem)
+    check(isinstance(name, str) and bool(name), f"study file {path}: name must be a non-empty string")
+    n_seeds = seeds if seeds is not None else data.get("seeds", 1)
+    base, axes = data.get("base", {}), data.get("grid", {})
+    check(isinstance(base, dict) and isinstance(axes, dict), f"study file {path}: base and grid must be tables")
+    analyze = data.get("analyze", False)
+    check(isinstance(analyze, bool), f"study file {path}: analyze must be true or false")
+    specs = grid(base, axes, n_seeds, {"table": name}, analyze)
+    return Study(name, specs, data.get("description", ""), preset="file", seeds=n_seeds)
+
+
+def replace_labels(spec: RunSpec, **labels: Any) -> RunSpec:
+    return dataclasses.replace(spec, labels={**spec.labels, **labels})
