@@ -6,7 +6,7 @@
     mixit report STUDY_DIR                    # the report again, from whatever has finished
 
 `spec` (studies as data), `paper` (the paper's tables and presets),
-`execute` (the study directory and the executors), `report` (tables, checks,
+`executors` (the study directory and the executors), `report` (tables, checks,
 figures).
 """
 
@@ -22,7 +22,7 @@ from mixit.config import check
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.resources import model_numel
-from mixit.study.execute import execute
+from mixit.study.executors import execute
 from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
 from mixit.study.spec import Study, load_study_file, plan

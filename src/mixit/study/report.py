@@ -27,7 +27,7 @@ import torch
 from mixit.analysis.report import summarize
 from mixit.files import read_json, write_text
 from mixit.run import Run
-from mixit.study.execute import load_study_record, run_dir, state
+from mixit.study.executors import load_study_record, run_dir, state
 from mixit.version import __version__, git_commit
 
 # The paper's numbers (arXiv 2506.01115 v3; docs/model.md, "The paper's numbers"), in percent or nats.

@@ -1,0 +1,251 @@
+"""Studies: grids and stable ids, resuming and skipping, failures, executors, and the report."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mixit import run_config
+from mixit.cli import main
+from mixit.errors import UsageError
+from mixit.study import executors as execute_module
+from mixit.study import paper_study, reproduce
+from mixit.study.executors import execute, state
+from mixit.study.report import CHECKS, write_report
+from mixit.study.spec import Study, grid, load_study_file, plan, run_id
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+BASE = {
+    "task": "addition",
+    "task_params": {"n_digits": 2},
+    "model": {"d_model": 16, "n_heads": 2, "n_layers": 1},
+    "train": {"steps": 8, "batch_size": 16, "checkpoint_every": 2},
+    "test_size": 40,
+}
+STUDY_FILE = """
+name = "tiny"
+seeds = 1
+[base]
+task = "addition"
+task_params = {n_digits = 2}
+model = {d_model = 16, n_heads = 2, n_layers = 1}
+train = {steps = 8, batch_size = 16, checkpoint_every = 2}
+test_size = 40
+[grid]
+variant = ["standard", "mixit"]
+"""
+
+
+def tiny_study(**axes):
+    return Study("tiny", grid(BASE, axes or {"variant": ["standard", "mixit"]}, 1, {"table": "tiny"}))
+
+
+def test_grid_expands_every_combination_with_seeds():
+    specs = grid(BASE, {"variant": ["standard", "mixit"], "model.n_heads": [1, 2]}, seeds=3, labels={"table": "t"})
+    assert len(specs) == 2 * 2 * 3
+    assert {(s.labels["variant"], s.labels["n_heads"], s.labels["seed"]) for s in specs} == {
+        (v, h, s) for v in ("standard", "mixit") for h in (1, 2) for s in range(3)
+    }
+    seeded = next(s for s in specs if s.labels["seed"] == 2)
+    assert seeded.request["model"]["seed"] == 2 and seeded.request["data_seed"] == 2
+    assert seeded.request["model"]["d_model"] == 16  # the base is kept beside the grid's values
+
+
+def test_run_ids_are_stable_hashes_of_the_resolved_config():
+    cfg = run_config("addition", "mixit", {"n_digits": 2}, d_model=16, n_heads=2)
+    assert run_id(cfg) == run_id(run_config("addition", "mixit", {"n_digits": 2}, d_model=16, n_heads=2))
+    # Spelling out a default does not change the run; changing a value does.
+    assert run_id(cfg) == run_id(run_config("addition", "mixit", {"n_digits": 2}, d_model=16, n_heads=2, seed=0))
+    assert run_id(cfg) != run_id(run_config("addition", "mixit", {"n_digits": 2}, d_model=16, n_heads=2, seed=1))
+    assert len(run_id(cfg)) == 12
+    # The same run asked for by two tables is planned once, with both labels.
+    specs = grid(BASE, {"variant": ["standard"]}, 1, {"table": "a"}) + grid(
+        BASE, {"variant": ["standard"]}, 1, {"table": "b"}
+    )
+    (planned,) = plan(specs)
+    assert [labels["table"] for labels in planned.labels] == ["a", "b"]
+
+
+def test_a_study_file_is_a_grid(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY_FILE)
+    study = load_study_file(path)
+    assert study.name == "tiny" and len(study.specs) == 2
+    assert {s.labels["variant"] for s in study.specs} == {"standard", "mixit"}
+    path.write_text(STUDY_FILE.replace("[grid]", "[gird]"))
+    with pytest.raises(UsageError, match=r"unknown key\(s\) gird"):
+        load_study_file(path)
+    path.write_text(STUDY_FILE.replace('variant = ["standard", "mixit"]', 'variant = ["standard", "nope"]'))
+    with pytest.raises(UsageError, match="unknown variant 'nope'"):
+        plan(load_study_file(path).specs)
+
+
+def test_the_presets_plan_every_table():
+    for preset in ("smoke", "quick"):
+        study = paper_study(preset)
+        tables = {s.labels["table"] for s in study.specs}
+        assert tables == {"table1", "table2", "table3", "table4", "table5", "table6", "pairs"}
+        assert study.extras["signal"]["variants"] == ("standard", "mixit", "random")
+    planned = plan(paper_study("smoke").specs)
+    assert len(planned) < len(paper_study("smoke").specs)  # shared runs are trained once
+    with pytest.raises(UsageError, match="unknown preset 'huge'"):
+        paper_study("huge")
+
+
+def test_done_runs_are_skipped_and_interrupted_ones_resumed(tmp_path):
+    study = tiny_study()
+    out = tmp_path / "study"
+    (first, second) = plan(study.specs)
+    # An interrupted run: trained to step 4 (checkpointed), then stopped.
+
+    class Stop(Exception):
+        pass
+
+    def stop(step, loss):
+        if step == 5:
+            raise Stop
+
+    from mixit import train
+
+    with pytest.raises(Stop):
+        train(first.cfg, out / "runs" / first.id, progress=False, on_step=stop)
+    assert state(out, first.id) == "interrupted" and state(out, second.id) == "new"
+    tally = execute(study, out, "sequential", progress=False)
+    assert tally["done"] == 2
+    summary = json.loads((out / "runs" / first.id / "summary.json").read_text())
+    assert summary["resumed_from"] == 4
+    stamp = (out / "runs" / second.id / "summary.json").stat().st_mtime_ns
+    assert execute(study, out, "sequential", progress=False)["done"] == 2  # nothing left to do
+    assert (out / "runs" / second.id / "summary.json").stat().st_mtime_ns == stamp
+    with pytest.raises(UsageError, match="holds another study"):
+        execute(tiny_study(variant=["standard", "frozen_qk"]), out, "sequential", progress=False)
+
+
+def test_a_failing_run_is_recorded_and_does_not_stop_the_others(tmp_path, monkeypatch):
+    study = tiny_study(variant=["standard", "mixit", "frozen_mlp"])
+    out = tmp_path / "study"
+    doomed = next(p.id for p in plan(study.specs) if p.cfg.variant == "mixit")
+    real_train = execute_module.train
+
+    def flaky(cfg, path, **kw):
+        if path.name == doomed:
+            raise RuntimeError("the GPU fell off the bus")
+        return real_train(cfg, path, **kw)
+
+    monkeypatch.setattr(execute_module, "train", flaky)
+    tally = execute(study, out, "sequential", progress=False)
+    assert (tally["done"], tally["failed"]) == (2, 1)
+    record = json.loads((out / "failed" / f"{doomed}.json").read_text())
+    assert "RuntimeError: the GPU fell off the bus" in record["error"]
+    assert execute(study, out, "sequential", progress=False)["skipped_failed"] == 1  # not retried unasked
+    monkeypatch.setattr(execute_module, "train", real_train)
+    tally = execute(study, out, "sequential", retry_failed=True, progress=False)
+    assert tally["done"] == 3 and not (out / "failed" / f"{doomed}.json").exists()
+
+
+def test_a_killed_study_resumes_where_it_stopped(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(STUDY_FILE.replace("steps = 8,", "steps = 400,"))
+    out = tmp_path / "study"
+    args = [
+        sys.executable,
+        "-m",
+        "mixit.cli",
+        "reproduce",
+        "--study",
+        str(path),
+        "--out",
+        str(out),
+        "--executor",
+        "sequential",
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((out / "runs").glob("*/checkpoints/latest")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    interrupted = [
+        p.parent.parent.name
+        for p in (out / "runs").glob("*/checkpoints/latest")
+        if not (p.parent.parent / "summary.json").exists()
+    ]
+    assert interrupted, "the study was killed before or after its runs; nothing to resume"
+    done = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "runs" / interrupted[0] / "summary.json").read_text())
+    assert summary["resumed_from"] and summary["resumed_from"] > 0 and summary["steps"] == 400
+
+
+@pytest.mark.parametrize("executor, workers", [("local", 2), ("submitit-local", 0)])
+def test_the_pool_and_submitit_executors(tmp_path, executor, workers):
+    if executor == "submitit-local":
+        pytest.importorskip("submitit")
+    out = tmp_path / "study"
+    tally = execute(tiny_study(), out, executor, workers=workers, progress=False)
+    assert tally["done"] == 2 and tally["failed"] == 0
+    assert all(state(out, p.id) == "done" for p in plan(tiny_study().specs))
+
+
+def test_the_smoke_preset_writes_the_whole_report(tmp_path):
+    """The smoke preset end to end (CI runs it): every table, the checks, the CSV and the figures."""
+    out = tmp_path / "smoke"
+    result = reproduce("smoke", out=out, executor="sequential", progress=False)
+    assert result["tally"]["failed"] == 0
+    report = (out / "report.md").read_text()
+    for heading in (
+        "## The paper's findings, checked",
+        "## Table 1",
+        "## Table 2",
+        "## Table 3",
+        "## Table 4",
+        "## Table 5",
+        "## Tables 6-7",
+        "## Beyond the paper",
+    ):
+        assert heading in report, heading
+    checks = result["report"]["checks"]
+    assert len(checks) == len(CHECKS) and all(c["verdict"] in ("PASS", "FAIL", "n/a") for c in checks.values())
+    assert all(f"**{c['verdict']}**" in report for c in checks.values())
+    assert sum(c["verdict"] != "n/a" for c in checks.values()) == len(CHECKS)  # every check had its runs
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    record = json.loads((out / "study.json").read_text())
+    assert len(rows) == len(record["runs"]) and {r["state"] for r in rows} == {"done"}
+    assert "model.d_model" in rows[0] and any(k.startswith("test.") for k in rows[0])
+    for figure in (
+        "curves-addition.png",
+        "heads.png",
+        "depth.png",
+        "signal.png",
+        "pairs.png",
+        "retrieval-by-pairs.png",
+        "induction-frozen_qk-attention.png",
+    ):
+        assert (out / "figures" / figure).stat().st_size > 1000, figure
+    again = write_report(out)  # the report can be written again from the study directory alone
+    assert again["checks"] == checks
+
+
+def test_study_commands_on_the_command_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "--list"]) == 0
+    listing = capsys.readouterr().out
+    assert "smoke" in listing and "quick" in listing and "runs, about" in listing
+    for args, message in [
+        (["reproduce", "--preset", "huge"], "preset: expected one of 'smoke', 'quick', 'paper'"),
+        (["reproduce", "--seeds", "0"], "seeds must be a positive integer"),
+        (["reproduce", "--executor", "cloud"], "executor: expected one of"),
+        (["reproduce", "--study", "missing.toml"], "study file missing.toml does not exist"),
+        (["reproduce", "--out", "/proc/study"], "is not writable"),
+        (["report", "nowhere"], "nowhere holds no study"),
+    ]:
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (args, err)
+    assert list(tmp_path.iterdir()) == []
