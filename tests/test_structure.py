@@ -17,7 +17,7 @@ SRC = ROOT / "src" / "mixit"
 LAYERS = {
     0: ["errors", "registry", "version", "files"],
     1: ["config"],
-    2: ["models", "text", "runtime"],
+    2: ["models", "text", "runtime", "precision", "distributed"],
     3: ["freezing", "tasks", "recipes", "resources"],
     4: ["experiment", "catalogue"],
     5: ["run"],

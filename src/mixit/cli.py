@@ -42,6 +42,7 @@ from mixit.analysis.signal import format_signal, signal_command
 from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
 from mixit.config import ModelConfig, TrainConfig, field_docs, field_hints
+from mixit.distributed import env_world
 from mixit.errors import UsageError
 from mixit.experiment import DERIVED, RunConfig, as_request, load_request, merge, resolve
 from mixit.generate import sample_run
@@ -260,6 +261,8 @@ def cmd_train(args: Mapping[str, Any]) -> int:
         return 0
     out = args.get("out") or Path("runs") / f"{cfg.task}-{cfg.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = train(cfg, out, **session)
+    if not env_world().main:
+        return 0
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in summary["test"].items() if isinstance(v, float))
     print(
         f"{summary['task']} {summary['variant']}: after {summary['steps']} steps, test {metrics}\n"
@@ -395,7 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[command][0](dict(parsed.get(command) or {}))
     except UsageError as e:
-        print(f"mixit {command}: error: {e}", file=sys.stderr)
+        if env_world().main:  # under torchrun every process refuses, and one says why
+            print(f"mixit {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(

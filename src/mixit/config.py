@@ -329,6 +329,10 @@ class TrainConfig(Config):
     """The decaying schedules end at min_lr_ratio * lr."""
     grad_clip: float = 1.0
     """Clip gradients to this global L2 norm; 0 turns clipping off."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (batch_size is the whole step's, split across them and the processes)."""
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Forward-pass precision: fp32, or bf16 / fp16 under autocast (fp16 with a gradient scaler)."""
     eval_every: int | None = None
     """Evaluate on the test set every this many steps (and at the end); null means steps / 10."""
     log_every: int | None = None
@@ -350,7 +354,7 @@ class TrainConfig(Config):
             self.checkpoint_every = max(self.steps // 4, 1)
         if self.log_every is None:
             self.log_every = max(min(50, self.steps // 20), 1)
-        for name in ("batch_size", "eval_every", "log_every", "checkpoint_every", "eval_batch_size"):
+        for name in ("batch_size", "eval_every", "log_every", "checkpoint_every", "eval_batch_size", "grad_accum"):
             positive_int(name, getattr(self, name))
         check(self.warmup_steps >= 0, f"warmup_steps must be an integer >= 0, got {self.warmup_steps}")
         check(self.lr > 0, f"lr must be > 0, got {self.lr}")

@@ -39,6 +39,7 @@ from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build, is_record
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json, write_text
 from mixit.models import Transformer
+from mixit.precision import Precision
 from mixit.runtime import resolve_device
 from mixit.tasks import Task
 from mixit.version import __version__, git_commit
@@ -234,7 +235,9 @@ class Run:
         return MetricsLog(self.metrics_path)
 
     # -- checkpoints ------------------------------------------------------------------
-    def save_checkpoint(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> Path:
+    def save_checkpoint(
+        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision | None = None
+    ) -> Path:
         """Write checkpoint `step`, point `latest` at it, then delete mixit's older step directories."""
         root = self.checkpoints_dir
         root.mkdir(parents=True, exist_ok=True)
@@ -246,7 +249,8 @@ class Run:
         save_file(state, str(tmp / "model.safetensors"))
         opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-        write_json(tmp / "state.json", {"step": step, "optimizer": opt_meta})
+        scaler = precision.state_dict() if precision is not None else {}
+        write_json(tmp / "state.json", {"step": step, "optimizer": opt_meta, "scaler": scaler})
         for file in ("model.safetensors", "optimizer.safetensors"):
             with open(tmp / file, "rb") as f:
                 os.fsync(f.fileno())
@@ -287,12 +291,16 @@ class Run:
                 )
         model.load_state_dict(state)
 
-    def load_training_state(self, optimizer: torch.optim.Optimizer, ckpt: Path) -> int:
-        """Load checkpoint `ckpt`'s optimizer state; return the step it was taken after."""
+    def load_training_state(
+        self, optimizer: torch.optim.Optimizer, ckpt: Path, precision: Precision | None = None
+    ) -> int:
+        """Load checkpoint `ckpt`'s optimizer state (and fp16's gradient scale); return its step."""
         meta = read_json(ckpt / "state.json", "checkpoint state.json")
         tensors = _load_tensors(ckpt / "optimizer.safetensors")
         try:
             optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optimizer"]))
+            if precision is not None:
+                precision.load_state_dict(meta.get("scaler", {}))
             return int(meta["step"])
         except (KeyError, ValueError, TypeError) as e:
             raise UsageError(f"checkpoint {ckpt} has a corrupt optimizer state ({e})") from None

@@ -77,6 +77,16 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
+def fast_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX-512 BF16 or AMX), as far as Linux tells."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def resolve_device(name: str) -> torch.device:
     """'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."""
     if name == "auto":

@@ -1,18 +1,80 @@
-"""The one loss and the one optimizer step, shared by the training loop and `mixit bench`."""
+"""The one loss and the one optimizer step, shared by the training loop and `mixit bench`.
+
+A step may be split into micro-batches (gradient accumulation) and across
+processes (data parallelism). Its loss is always the mean cross-entropy over
+every scored position of the whole global batch: each micro-batch
+contributes its *sum* divided by the global count of scored positions, so
+the gradient is the same however the batch is split (tested against one
+process, docs/scaling.md).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from mixit.precision import Precision
 from mixit.tasks import IGNORE
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy (nats) over the scored positions: the one loss of every task."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+
+
+def loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed cross-entropy over the scored positions (in fp32 whatever the autocast dtype)."""
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE, reduction="sum"
+    )
+
+
+def accumulated_step(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    trainable: list[torch.nn.Parameter],
+    grad_clip: float,
+    total_scored: int,
+    replicas: int = 1,
+    precision: Precision | None = None,
+    no_sync: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+) -> torch.Tensor:
+    """One optimizer step over `micro_batches` (inputs, targets): forward, loss, backward for each,
+    then global-norm clipping (grad_clip > 0) and AdamW.
+
+    total_scored: scored positions in the whole global batch (every micro-batch of every process).
+    replicas: processes whose gradients are averaged (DistributedDataParallel divides by their number,
+    which is multiplied back). no_sync: DDP's context that skips the gradient all-reduce, for every
+    micro-batch but the last. Returns this process's share of the global mean loss (the sum over
+    processes is the mean), without synchronising on it.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    scaler = precision.scaler if precision is not None else None
+    share = torch.zeros((), device=micro_batches[0][0].device)
+    for i, (inputs, targets) in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
+            with precision.autocast() if precision is not None else contextlib.nullcontext():
+                logits = forward(inputs)
+            summed = loss_sum(logits, targets)
+            loss = summed * (replicas / max(total_scored, 1))
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        share += summed.detach() / max(total_scored, 1)
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    return share
 
 
 def train_step(
@@ -23,13 +85,7 @@ def train_step(
     trainable: list[torch.nn.Parameter],
     grad_clip: float,
 ) -> torch.Tensor:
-    """One optimizer step: forward, the task loss, backward, global-norm clipping
-    (grad_clip > 0), AdamW. `model` maps tokens to logits (a module, a compiled
-    module, or a wrapper). Returns the loss tensor without synchronising on it."""
-    loss = loss_fn(model(inputs), targets)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
-    optimizer.step()
-    return loss
+    """One optimizer step on one batch (`accumulated_step` with a single micro-batch in one process),
+    as `mixit bench` times it. Returns the mean loss."""
+    scored = int((targets != IGNORE).sum())
+    return accumulated_step(model, optimizer, [(inputs, targets)], trainable, grad_clip, scored)

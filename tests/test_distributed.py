@@ -1,0 +1,193 @@
+"""Data-parallel training on the CPU with gloo, in processes spawned by the tests (docs/scaling.md):
+two ranks train as one, hold identical fixed tensors, resume with another world size, and only rank 0
+writes; bad distributed settings are refused with one line."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mixit import Run, run_config, train
+from mixit.cli import main
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+ARGS = [
+    "train",
+    "--task",
+    "addition",
+    "-p",
+    "n_digits=2",
+    "--d-model",
+    "32",
+    "--n-heads",
+    "2",
+    "--n-layers",
+    "1",
+    "--batch-size",
+    "32",
+    "--test-size",
+    "100",
+    "--no-progress",
+]
+
+
+def torchrun(nproc, *args, **popen):
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "mixit",
+        *args,
+    ]
+    if popen:
+        return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+
+
+def weights(run_dir):
+    return load_file(str(Run.open(run_dir).latest_checkpoint() / "model.safetensors"))
+
+
+def close(a, b, atol=1e-5):
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=atol, rtol=1e-4) for k in a)
+
+
+@pytest.mark.parametrize("variant", ["standard", "mixit"])
+def test_two_ranks_train_as_one_process_with_the_same_global_batch(tmp_path, variant):
+    args = [*ARGS, "--variant", variant, "--steps", "12", "--eval-every", "6"]
+    two = torchrun(2, *args, "--out", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    one_sum = json.loads((tmp_path / "one" / "summary.json").read_text())
+    two_sum = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert two_sum["world_size"] == 2 and one_sum["world_size"] == 1
+    assert two_sum["test"] == pytest.approx(one_sum["test"], rel=1e-4, abs=1e-5)
+    assert close(weights(tmp_path / "one"), weights(tmp_path / "two"))
+    # Rank 0 alone wrote: one line per event, the same events as one process writes.
+    one_events = [(e["step"], e["event"]) for e in Run.open(tmp_path / "one").metrics()]
+    assert [(e["step"], e["event"]) for e in Run.open(tmp_path / "two").metrics()] == one_events
+    assert two.stdout.count("run directory:") == 1  # and printed once
+
+
+def test_gradient_accumulation_is_the_same_step(tmp_path):
+    common = dict(d_model=32, n_heads=2, n_layers=1, steps=8, batch_size=32, test_size=100)
+    a = train(run_config("addition", "standard", {"n_digits": 2}, **common), tmp_path / "a", progress=False)
+    b = train(
+        run_config("addition", "standard", {"n_digits": 2}, grad_accum=4, **common), tmp_path / "b", progress=False
+    )
+    assert b["test"] == pytest.approx(a["test"], rel=1e-4, abs=1e-5)
+    assert close(weights(tmp_path / "a"), weights(tmp_path / "b"))
+
+
+SPAWN_CHECK = """
+import os, sys, torch, torch.distributed as td
+from mixit import ModelConfig, Transformer
+from mixit.distributed import Dist, check_identical
+rank = int(sys.argv[1]); world = 2
+td.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=world)
+same = Transformer(ModelConfig(vocab_size=16, n_ctx=8, d_model=16, n_heads=2, attention="mixing"))
+check_identical(same, Dist(rank, world))
+other = Transformer(ModelConfig(vocab_size=16, n_ctx=8, d_model=16, n_heads=2, attention="mixing", seed=rank))
+try:
+    check_identical(other, Dist(rank, world))
+    print("not refused")
+except RuntimeError as e:
+    print("refused:", "different fixed tensors" in str(e))
+td.destroy_process_group()
+"""
+
+
+def test_ranks_hold_identical_mixing_matrices_or_are_refused(tmp_path):
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SPAWN_CHECK, str(r), str(tmp_path / "rendezvous")],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [o.strip() for o, _ in outs] == ["refused: True"] * 2, [e[-2000:] for _, e in outs]
+
+
+def test_killed_on_two_ranks_and_resumed_on_one(tmp_path):
+    args = [*ARGS, "--steps", "60", "--checkpoint-every", "5", "--eval-every", "30", "--log-every", "5"]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    out = tmp_path / "cut"
+    proc = torchrun(2, *args, "--out", str(out), start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        latest = out / "checkpoints" / "latest"
+        if latest.exists() and int(latest.read_text().strip().split("_")[1]) >= 20:
+            break
+        time.sleep(0.2)
+    # Kill the launcher and its workers (which torchrun starts in sessions of their own).
+    workers = (
+        [
+            int(p.name)
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit() and str(out) in (p / "cmdline").read_bytes().decode(errors="ignore")
+        ]
+        if Path("/proc").is_dir()
+        else []
+    )
+    for pid in [proc.pid, *workers]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    for pid in workers:  # until each is gone, and the kernel has released its lock
+        while Path(f"/proc/{pid}/cmdline").exists() and Path(f"/proc/{pid}/cmdline").read_bytes():
+            time.sleep(0.1)
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    assert main(["train", "--resume", "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"] >= 20 and summary["world_size"] == 1
+    assert close(weights(tmp_path / "whole"), weights(out), atol=1e-4)
+    steps = [e["step"] for e in Run.open(out).metrics() if e["event"] == "train"]
+    assert steps == sorted(set(steps)) and steps[-1] == 60
+
+
+def test_distributed_settings_are_refused_with_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    assert main([*ARGS, "--steps", "5", "--out", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("mixit train: error: batch_size 32 must be divisible by the world size 3 x grad_accum 1 = 3")
+    monkeypatch.setenv("RANK", "1")  # the other ranks refuse silently: one line in all
+    assert main([*ARGS, "--steps", "5", "--out", "x"]) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert main([*ARGS, "--grad-accum", "5", "--out", "x"]) == 2
+    assert "divisible by the world size 1 x grad_accum 5" in capsys.readouterr().err
+    assert main([*ARGS, "--dtype", "fp8", "--out", "x"]) == 2
+    assert "train.dtype: expected one of 'fp32', 'bf16', 'fp16', got 'fp8'" in capsys.readouterr().err
+    from mixit.runtime import fast_bf16
+
+    if not fast_bf16():
+        assert main([*ARGS, "--dtype", "bf16", "--out", "x"]) == 2
+        assert "--allow-slow-dtype" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_mixed_precision_trains_and_resumes(tmp_path):
+    args = [*ARGS, "--steps", "10", "--checkpoint-every", "5", "--dtype", "fp16"]
+    assert main([*args, "--out", str(tmp_path / "fp16")]) == 0
+    state = json.loads((Run.open(tmp_path / "fp16").latest_checkpoint() / "state.json").read_text())
+    assert state["scaler"] and "scale" in state["scaler"]  # the gradient scale is checkpointed
+    summary = json.loads((tmp_path / "fp16" / "summary.json").read_text())
+    assert 0 < summary["test"]["loss"] < 10
