@@ -55,6 +55,17 @@ def torchrun(nproc, *args, **popen):
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
 
 
+def cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="ignore")
+    except OSError:  # gone already
+        return ""
+
+
+def processes():
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
 def weights(run_dir):
     return load_file(str(Run.open(run_dir).latest_checkpoint() / "model.safetensors"))
 
@@ -135,21 +146,13 @@ def test_killed_on_two_ranks_and_resumed_on_one(tmp_path):
             break
         time.sleep(0.2)
     # Kill the launcher and its workers (which torchrun starts in sessions of their own).
-    workers = (
-        [
-            int(p.name)
-            for p in Path("/proc").iterdir()
-            if p.name.isdigit() and str(out) in (p / "cmdline").read_bytes().decode(errors="ignore")
-        ]
-        if Path("/proc").is_dir()
-        else []
-    )
+    workers = [pid for pid in processes() if str(out) in cmdline(pid)]
     for pid in [proc.pid, *workers]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     proc.wait()
     for pid in workers:  # until each is gone, and the kernel has released its lock
-        while Path(f"/proc/{pid}/cmdline").exists() and Path(f"/proc/{pid}/cmdline").read_bytes():
+        while cmdline(pid):
             time.sleep(0.1)
     assert not (out / "summary.json").exists(), "the run finished before it could be killed"
     assert main(["train", "--resume", "--out", str(out), "--no-progress"]) == 0
