@@ -106,7 +106,8 @@ def test_bench_step_trains_the_model():
     "kwargs, message",
     [
         ({"variants": ["nope"]}, "unknown variant.*'nope'"),
-        ({"dtype": "fp16"}, "unknown dtype 'fp16'; allowed: fp32, bf16"),
+        ({"dtype": "fp8"}, "unknown dtype 'fp8'; allowed: fp32, bf16, fp16"),
+        ({"dtype": "fp16", "device": "cpu"}, "fp16 .* cuda only"),
         ({"dtype": "bf16", "device": "cpu"}, "bf16 .* cuda only"),
         ({"repeats": 0}, "repeats must be an integer >= 1"),
         ({"warmup": 0}, "warmup must be an integer >= 1"),

@@ -60,7 +60,7 @@ from mixit.version import __version__, git_commit
 
 HF_NAME = "hf_llama"
 PEAK_NAME = "matmul_peak"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,8 +405,8 @@ def run_bench(
         dev,
         "lower the batch size, the sequence length, the model's size or the number of variants",
     )
-    if dtype == "bf16" and dev.type != "cuda":
-        raise UsageError("dtype bf16 (autocast) is offered on cuda only; on CPU fp32 is many times faster")
+    if dtype != "fp32" and dev.type != "cuda":
+        raise UsageError(f"dtype {dtype} (autocast) is offered on cuda only; on this CPU fp32 is many times faster")
     data_s = data_seconds(task, task_params or {}, shape.batch_size) if task is not None else None
     say = progress or (lambda message: None)
     torch_dtype = DTYPES[dtype]
@@ -561,7 +561,7 @@ def bench_command(
             batches takes to generate.
         task_params: the task's parameters (with task).
         device: auto, cpu, cuda or cuda:N.
-        dtype: fp32, or bf16 (autocast; cuda only).
+        dtype: fp32, or bf16 or fp16 (autocast; cuda only).
         compile: torch.compile the models.
         warmup: untimed steps first, during which peak memory is measured.
         steps: steps per timed block.

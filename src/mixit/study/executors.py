@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import signal_command
 from mixit.config import check
+from mixit.distributed import env_world
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
@@ -110,6 +111,8 @@ def run_one(study_dir: str, run_id: str, config: dict[str, Any], analyze: bool, 
     Runs in a worker process (or a Slurm job): everything it needs comes as plain data."""
     if threads:
         torch.set_num_threads(threads)
+    _distributed_job()
+    main = env_world().main
     start = time.perf_counter()
     failed = Path(study_dir) / "failed" / f"{run_id}.json"
     path = run_dir(Path(study_dir), run_id)
@@ -120,10 +123,13 @@ def run_one(study_dir: str, run_id: str, config: dict[str, Any], analyze: bool, 
             train(cfg, path, device="auto", resume=resume, progress=False)
         if analyze and not (path / "analysis" / "summary.md").exists():
             analyze_run(path, batch=32)
-        failed.unlink(missing_ok=True)
+        if main:
+            failed.unlink(missing_ok=True)
         return {"id": run_id, "state": "done", "seconds": time.perf_counter() - start}
     except Exception as e:  # a failed run is recorded, and the study goes on
         message = " ".join(str(e).split()) or type(e).__name__
+        if not main:
+            return {"id": run_id, "state": "failed", "error": message, "seconds": time.perf_counter() - start}
         failed.parent.mkdir(parents=True, exist_ok=True)
         write_json(
             failed,
@@ -135,6 +141,19 @@ def run_one(study_dir: str, run_id: str, config: dict[str, Any], analyze: bool, 
             },
         )
         return {"id": run_id, "state": "failed", "error": message, "seconds": time.perf_counter() - start}
+
+
+def _distributed_job() -> None:
+    """In a Slurm job of several tasks (one per GPU, submitit), export what torch.distributed reads
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the run trains on all of them."""
+    try:
+        import submitit
+
+        job = submitit.JobEnvironment()
+    except (ImportError, RuntimeError):  # not a submitit job
+        return
+    if job.num_tasks > 1:
+        submitit.helpers.TorchDistributedEnvironment().export()
 
 
 def _init_worker(threads: int) -> None:
@@ -234,6 +253,8 @@ def _submitit(
     folder = study_dir / "slurm"
     ex: Any = submitit.LocalExecutor(folder) if executor == "submitit-local" else submitit.AutoExecutor(folder)
     if executor == "slurm":
+        # One task per GPU: a run with several GPUs trains data-parallel across them (docs/scaling.md).
+        slurm = {**slurm, "tasks_per_node": max(1, int(slurm.get("gpus_per_node", 0) or 1))}
         ex.update_parameters(
             **{
                 (
