@@ -88,9 +88,8 @@ def test_bench_step_trains_the_model():
     """The benchmarked step is the training step: the loss on the fixed batch falls."""
     from mixit.bench import _batch
     from mixit.config import TrainConfig
-    from mixit.training.evaluate import loss_fn
-    from mixit.training.loop import train_step
     from mixit.training.optim import build_optimizer
+    from mixit.training.step import loss_fn, train_step
 
     model = tiny_model("mixit")
     x, y = _batch(TINY, torch.device("cpu"))
