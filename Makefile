@@ -1,4 +1,4 @@
-# `make run`: set everything up and train a small model on the embedded default.
+# `make run`: set everything up and reproduce the paper's comparison on the embedded data (<= 30 min, 2 cores).
 # `make test`: set everything up, lint, type-check and run the whole test suite.
 # torch is pinned here (not in pyproject) to the CPU wheel these machines carry;
 # an unpinned torch would pull a multi-GB CUDA build onto a CPU-only machine.
@@ -18,8 +18,9 @@ $(BIN)/mixit: pyproject.toml
 
 setup: $(BIN)/mixit
 
+# The main job: the paper's comparison at laptop scale, report in runs/study-quick/report.md.
 run: setup
-	$(BIN)/mixit train --task addition -p n_digits=5 --variant standard
+	$(BIN)/mixit reproduce --preset quick --out runs/study-quick
 
 # Lint (ruff: rules and formatting) and types (mypy on src/) are part of the tests.
 test: setup
