@@ -164,6 +164,24 @@ def test_resume_continues_from_saved_step_and_matches_uninterrupted_run(tmp_path
     assert steps == sorted(set(steps)) and steps[-1] == 30  # no step logged twice
 
 
+def test_resume_before_the_first_checkpoint_starts_over_and_matches(tmp_path):
+    cfg = tiny_cfg(steps=20, checkpoint_every=10)
+    full = train(cfg, tmp_path / "full", progress=False)
+
+    def stop_at_5(step, loss):
+        if step == 5:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(cfg, tmp_path / "cut", progress=False, on_step=stop_at_5)
+    assert not (tmp_path / "cut" / "checkpoints" / "latest").exists()
+    resumed = train(cfg, tmp_path / "cut", resume=True, progress=False)
+    assert resumed["resumed_from"] == 0
+    assert resumed["test"] == full["test"]
+    a, b = latest_weights(tmp_path / "full"), latest_weights(tmp_path / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_guards_on_the_run_directory(tmp_path):
     cfg = tiny_cfg(steps=10)
     train(cfg, tmp_path / "run", progress=False)

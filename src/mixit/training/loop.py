@@ -146,7 +146,9 @@ def _loop(
     precision = Precision(tc.dtype, dev)
     start = 0
     reader = run if run is not None else Run(run_dir)  # the other ranks read the checkpoint, never write
-    last = broadcast(str(reader.latest_checkpoint()) if resume and dist.main else None, dist)
+    found = reader.latest_checkpoint() if resume and dist.main else None
+    # A run killed before its first checkpoint resumes from step 0.
+    last = broadcast(str(found) if found is not None else None, dist)
     if last is not None:
         reader.load_model_state(model, Path(last))
         start = reader.load_training_state(optimizer, Path(last), precision)
