@@ -137,6 +137,16 @@ def test_sentiment_batches_are_right_padded_and_labelled(reviews):
     assert task.model_defaults("softmax")["causal"] is True
 
 
+def test_sentiment_test_subset_is_a_fair_sample_of_a_label_ordered_split(reviews):
+    task = make_task("sentiment", {"dataset": reviews, "vocab": 300, "length": 12}, test_size=50)
+    rows, _ = task.test_set
+    labels = np.array([0] * (len(rows) // 2) + [1] * (len(rows) - len(rows) // 2))
+    task.test_set = (rows, labels)  # ordered by label, as some sources ship their test split
+    first, again = task.test_batch(), task.test_batch()
+    assert len(first.targets) == 50 and torch.equal(first.targets, again.targets)
+    assert 10 <= int(first.targets.sum()) <= 40  # the first 50 rows would all be label 0
+
+
 def _classifier(variant, causal, pooling, pad_id=1):
     v = VARIANTS[variant]
     cfg = ModelConfig(

@@ -104,7 +104,7 @@ QUICK = Scale(
             "induction",
             {"k": 1, "alphabet": 8, "length": 32},
             {**_SMALL, "init_std": 0.1},
-            {"steps": 800, "batch_size": 32, "lr": 1e-3},
+            {"steps": 1600, "batch_size": 32, "lr": 1e-3},
             test_size=500,
         ),
         "lm": _run(
@@ -114,8 +114,8 @@ QUICK = Scale(
             "addition", {"n_digits": 3}, _SMALL, {"steps": 800, "batch_size": 128, "lr": 3e-3}, test_size=1000
         ),
         "dyck": _run("dyck", {"max_pairs": 10}, _SMALL, {"steps": 600, "batch_size": 128, "lr": 3e-3}, test_size=1000),
-        "modular_addition": _run("modular_addition", {"p": 97}, _SMALL, {"steps": 1200, "batch_size": 256, "lr": 3e-3}),
-        "memorization": _run("memorization", {"n": 32}, _SMALL, {"steps": 800, "batch_size": 256, "lr": 3e-3}),
+        "modular_addition": _run("modular_addition", {"p": 97}, _SMALL, {"steps": 5000, "batch_size": 256, "lr": 3e-3}),
+        "memorization": _run("memorization", {"n": 256}, _SMALL, {"steps": 1500, "batch_size": 512, "lr": 3e-3}),
         "sentiment": _run(
             "sentiment",
             {"length": 32, "vocab": 2048},

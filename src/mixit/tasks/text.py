@@ -338,8 +338,13 @@ class Sentiment(TextTask):
         return Batch(torch.from_numpy(np.ascontiguousarray(rows[:, :width])), torch.from_numpy(labels.copy()))
 
     def test_batch(self) -> Batch:
+        """The test split, or a fixed random `test_size` of it: the split comes ordered by label
+        from some sources, so its first rows would not be a fair sample."""
         rows, labels = self.test_set
-        return self._batch(rows[: self.test_size], labels[: self.test_size])
+        if self.test_size < len(rows):
+            keep = np.sort(np.random.default_rng([self.seed, 4]).permutation(len(rows))[: self.test_size])
+            rows, labels = rows[keep], labels[keep]
+        return self._batch(rows, labels)
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
         rows, labels = self.train_set
