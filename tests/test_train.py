@@ -140,46 +140,33 @@ class Interrupt(Exception):
     pass
 
 
-def test_resume_continues_from_saved_step_and_matches_uninterrupted_run(tmp_path):
-    cfg = tiny_cfg(steps=30, checkpoint_every=10)
+@pytest.mark.parametrize(
+    "stop_at, steps, latest",
+    [(25, 30, "step_0000020"), (5, 20, None)],  # after a checkpoint; before the first (resumes from step 0)
+)
+def test_resume_continues_from_saved_step_and_matches_uninterrupted_run(tmp_path, stop_at, steps, latest):
+    cfg = tiny_cfg(steps=steps, checkpoint_every=10)
     full = train(cfg, tmp_path / "full", progress=False)
 
-    def stop_at_25(step, loss):
-        if step == 25:
+    def stop(step, loss):
+        if step == stop_at:
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        train(cfg, tmp_path / "cut", progress=False, on_step=stop_at_25)
-    assert (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip() == "step_0000020"
+        train(cfg, tmp_path / "cut", progress=False, on_step=stop)
+    pointer = tmp_path / "cut" / "checkpoints" / "latest"
+    assert (pointer.read_text().strip() if pointer.exists() else None) == latest
     resumed = train(cfg, tmp_path / "cut", resume=True, progress=False)
-    assert resumed["resumed_from"] == 20
+    assert resumed["resumed_from"] == (int(latest.split("_")[1]) if latest else 0)
     assert resumed["test"] == full["test"]
     a, b = latest_weights(tmp_path / "full"), latest_weights(tmp_path / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    steps = [
+    steps_logged = [
         json.loads(line)["step"]
         for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
         if json.loads(line)["event"] == "train"
     ]
-    assert steps == sorted(set(steps)) and steps[-1] == 30  # no step logged twice
-
-
-def test_resume_before_the_first_checkpoint_starts_over_and_matches(tmp_path):
-    cfg = tiny_cfg(steps=20, checkpoint_every=10)
-    full = train(cfg, tmp_path / "full", progress=False)
-
-    def stop_at_5(step, loss):
-        if step == 5:
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        train(cfg, tmp_path / "cut", progress=False, on_step=stop_at_5)
-    assert not (tmp_path / "cut" / "checkpoints" / "latest").exists()
-    resumed = train(cfg, tmp_path / "cut", resume=True, progress=False)
-    assert resumed["resumed_from"] == 0
-    assert resumed["test"] == full["test"]
-    a, b = latest_weights(tmp_path / "full"), latest_weights(tmp_path / "cut")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert steps_logged == sorted(set(steps_logged)) and steps_logged[-1] == steps  # no step logged twice
 
 
 def test_guards_on_the_run_directory(tmp_path):
