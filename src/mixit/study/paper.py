@@ -41,6 +41,14 @@ class Scale:
     lm_corpora: tuple[str, ...] = ("english",)
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    search: dict[str, dict[str, dict[str, tuple[Any, ...]]]] = field(default_factory=dict)
+    """task -> variant (or "*" for every variant) -> dotted request path -> candidate values: what the
+    study screens per architecture per task before training each cell (`mixit.study.search`)."""
+
+    def search_for(self, task: str, variant: str) -> dict[str, tuple[Any, ...]]:
+        """The candidates of `variant` on `task`: those for every variant, then the variant's own."""
+        by_variant = self.search.get(task, {})
+        return {**by_variant.get("*", {}), **by_variant.get(variant, {})}
 
 
 def _run(
@@ -154,16 +162,35 @@ PRESETS: dict[str, Scale] = {"smoke": SMOKE, "quick": QUICK, "paper": PAPER}
 
 
 def _variants(
-    base: dict[str, Any], variants: tuple[str, ...], seeds: int, table: str, analyze: bool = False, **labels: Any
+    scale: Scale,
+    base: dict[str, Any],
+    variants: tuple[str, ...],
+    seeds: int,
+    table: str,
+    analyze: bool = False,
+    **labels: Any,
 ) -> list[RunSpec]:
-    return grid(base, {"variant": list(variants)}, seeds, {"table": table, "task": base["task"], **labels}, analyze)
+    """Every variant of `variants` on `base` for each seed, each with the scale's search candidates."""
+    task = base["task"]
+    return [
+        spec
+        for variant in variants
+        for spec in grid(
+            base,
+            {"variant": [variant]},
+            seeds,
+            {"table": table, "task": task, **labels},
+            analyze,
+            search=scale.search_for(task, variant),
+        )
+    ]
 
 
 def table1(scale: Scale, seeds: int) -> list[RunSpec]:
     """Retrieval and k-hop induction (with head scores): input-dependent attention against MixiT."""
     variants = ("standard", "frozen_qk", "mixit")
-    return _variants(scale.tasks["retrieval"], variants, seeds, "table1", analyze=True) + _variants(
-        scale.tasks["induction"], variants, seeds, "table1", analyze=True
+    return _variants(scale, scale.tasks["retrieval"], variants, seeds, "table1", analyze=True) + _variants(
+        scale, scale.tasks["induction"], variants, seeds, "table1", analyze=True
     )
 
 
@@ -172,7 +199,7 @@ def table2(scale: Scale, seeds: int) -> list[RunSpec]:
     specs = []
     for corpus in scale.lm_corpora:
         base = merge(scale.tasks["lm"], {"task_params": {"corpus": corpus}})
-        specs += _variants(base, TRAINED_VARIANTS, seeds, "table2", corpus=corpus)
+        specs += _variants(scale, base, TRAINED_VARIANTS, seeds, "table2", corpus=corpus)
     return specs
 
 
@@ -180,17 +207,17 @@ def table3(scale: Scale, seeds: int) -> list[RunSpec]:
     """Arithmetic, parenthesis balancing, memorization and sentiment: MixiT against trained attention."""
     specs = []
     for task in ("addition", "dyck", "modular_addition"):
-        specs += _variants(scale.tasks[task], ("standard", "mixit"), seeds, "table3")
+        specs += _variants(scale, scale.tasks[task], ("standard", "mixit"), seeds, "table3")
     # Memorization with every trained variant is Table 4; sentiment with all four adds the frozen-MLP
     # cell the paper left empty.
     for task in ("memorization", "sentiment"):
-        specs += _variants(scale.tasks[task], TRAINED_VARIANTS, seeds, "table3")
+        specs += _variants(scale, scale.tasks[task], TRAINED_VARIANTS, seeds, "table3")
     return specs
 
 
 def table4(scale: Scale, seeds: int) -> list[RunSpec]:
     """Memorization capacity: bits per trainable parameter of the four trained variants."""
-    return _variants(scale.tasks["memorization"], TRAINED_VARIANTS, seeds, "table4")
+    return _variants(scale, scale.tasks["memorization"], TRAINED_VARIANTS, seeds, "table4")
 
 
 def table5(scale: Scale, seeds: int) -> list[RunSpec]:

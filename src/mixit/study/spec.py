@@ -48,6 +48,10 @@ class RunSpec:
     """Where it goes in the report: table, task, variant, seed, and the value a table varies."""
     analyze: bool = False
     """Run `mixit analyze` on it once trained (head scores and attention maps)."""
+    search: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    """Candidate values per dotted request path (``{"train.lr": (1e-3, 3e-3)}``): the study screens
+    every combination on the validation set and trains this run with the best one
+    (`mixit.study.search`); empty: the request is trained as it is."""
 
 
 @dataclass
@@ -96,14 +100,14 @@ def with_seeds(request: Mapping[str, Any], seeds: int) -> list[tuple[int, dict[s
     return [(s, merge(request, {"model": {"seed": s}, "data_seed": s})) for s in range(seeds)]
 
 
-def _assign(request: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+def assign(request: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     """`request` with the dotted `path` (e.g. "model.n_heads", "variant", "task_params.k") set to `value`."""
     head, _, rest = path.partition(".")
     if not rest:
         return {**request, head: value}
     inner = request.get(head, {})
     check(isinstance(inner, Mapping), f"grid key {path}: {head} is not a section")
-    return {**request, head: _assign(dict(inner), rest, value)}
+    return {**request, head: assign(dict(inner), rest, value)}
 
 
 def grid(
@@ -112,8 +116,10 @@ def grid(
     seeds: int = 1,
     labels: Mapping[str, Any] | None = None,
     analyze: bool = False,
+    search: Mapping[str, Sequence[Any]] | None = None,
 ) -> list[RunSpec]:
-    """Every combination of the values of `axes` (dotted request paths) applied to `base`, for each seed."""
+    """Every combination of the values of `axes` (dotted request paths) applied to `base`, for each seed;
+    `search` (candidate values per dotted path) is given to every run (`RunSpec.search`)."""
     for path, values in axes.items():
         check(
             isinstance(values, (list, tuple)) and len(values) > 0,
@@ -124,10 +130,11 @@ def grid(
     for combination in itertools.product(*(axes[n] for n in names)):
         request: dict[str, Any] = dict(base)
         for path, value in zip(names, combination):
-            request = _assign(request, path, value)
+            request = assign(request, path, value)
         for seed, seeded in with_seeds(request, seeds):
             varied = {path.split(".")[-1]: value for path, value in zip(names, combination)}
-            specs.append(RunSpec(seeded, {**(labels or {}), **varied, "seed": seed}, analyze))
+            candidates = {path: tuple(values) for path, values in (search or {}).items()}
+            specs.append(RunSpec(seeded, {**(labels or {}), **varied, "seed": seed}, analyze, candidates))
     return specs
 
 
