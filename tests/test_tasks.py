@@ -196,19 +196,25 @@ def test_modular_addition_fixed_split_covers_all_pairs_once():
     p = 23
     task = make_task("modular_addition", {"p": p}, seed=0)
     test_seq, test_mask = task.test_examples()
-    assert len(test_seq) == p * p - math.floor(p * p * 0.95)
-    assert (test_seq[:, 2] == (test_seq[:, 0] + test_seq[:, 1]) % p).all()
+    val_seq, _ = task.val_examples()
+    held = p * p - math.floor(p * p * 0.95)  # 27 pairs held out: 13 validate, 14 test
+    assert (len(val_seq), len(test_seq)) == (held // 2, held - held // 2)
+    for seq in (test_seq, val_seq):
+        assert (seq[:, 2] == (seq[:, 0] + seq[:, 1]) % p).all()
     assert (np.flatnonzero(test_mask.any(axis=0)) == [1]).all()
-    test_pairs = rows(test_seq[:, :2])
-    assert len(test_pairs) == len(test_seq)
+    test_pairs, val_pairs = rows(test_seq[:, :2]), rows(val_seq[:, :2])
+    assert len(test_pairs) == len(test_seq) and not test_pairs & val_pairs
     train_pairs: set[tuple[int, ...]] = set()
     for step in range(40):
         seq, _ = task.train_examples(step, 512)
         assert (seq[:, 2] == (seq[:, 0] + seq[:, 1]) % p).all()
         train_pairs |= rows(seq[:, :2])
-    assert not train_pairs & test_pairs
+    assert not train_pairs & (test_pairs | val_pairs)
     assert len(train_pairs) == math.floor(p * p * 0.95)  # 20480 draws from 502 rows see them all
-    assert train_pairs | test_pairs == {(a, b) for a in range(p) for b in range(p)}
+    assert train_pairs | test_pairs | val_pairs == {(a, b) for a in range(p) for b in range(p)}
+    # The validation set takes at most val_size of the held-out pairs.
+    small = make_task("modular_addition", {"p": p}, seed=0, val_size=5)
+    assert len(small.val_examples()[0]) == 5 and len(small.test_examples()[0]) == held - 5
 
 
 # -- dyck --------------------------------------------------------------------------

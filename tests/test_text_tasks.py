@@ -14,7 +14,7 @@ from mixit.freezing import VARIANTS, apply_variant
 from mixit.models import Transformer
 from mixit.models.attention import bidirectional_mixing, layer_generator, mixit_noise
 from mixit.tasks import make_task
-from mixit.tasks.text import epoch_indices
+from mixit.tasks.text import _sentiment_data, epoch_indices
 from mixit.text.tokenizer import encode_documents
 from text_fixtures import sentiment_rows, write_jsonl, write_text_corpus
 
@@ -63,10 +63,17 @@ def test_lm_streams_come_from_their_own_split(corpus):
     task = lm_task(corpus)
     data = load_corpus(corpus, held_out_fraction=0.1)
     assert np.array_equal(task.train_tokens, encode_documents(task.tokenizer, data.train.texts))
-    assert np.array_equal(task.test_tokens, encode_documents(task.tokenizer, data.test.texts))
+    held_out = encode_documents(task.tokenizer, data.test.texts)
+    assert np.array_equal(task.held_out_tokens, held_out)
+    # The held-out split is cut at a document boundary into validation (first) and test (second) halves.
+    cut = len(task.val_tokens)
+    assert np.array_equal(np.concatenate([task.val_tokens, task.test_tokens]), held_out)
+    assert task.val_tokens[-1] == task.tokenizer.eos_id and abs(cut - len(held_out) / 2) < len(held_out) / 4
     seq, mask = task.test_examples()
     assert seq.shape[1] == 17 and mask.all()
     assert np.array_equal(seq[0], task.test_tokens[:17])
+    val, _ = task.val_examples()
+    assert np.array_equal(val[0], task.val_tokens[:17])
     assert task.vocab_size == 300 and task.input_len == 16
 
 
@@ -145,6 +152,25 @@ def test_sentiment_test_subset_is_a_fair_sample_of_a_label_ordered_split(reviews
     first, again = task.test_batch(), task.test_batch()
     assert len(first.targets) == 50 and torch.equal(first.targets, again.targets)
     assert 10 <= int(first.targets.sum()) <= 40  # the first 50 rows would all be label 0
+
+
+def test_sentiment_validation_set_is_split_off_the_training_split(reviews):
+    task = make_task("sentiment", {"dataset": reviews, "vocab": 300, "length": 12}, val_size=100)
+    full = make_task("sentiment", {"dataset": reviews, "vocab": 300, "length": 12}, val_size=100000)
+    val_rows, train_rows = task.val_set[0], task.train_set[0]
+    n_train = len(train_rows) + len(val_rows)
+    assert len(val_rows) == 100 and len(full.val_set[0]) == n_train // 5  # at most a fifth of the training split
+    # The two parts tile the dataset's training split: every text in exactly one of them.
+    c = task.cfg
+    _, (original, _), _, _ = _sentiment_data(
+        c.dataset, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab, c.length
+    )
+    both = np.concatenate([val_rows, train_rows])
+    assert len(both) == len(original)
+    assert sorted(map(tuple, both.tolist())) == sorted(map(tuple, original.tolist()))
+    assert len(task.val_batch().targets) == 100
+    with pytest.raises(TypeError):
+        task.val_examples()
 
 
 def _classifier(variant, causal, pooling, pad_id=1):

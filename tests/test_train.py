@@ -111,14 +111,15 @@ def test_run_directory_contents(tmp_path):
     saved = json.loads((run / "config.json").read_text())
     assert saved["config"] == cfg.to_dict() and saved["mixit_version"]
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in events if e["event"] == "eval"] == [10, 20, 30]
+    assert [e["step"] for e in events if e["event"] == "eval"] == [0, 10, 20, 30]  # step 0: before training
     assert events[0]["event"] == "freeze"
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_0000030"
     assert [p.name for p in (run / "checkpoints").iterdir() if p.is_dir()] == ["step_0000030"]
     summary = json.loads((run / "summary.json").read_text())
     last_eval = [e for e in events if e["event"] == "eval"][-1]
-    assert summary["test"] == {k: v for k, v in last_eval.items() if k not in ("step", "event")}
-    assert summary["steps"] == 30
+    assert summary["test"] == {k: v for k, v in last_eval.items() if k not in ("step", "event") and k[:4] != "val_"}
+    assert summary["val"] == {k[4:]: v for k, v in last_eval.items() if k[:4] == "val_"}
+    assert summary["steps"] == 30 and summary["convergence"]["steps_trained"] == 30
 
 
 def test_checkpoint_reload_gives_identical_logits(tmp_path):

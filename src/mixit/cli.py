@@ -189,7 +189,7 @@ def train_parser() -> Parser:
         "--config",
         type=Path,
         help="a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
-        "data_seed, test_size), or a run's config.json or directory, replayed; flags override it",
+        "data_seed, test_size, val_size), or a run's config.json or directory, replayed; flags override it",
     )
     run_options = [dataclasses.replace(o, default="addition") if o.name == "task" else o for o in RUN_OPTIONS]
     add_options(p, run_options, show_defaults=True)

@@ -334,13 +334,21 @@ class TrainConfig(Config):
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Forward-pass precision: fp32, or bf16 / fp16 under autocast (fp16 with a gradient scaler)."""
     eval_every: int | None = None
-    """Evaluate on the test set every this many steps (and at the end); null means steps / 10."""
+    """Evaluate on the validation and test sets every this many steps (and at the end); null means steps / 10."""
     log_every: int | None = None
     """Log the training loss every this many steps; null means min(50, steps / 20)."""
     checkpoint_every: int | None = None
     """Write a checkpoint every this many steps (and at the end); null means steps / 4."""
     eval_batch_size: int = 1000
     """Examples per forward pass when evaluating."""
+    early_stop: bool = False
+    """Stop before `steps` once the validation curve has converged (docs/reproduction.md, "Convergence");
+    `steps` stays the cap."""
+    patience: int = 3
+    """Convergence: the number of last evaluations over which the validation metric must stop improving."""
+    min_delta: float = 0.01
+    """Convergence: the least improvement that counts, in the validation metric's units (accuracy as a
+    fraction: 0.01 is one point; loss in nats)."""
 
     def validate(self) -> None:
         positive_int("steps", self.steps)
@@ -365,6 +373,8 @@ class TrainConfig(Config):
         )
         check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         check(self.grad_clip >= 0, f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
+        positive_int("patience", self.patience)
+        check(self.min_delta >= 0, f"min_delta must be >= 0, got {self.min_delta}")
 
     def lr_at(self, step: int | float) -> float:
         """Learning rate of optimizer step `step` (0-based): linear warmup to

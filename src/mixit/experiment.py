@@ -73,6 +73,10 @@ class RunConfig:
     """Seed of the test set and of the training stream (batch k is drawn from (data_seed, k))."""
     test_size: int = 4000
     """Examples in the fixed test set (tasks with a fixed split use their whole test part)."""
+    val_size: int | None = None
+    """Examples in the fixed validation set, disjoint from the training stream and the test set: settings are
+    chosen and training is stopped on it (each task says where it comes from: docs/tasks.md); null means
+    test_size."""
 
     def __post_init__(self) -> None:
         cls = TASKS.get(self.task)
@@ -89,10 +93,13 @@ class RunConfig:
         variant = get_variant(self.variant)
         check_attention(variant, self.model.attention)
         RECIPES.get(self.recipe)
-        for name in ("data_seed", "test_size"):
+        if self.val_size is None:
+            self.val_size = self.test_size
+        for name in ("data_seed", "test_size", "val_size"):
             value = getattr(self, name)
             check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
         check(self.test_size > 0, f"test_size must be a positive integer, got {self.test_size}")
+        check(self.val_size > 0, f"val_size must be a positive integer, got {self.val_size}")
         check(0 <= self.data_seed < 2**63, f"data_seed must be an integer in [0, 2^63), got {self.data_seed}")
 
     @property
@@ -111,6 +118,7 @@ class RunConfig:
             "train": self.train.to_dict(),
             "data_seed": self.data_seed,
             "test_size": self.test_size,
+            "val_size": self.val_size,
         }
 
     @classmethod
@@ -133,6 +141,7 @@ class RunConfig:
             task_params=task_cls.Config.from_dict(data.get("task_params", {})),
             data_seed=data.get("data_seed", 0),
             test_size=data.get("test_size", 4000),
+            val_size=data.get("val_size"),
         )
 
 
@@ -140,7 +149,7 @@ class RunConfig:
 
 GROUPS: dict[str, type[Any]] = {"model": ModelConfig, "train": TrainConfig}
 """The nested sections of a request and the config class each is checked by."""
-TOP_LEVEL = ("task", "variant", "recipe", "task_params", "data_seed", "test_size")
+TOP_LEVEL = ("task", "variant", "recipe", "task_params", "data_seed", "test_size", "val_size")
 DERIVED = {"model": ("vocab_size",)}
 """Options a request may not choose: the task decides them."""
 SOURCES = {"model": ("d_model", "n_layers", "depth_alpha", "base_n_layers"), "train": ("steps",)}
@@ -156,7 +165,7 @@ def _flat_names() -> dict[str, str]:
             if f.name not in DERIVED.get(group, ()):
                 assert f.name not in names, f"option {f.name} is declared twice"
                 names[f.name] = group
-    for name in ("data_seed", "test_size"):
+    for name in ("data_seed", "test_size", "val_size"):
         names[name] = ""
     return names
 
@@ -218,7 +227,7 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     check_attention(variant, attention)
     recipe_request = nest_request(RECIPES.get(recipe_name).settings(task_name, attention))
     params = task_cls.Config.from_dict({**recipe_request.get("task_params", {}), **_section(request, "task_params")})
-    seeds = {k: request[k] for k in ("data_seed", "test_size") if k in request}
+    seeds = {k: request[k] for k in ("data_seed", "test_size", "val_size") if k in request}
     # Checked here as well as by RunConfig, because the task is built first.
     for name, value in seeds.items():
         check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
@@ -229,7 +238,12 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     check_memory(
         f"task {task_name}", {"its table of examples": params.memory_bytes()}, "cpu", "choose smaller task parameters"
     )
-    task = task_cls(params, seed=seeds.get("data_seed", 0), test_size=seeds.get("test_size", 4000))
+    task = task_cls(
+        params,
+        seed=seeds.get("data_seed", 0),
+        test_size=seeds.get("test_size", 4000),
+        val_size=seeds.get("val_size"),
+    )
 
     defaults = nest(task_cls.defaults)
     model = {**defaults.get("model", {}), **recipe_request.get("model", {}), **requested_model}
@@ -316,6 +330,7 @@ def as_request(cfg: RunConfig) -> dict[str, Any]:
         "task_params": cfg.params.to_dict(),
         "data_seed": cfg.data_seed,
         "test_size": cfg.test_size,
+        "val_size": cfg.val_size,
     }
     plain = resolve(base)
     # Defaults computed from the run's own source values (d_mlp from its d_model, ...).
@@ -395,7 +410,7 @@ def check_fits(cfg: RunConfig, task: Task) -> None:
 def build_task(cfg: RunConfig, run_dir: Path | None = None) -> Task:
     """The task of `cfg`; with `run_dir`, rebuilt from what the run saved (its tokenizer)."""
     params = cfg.params if run_dir is None else cfg.params.for_run(run_dir)
-    return TASKS.get(cfg.task)(params, seed=cfg.data_seed, test_size=cfg.test_size)
+    return TASKS.get(cfg.task)(params, seed=cfg.data_seed, test_size=cfg.test_size, val_size=cfg.val_size)
 
 
 def build_model(cfg: RunConfig) -> tuple[Transformer, FreezeReport]:

@@ -24,7 +24,13 @@ def task_parameters(name: str) -> dict[str, Any]:
     return TASKS.get(name).Config().to_dict()
 
 
-def make_task(name: str, params: Mapping[str, Any] | None = None, seed: int = 0, test_size: int = 4000) -> Task:
+def make_task(
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    test_size: int = 4000,
+    val_size: int | None = None,
+) -> Task:
     """Build task `name`; `params` are checked strictly by the task's Config (missing ones take their defaults)."""
     cls = TASKS.get(name)
-    return cls(cls.Config.from_dict(params or {}), seed=seed, test_size=test_size)
+    return cls(cls.Config.from_dict(params or {}), seed=seed, test_size=test_size, val_size=val_size)

@@ -59,8 +59,10 @@ class Addition(Task):
     exact_match = True
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
-    def __init__(self, cfg: AdditionConfig | None = None, seed: int = 0, test_size: int = 4000):
-        super().__init__(cfg, seed=seed, test_size=test_size)
+    def __init__(
+        self, cfg: AdditionConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
+    ):
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
         self.n_digits = self.cfg.n_digits
         self.reference_mask = self.cfg.reference_mask
         self.vocab_size = VOCAB

@@ -13,10 +13,16 @@ The model never sees the last token, so a `Batch` holds
 
 and one loss (cross-entropy with ``ignore_index=IGNORE``) serves every task.
 
-Determinism: the test set comes from ``numpy.random.default_rng([seed, 0])``
-and training batch number ``step`` from ``default_rng([seed, 1, step])``. A
-batch therefore depends only on (seed, step), never on global RNG state or on
-how many batches came before, which is what makes ``--resume`` exact.
+Determinism: the test set comes from ``numpy.random.default_rng([seed, 0])``,
+the validation set from ``default_rng([seed, 5])`` (drawn like the test set,
+minus any example of it) and training batch number ``step`` from
+``default_rng([seed, 1, step])`` (minus any example of either). A batch
+therefore depends only on (seed, step), never on global RNG state or on how
+many batches came before, which is what makes ``--resume`` exact.
+
+Three sets, three uses (docs/reproduction.md, "Protocol"): the model trains on
+the stream, settings are chosen and training is stopped on the validation set,
+and the test set gives the number that is reported.
 """
 
 from __future__ import annotations
@@ -107,16 +113,24 @@ class Task:
     seq_len: int  # whole sequence length L; the model reads L-1 tokens
     exact_match: ClassVar[bool] = False  # report whole-answer accuracy (multi-token answers)
     defaults: ClassVar[dict[str, Any]] = {}  # per-task option defaults (steps, lr, ...)
+    selection: ClassVar[tuple[str, bool]] = ("token_acc", True)
+    """The validation metric that settings are chosen and convergence is judged by, and whether higher is better."""
 
-    def __init__(self, cfg: TaskConfig | None = None, seed: int = 0, test_size: int = 4000):
+    def __init__(
+        self, cfg: TaskConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
+    ):
         cfg = self.Config() if cfg is None else cfg
         check(isinstance(cfg, self.Config), f"task {self.name} takes {self.Config.__name__}, got {type(cfg).__name__}")
         check(test_size > 0, f"test_size must be a positive integer, got {test_size}")
+        val_size = test_size if val_size is None else val_size
+        check(val_size > 0, f"val_size must be a positive integer, got {val_size}")
         self.cfg = cfg
         self.seed = seed
         self.test_size = test_size
+        self.val_size = val_size
         self._test: tuple[np.ndarray, np.ndarray] | None = None
-        self._test_keys: np.ndarray | None = None
+        self._val: tuple[np.ndarray, np.ndarray] | None = None
+        self._held_keys: np.ndarray | None = None
 
     @classmethod
     def description(cls) -> str:
@@ -132,31 +146,47 @@ class Task:
         """The task's own parameters."""
         return self.cfg.to_dict()
 
-    # -- test set and training stream ---------------------------------------
+    # -- test set, validation set and training stream ---------------------------
     def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
         """The fixed test set (seq, mask), drawn first from the test seed."""
         if self._test is None:
             self._test = self.sample(np.random.default_rng([self.seed, 0]), self.test_size)
         return self._test
 
+    def val_examples(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fixed validation set (seq, mask): drawn like the test set from its own seed, none equal to a
+        test example."""
+        if self._val is None:
+            test_keys = np.sort(row_hashes(self.test_examples()[0]))
+            rng = np.random.default_rng([self.seed, 5])
+            self._val = self._draw_excluding(rng, self.val_size, test_keys, "validation set")
+        return self._val
+
     def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Training batch number `step`: n fresh examples, none equal to a test example."""
-        rng = np.random.default_rng([self.seed, 1, step])
-        if self._test_keys is None:
-            self._test_keys = np.sort(row_hashes(self.test_examples()[0]))
+        """Training batch number `step`: n fresh examples, none equal to a test or validation example."""
+        if self._held_keys is None:
+            held = np.concatenate([self.test_examples()[0], self.val_examples()[0]])
+            self._held_keys = np.sort(row_hashes(held))
+        return self._draw_excluding(np.random.default_rng([self.seed, 1, step]), n, self._held_keys, "training batch")
+
+    def _draw_excluding(
+        self, rng: np.random.Generator, n: int, exclude: np.ndarray, what: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """n examples from `rng`, redrawing those whose row hash is in the sorted `exclude`."""
         seqs, masks, have, drawn = [], [], 0, 0
         while have < n:
             if drawn > 100 * n + 10_000:
-                # Otherwise a test set covering the whole example space (e.g.
-                # addition with n_digits=1: 81 pairs) loops forever.
+                # Otherwise held-out sets covering the whole example space (e.g.
+                # addition with n_digits=1: 81 pairs) loop forever.
                 check(
                     False,
-                    f"{self.describe()}: nearly every example drawn is in the test set of"
-                    f" {self.test_size}; lower test_size or enlarge the task",
+                    f"{self.describe()}: nearly every example drawn for the {what} is held out (test set of"
+                    f" {self.test_size}, validation set of {self.val_size}); lower test_size and val_size or"
+                    " enlarge the task",
                 )
             drawn += n - have
             seq, mask = self.sample(rng, n - have)
-            keep = ~np.isin(row_hashes(seq), self._test_keys)
+            keep = ~np.isin(row_hashes(seq), exclude)
             seqs.append(seq[keep])
             masks.append(mask[keep])
             have += int(keep.sum())
@@ -198,6 +228,9 @@ class Task:
     def test_batch(self) -> Batch:
         return self.to_batch(*self.test_examples())
 
+    def val_batch(self) -> Batch:
+        return self.to_batch(*self.val_examples())
+
     def train_batch(self, step: int, batch_size: int) -> Batch:
         return self.to_batch(*self.train_examples(step, batch_size))
 
@@ -226,14 +259,16 @@ class Task:
 class FixedSplitTask(Task):
     """A task over a finite table of examples with a fixed train/test split.
 
-    Subclasses fill ``self.train_table`` and ``self.test_table`` (rows of
-    whole sequences) in their constructor; only the last token of each row is
-    scored. Training batches are drawn uniformly with replacement from the
-    train table; the test set is the whole test table (``test_size`` does not
-    apply).
+    Subclasses fill ``self.train_table``, ``self.val_table`` and
+    ``self.test_table`` (rows of whole sequences) in their constructor; only
+    the last token of each row is scored. Training batches are drawn uniformly
+    with replacement from the train table; the test and validation sets are
+    the whole test and validation tables (``test_size`` does not apply; each
+    task says how ``val_size`` does).
     """
 
     train_table: np.ndarray
+    val_table: np.ndarray
     test_table: np.ndarray
 
     def _last_token_mask(self, n_rows: int) -> np.ndarray:
@@ -243,6 +278,9 @@ class FixedSplitTask(Task):
 
     def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
         return self.test_table, self._last_token_mask(len(self.test_table))
+
+    def val_examples(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.val_table, self._last_token_mask(len(self.val_table))
 
     def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.seed, 1, step])

@@ -5,7 +5,11 @@ measurements (Table 4).
 Every pair (x, y) in [0, n)^2 gets an independent uniform label z in [0, n),
 drawn from ``default_rng([seed, 2])`` for the whole table, so a pair's label
 does not depend on ``fraction``; the kept subset comes from
-``default_rng([seed, 3])``.
+``default_rng([seed, 3])``. Memorization has nothing held out: what is
+measured is recall of the table itself, so the test set is the whole table
+and the validation set a fixed random ``val_size`` of its rows (from
+``default_rng([seed, 4])``), which selection and stopping read at a fraction
+of the cost.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ class Memorization(FixedSplitTask):
     """[x, n + y, z]: recall the random label z of the pair (x, y).
 
     docs/tasks.md, "memorization". There is no held-out set: `test_examples`
-    is the whole (kept) table, whatever ``test_size`` says, and training
-    batches are drawn uniformly with replacement from the same table.
+    is the whole (kept) table, whatever ``test_size`` says, `val_examples` a
+    fixed random ``val_size`` of its rows, and training batches are drawn
+    uniformly with replacement from the same table.
     """
 
     name = "memorization"
@@ -53,8 +58,10 @@ class Memorization(FixedSplitTask):
     cfg: MemorizationConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
-    def __init__(self, cfg: MemorizationConfig | None = None, seed: int = 0, test_size: int = 4000):
-        super().__init__(cfg, seed=seed, test_size=test_size)
+    def __init__(
+        self, cfg: MemorizationConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
+    ):
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
         n, fraction = self.cfg.n, self.cfg.fraction
         self.n = n
         self.fraction = fraction
@@ -70,6 +77,8 @@ class Memorization(FixedSplitTask):
             table = table[keep]
         # No held-out part: the model is trained and scored on the whole table.
         self.train_table = self.test_table = table
+        rows = np.random.default_rng([seed, 4]).permutation(len(table))[: self.val_size]
+        self.val_table = table[np.sort(rows)]
 
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
         """token_acc plus capacity: bits = correct * log2(n), and bits per parameter."""

@@ -3,7 +3,10 @@
 
 Unlike the streamed tasks, the example space (p*p pairs) is small enough to
 split once: the pairs are shuffled with ``default_rng([seed, 2])``, the first
-floor(p*p*train_fraction) are the train part and the rest the test part.
+floor(p*p*train_fraction) are the train part and the rest are held out. The
+held-out part is split again: its first min(val_size, half of it) pairs are
+the validation set and the rest the test set, so the model trains on exactly
+the pairs the reference trains on.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ class ModularAdditionConfig(TaskConfig):
         check(0 < self.train_fraction < 1, f"train_fraction must be in (0, 1), got {self.train_fraction}")
         n_train = math.floor(self.p * self.p * self.train_fraction)
         check(
-            1 <= n_train < self.p * self.p,
+            1 <= n_train <= self.p * self.p - 2,
             f"train_fraction={self.train_fraction} leaves {n_train} of {self.p * self.p} pairs for training;"
-            " both the train and the test part must be non-empty",
+            " the train part must be non-empty and at least two pairs held out (validation and test)",
         )
 
 
@@ -46,8 +49,9 @@ class ModularAdditionConfig(TaskConfig):
 class ModularAddition(FixedSplitTask):
     """[a, b, (a + b) mod p] with a, b in [0, p); only the sum is scored.
 
-    docs/tasks.md, "modular_addition". ``test_size`` is ignored: the test set
-    is the whole test part of the split.
+    docs/tasks.md, "modular_addition". ``test_size`` is ignored: the held-out
+    part of the split is the validation set (min(val_size, half of it)) and the
+    test set (the rest).
     """
 
     name = "modular_addition"
@@ -55,8 +59,14 @@ class ModularAddition(FixedSplitTask):
     cfg: ModularAdditionConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
-    def __init__(self, cfg: ModularAdditionConfig | None = None, seed: int = 0, test_size: int = 4000):
-        super().__init__(cfg, seed=seed, test_size=test_size)
+    def __init__(
+        self,
+        cfg: ModularAdditionConfig | None = None,
+        seed: int = 0,
+        test_size: int = 4000,
+        val_size: int | None = None,
+    ):
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
         p, train_fraction = self.cfg.p, self.cfg.train_fraction
         n_train = math.floor(p * p * train_fraction)
         self.p = p
@@ -67,5 +77,7 @@ class ModularAddition(FixedSplitTask):
         order = np.random.default_rng([seed, 2]).permutation(p * p)
         a, b = np.divmod(order, p)
         table = np.stack([a, b, (a + b) % p], axis=1).astype(np.int64)  # (p*p, 3), shuffled
+        held = table[n_train:]
+        n_val = min(self.val_size, len(held) // 2)
         self.train_table = table[:n_train]
-        self.test_table = table[n_train:]
+        self.val_table, self.test_table = held[:n_val], held[n_val:]

@@ -54,8 +54,10 @@ class Retrieval(Task):
     cfg: RetrievalConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 1e-3}
 
-    def __init__(self, cfg: RetrievalConfig | None = None, seed: int = 0, test_size: int = 4000):
-        super().__init__(cfg, seed=seed, test_size=test_size)
+    def __init__(
+        self, cfg: RetrievalConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
+    ):
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
         self.max_pairs = self.cfg.max_pairs
         self.vocab = self.cfg.vocab
         self.vocab_size = self.vocab

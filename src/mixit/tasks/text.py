@@ -105,6 +105,21 @@ class TextTask(Task):
         return [i for i in range(self.vocab_size) if i not in specials]
 
 
+def split_held_out(stream: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The held-out token stream cut in two, validation then test, at the document boundary (an EOS)
+    nearest its middle; at its middle token if it holds a single document."""
+    ends = np.flatnonzero(stream[:-1] == eos_id) + 1  # where a document starts, the first excepted
+    cut = int(ends[np.abs(ends - len(stream) // 2).argmin()]) if len(ends) else len(stream) // 2
+    return stream[:cut], stream[cut:]
+
+
+def spread(n_items: int, n: int) -> np.ndarray:
+    """Indices of n items spread evenly over n_items (all of them if there are no more than n)."""
+    if n_items <= n:
+        return np.arange(n_items)
+    return np.linspace(0, n_items - 1, n).round().astype(np.int64)
+
+
 @functools.lru_cache(maxsize=2)
 def _lm_data(
     corpus: str, data_dir: str, max_documents: int, held_out: float, tokenizer: str, vocab: int
@@ -160,8 +175,10 @@ class LanguageModeling(TextTask):
     consecutive sequences share one boundary token, and so every next-token
     prediction of the training stream is made exactly once per epoch (the last
     partial sequence, fewer than `length` tokens, is left out). The held-out
-    split is packed the same way; its first `test_size` sequences (spread
-    evenly over it when there are more) are the test set. Every position is
+    split is cut in two at the document boundary nearest its middle: the first
+    half is the validation split, the second the test split, each packed the
+    same way; the first `val_size` (`test_size`) sequences of each (spread
+    evenly over it when there are more) are the validation (test) set. Every position is
     scored. Metrics: `loss`, the mean cross-entropy in nats per token (the
     paper's "log perplexity"), `perplexity` = exp(loss), `token_acc`, and
     `unigram_loss`, the cross-entropy of the training split's add-one-smoothed
@@ -180,31 +197,39 @@ class LanguageModeling(TextTask):
         "eval_batch_size": 64,
         "n_layers": 4,
     }
+    selection: ClassVar[tuple[str, bool]] = ("loss", False)
 
-    def __init__(self, cfg: LanguageModelingConfig | None = None, seed: int = 0, test_size: int = 4000):
-        super().__init__(cfg, seed=seed, test_size=test_size)
+    def __init__(
+        self,
+        cfg: LanguageModelingConfig | None = None,
+        seed: int = 0,
+        test_size: int = 4000,
+        val_size: int | None = None,
+    ):
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
         c = self.cfg
         self.length = length = c.length
-        self.tokenizer, self.train_tokens, self.test_tokens, self.dataset_info = _lm_data(
+        self.tokenizer, self.train_tokens, self.held_out_tokens, self.dataset_info = _lm_data(
             c.corpus, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab
         )
+        self.val_tokens, self.test_tokens = split_held_out(self.held_out_tokens, self.tokenizer.eos_id)
         self.vocab_size = self.tokenizer.vocab_size
         self.seq_len = length + 1
+        streams = {"training": self.train_tokens, "validation": self.val_tokens, "test": self.test_tokens}
         if c.packing:
-            self.n_train = (len(self.train_tokens) - 1) // length
-            self.n_test = (len(self.test_tokens) - 1) // length
+            counts = {name: (len(stream) - 1) // length for name, stream in streams.items()}
         else:
-            self.train_docs, self.test_docs = self.documents(self.train_tokens), self.documents(self.test_tokens)
-            self.n_train, self.n_test = len(self.train_docs), len(self.test_docs)
-        if self.n_train < 1 or self.n_test < 1:
-            which = "training" if self.n_train < 1 else "held-out"
+            self._docs = {id(stream): self.documents(stream) for stream in streams.values()}
+            counts = {name: len(self._docs[id(stream)]) for name, stream in streams.items()}
+        self.n_train, self.n_val, self.n_test = counts["training"], counts["validation"], counts["test"]
+        for name, count in counts.items():
             check(
-                False,
-                f"corpus {c.corpus!r}: the {which} split has fewer than {length + 1} tokens; "
-                f"lower length or use a larger corpus",
+                count >= 1,
+                f"corpus {c.corpus!r}: the {name} split has fewer than {length + 1} tokens"
+                f"{' in any document' if not c.packing else ''}; lower length or use a larger corpus",
             )
-        counts = np.bincount(self.train_tokens, minlength=self.vocab_size).astype(np.float64) + 1.0
-        self._unigram_logp = torch.from_numpy(np.log(counts / counts.sum()))
+        counts_by_token = np.bincount(self.train_tokens, minlength=self.vocab_size).astype(np.float64) + 1.0
+        self._unigram_logp = torch.from_numpy(np.log(counts_by_token / counts_by_token.sum()))
 
     def documents(self, stream: np.ndarray) -> np.ndarray:
         """(start, end) of every document of a stream with at least two tokens (one prediction): (n, 2)."""
@@ -224,7 +249,7 @@ class LanguageModeling(TextTask):
             offsets = index[:, None] * self.length + np.arange(self.length + 1)
             seq = stream[offsets].astype(np.int64)
             return seq, np.ones_like(seq, dtype=bool)
-        docs = self.train_docs if stream is self.train_tokens else self.test_docs
+        docs = self._docs[id(stream)]
         seq = np.full((len(index), self.length + 1), self.tokenizer.pad_id, dtype=np.int64)
         mask = np.zeros_like(seq, dtype=bool)
         for row, (start, end) in enumerate(docs[index]):
@@ -235,11 +260,13 @@ class LanguageModeling(TextTask):
 
     def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
         if self._test is None:
-            index = np.arange(self.n_test)
-            if self.n_test > self.test_size:
-                index = np.linspace(0, self.n_test - 1, self.test_size).round().astype(np.int64)
-            self._test = self.sequences(self.test_tokens, index)
+            self._test = self.sequences(self.test_tokens, spread(self.n_test, self.test_size))
         return self._test
+
+    def val_examples(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._val is None:
+            self._val = self.sequences(self.val_tokens, spread(self.n_val, self.val_size))
+        return self._val
 
     def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         return self.sequences(self.train_tokens, epoch_indices(self.seed, step, n, self.n_train))
@@ -310,15 +337,26 @@ class Sentiment(TextTask):
     Config = SentimentConfig
     cfg: SentimentConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3, "eval_batch_size": 500}
+    selection: ClassVar[tuple[str, bool]] = ("accuracy", True)
 
-    def __init__(self, cfg: SentimentConfig | None = None, seed: int = 0, test_size: int = 4000):
-        super().__init__(cfg, seed=seed, test_size=test_size)
+    def __init__(
+        self, cfg: SentimentConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
+    ):
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
         c = self.cfg
         self.length = length = c.length
-        self.tokenizer, self.train_set, self.test_set, self.dataset_info = _sentiment_data(
+        self.tokenizer, train_set, self.test_set, self.dataset_info = _sentiment_data(
             c.dataset, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab, length
         )
-        labels = np.concatenate([self.train_set[1], self.test_set[1]])
+        # The validation set is split off the training split: a fixed random min(val_size, a fifth) of it.
+        n_train = len(train_set[1])
+        n_val = min(self.val_size, n_train // 5)
+        check(n_val >= 1, f"dataset {c.dataset!r}: {n_train} training texts leave none for validation; need >= 5")
+        is_val = np.zeros(n_train, dtype=bool)
+        is_val[np.random.default_rng([seed, 6]).permutation(n_train)[:n_val]] = True
+        self.val_set = (train_set[0][is_val], train_set[1][is_val])
+        self.train_set = (train_set[0][~is_val], train_set[1][~is_val])
+        labels = np.concatenate([train_set[1], self.test_set[1]])
         check(labels.min() >= 0, f"dataset {c.dataset!r}: labels must be integers >= 0, found {labels.min()}")
         self.n_classes = max(int(labels.max()) + 1, 2)
         self.vocab_size = self.tokenizer.vocab_size
@@ -346,6 +384,9 @@ class Sentiment(TextTask):
             rows, labels = rows[keep], labels[keep]
         return self._batch(rows, labels)
 
+    def val_batch(self) -> Batch:
+        return self._batch(*self.val_set)
+
     def train_batch(self, step: int, batch_size: int) -> Batch:
         rows, labels = self.train_set
         index = epoch_indices(self.seed, step, batch_size, len(rows))
@@ -356,6 +397,9 @@ class Sentiment(TextTask):
 
     def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         raise TypeError("sentiment examples are (text, label) pairs; use train_batch()")
+
+    def val_examples(self) -> tuple[np.ndarray, np.ndarray]:
+        raise TypeError("sentiment examples are (text, label) pairs; use val_batch()")
 
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
         right = (preds == batch.targets) & (batch.targets != IGNORE)

@@ -1,6 +1,8 @@
 """The training loop (`train`): AdamW on the trainable parameters, warmup and
-decay schedule, gradient clipping, periodic test-set evaluation, metrics,
-checkpoints, and exact resumption (a training batch depends only on
+decay schedule, gradient clipping, evaluation on the validation and test sets
+(before training and periodically), the convergence criterion on the
+validation curve and optional early stopping on it (`mixit.training.convergence`),
+metrics, checkpoints, and exact resumption (a training batch depends only on
 (data_seed, step), so a resumed run sees the batches it would have seen).
 
 The same loop runs in one process or in several under torchrun
@@ -31,6 +33,7 @@ from mixit.resources import check_memory, training_parts
 from mixit.run import Run
 from mixit.runtime import fast_bf16, resolve_device
 from mixit.tasks import IGNORE, Batch, Task
+from mixit.training.convergence import Convergence
 from mixit.training.evaluate import evaluate
 from mixit.training.optim import build_optimizer
 from mixit.training.step import Precision, accumulated_step
@@ -153,12 +156,31 @@ def _loop(
         reader.load_model_state(model, Path(last))
         start = reader.load_training_state(optimizer, Path(last), precision)
     done_before = broadcast(run.summary() if resume and run is not None else None, dist)
-    if done_before is not None and start >= tc.steps:
+    if done_before is not None and (start >= tc.steps or done_before.get("convergence", {}).get("stopped_early")):
         return done_before
 
+    val_batch = task.val_batch()
+    conv = Convergence(*task.selection, patience=tc.patience, min_delta=tc.min_delta)
+    if run is not None and resume:
+        conv.extend(run.metrics(), up_to=start)
     log = run.open_metrics(resume_step=start if resume else None) if run is not None else None
     if run is not None and log is not None and not any(e.get("event") == "freeze" for e in run.metrics()):
         log.write({"step": 0, "event": "freeze", **report.to_dict()})
+
+    def evaluation(step: int) -> tuple[dict[str, float], dict[str, float], bool]:
+        """Test and validation metrics, logged; and whether early stopping stops at `step` (every rank alike)."""
+        test = evaluate(model, task, dev, tc.eval_batch_size, dist=dist, precision=precision)
+        val = evaluate(model, task, dev, tc.eval_batch_size, batch=val_batch, dist=dist, precision=precision)
+        conv.add(step, val[conv.metric])
+        if log is not None:
+            log.write({"step": step, "event": "eval", **test, **{f"val_{k}": v for k, v in val.items()}})
+        return test, val, bool(broadcast(tc.early_stop and conv.should_stop, dist))
+
+    metrics: dict[str, float] = {}
+    val_metrics: dict[str, float] = {}
+    stopped = bool(broadcast(tc.early_stop and conv.should_stop, dist))  # a run killed just after stopping
+    if start == 0:
+        metrics, val_metrics, _ = evaluation(0)  # where the curve starts: the convergence criterion reads it
     trainable = [p for p in model.parameters() if p.requires_grad]
     ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None) if dist.active else None
     forward: Callable[[torch.Tensor], torch.Tensor] = ddp if ddp is not None else model
@@ -173,10 +195,12 @@ def _loop(
         mininterval=0.1 if sys.stderr.isatty() else 10.0,
     )
     t0, train_time = time.perf_counter(), 0.0
-    metrics: dict[str, float] = {}
+    trained = start
     model.train()
     try:
         for step in range(start, tc.steps):
+            if stopped:
+                break
             micro, scored = slices(task.train_batch(step, tc.batch_size), dist, per_rank, tc.grad_accum)
             lr = tc.lr_at(step)
             for group in optimizer.param_groups:
@@ -209,11 +233,10 @@ def _loop(
                     )
                 bar.set_postfix(loss=f"{loss_value:.4f}", **({"test": f"{headline(metrics):.3f}"} if metrics else {}))
             if done % eval_every == 0 or done == tc.steps:
-                metrics = evaluate(model, task, dev, tc.eval_batch_size, dist=dist, precision=precision)
-                if log is not None:
-                    log.write({"step": done, "event": "eval", **metrics})
-            if run is not None and (done % checkpoint_every == 0 or done == tc.steps):
+                metrics, val_metrics, stopped = evaluation(done)
+            if run is not None and (done % checkpoint_every == 0 or done == tc.steps or stopped):
                 run.save_checkpoint(done, model, optimizer, precision)
+            trained = done
             bar.update(1)
             if on_step is not None and dist.main:
                 on_step(done, share.item())
@@ -223,6 +246,7 @@ def _loop(
             log.close()
     if not metrics:  # resumed from the final checkpoint of a run killed before its summary
         metrics = evaluate(model, task, dev, tc.eval_batch_size, dist=dist, precision=precision)
+        val_metrics = evaluate(model, task, dev, tc.eval_batch_size, batch=val_batch, dist=dist, precision=precision)
 
     summary = {
         "task": task.describe(),
@@ -230,6 +254,8 @@ def _loop(
         "steps": tc.steps,
         "resumed_from": start if resume else None,
         "test": metrics,
+        "val": val_metrics,
+        "convergence": conv.summary(stopped_early=trained < tc.steps, steps_trained=trained),
         "n_params": report.n_trainable + report.n_frozen,
         "n_trainable": report.n_trainable,
         "train_seconds_this_session": round(train_time, 2),

@@ -1,0 +1,116 @@
+"""The protocol's data and stopping: a validation set disjoint from training and test for every task, the
+plateau criterion on the validation curve, and early stopping that resumes exactly."""
+
+import json
+
+import numpy as np
+import pytest
+
+from mixit import run_config, train
+from mixit.tasks import make_task
+from mixit.tasks.base import row_hashes
+from mixit.training.convergence import Convergence
+
+
+def curve(values, higher=True, patience=3, min_delta=0.01):
+    conv = Convergence("token_acc" if higher else "loss", higher, patience, min_delta)
+    for i, v in enumerate(values):
+        conv.add(100 * i, v)
+    return conv
+
+
+@pytest.mark.parametrize(
+    "values, higher, state",
+    [
+        ([0.1, 0.5, 0.9, 1.0], True, "solved"),
+        ([0.1, 0.5, 0.6], True, "too_few"),  # step 0 and two evaluations: no window of 3 yet
+        ([0.1, 0.5, 0.6, 0.7, 0.75], True, "improving"),  # 0.75 is 0.25 above 0.5, the best before the window
+        ([0.1, 0.6, 0.7, 0.705, 0.70, 0.702], True, "plateau"),  # the window adds 0.005 < 0.01
+        ([0.1, 0.6, 0.7, 0.65, 0.60, 0.62], True, "plateau"),  # overfitting: the window is worse than before
+        ([0.01, 0.012, 0.011, 0.01, 0.013], True, "flat"),  # never left its starting level
+        ([7.6, 5.0, 4.0, 3.99, 3.995, 3.992], False, "plateau"),  # a loss: lower is better
+        ([7.6, 5.0, 4.0, 3.9, 3.8, 3.7], False, "improving"),
+    ],
+)
+def test_the_plateau_criterion(values, higher, state):
+    conv = curve(values, higher)
+    assert conv.state == state
+    assert conv.converged == (state in ("solved", "plateau", "flat"))
+    assert conv.should_stop == (state in ("solved", "plateau"))  # a flat start never stops a run
+
+
+def test_the_summary_says_how_far_from_converged():
+    s = curve([0.1, 0.5, 0.6, 0.7, 0.75]).summary(stopped_early=False, steps_trained=400)
+    assert s["converged"] is False and s["reason"] == "improving"
+    assert s["gain"] == pytest.approx(0.25) and s["window"] == [200, 400]
+    assert (s["best"], s["best_step"], s["steps_trained"]) == (0.75, 400, 400)
+
+
+def test_a_resumed_curve_is_rebuilt_from_the_metrics_log():
+    events = [{"event": "eval", "step": s, "val_token_acc": v} for s, v in [(0, 0.1), (10, 0.5), (20, 0.6), (30, 0.9)]]
+    conv = Convergence("token_acc", True, 3, 0.01)
+    conv.extend([{"event": "train", "step": 5, "loss": 1.0}, *events], up_to=20)
+    assert conv.history == [(0, 0.1), (10, 0.5), (20, 0.6)]
+
+
+def _keys(seq):
+    return set(row_hashes(seq).tolist())
+
+
+@pytest.mark.parametrize(
+    "task, params",
+    [
+        ("addition", {"n_digits": 2}),
+        ("retrieval", {"max_pairs": 4, "vocab": 32}),
+        ("dyck", {"max_pairs": 4}),
+        ("induction", {"k": 1, "alphabet": 4, "length": 8}),
+    ],
+)
+def test_the_validation_set_is_disjoint_from_the_test_set_and_the_training_stream(task, params):
+    t = make_task(task, params, seed=3, test_size=300, val_size=200)
+    val, test = t.val_examples()[0], t.test_examples()[0]
+    assert len(val) == 200 and not _keys(val) & _keys(test)
+    train_keys = set().union(*(_keys(t.train_examples(step, 256)[0]) for step in range(20)))
+    assert not train_keys & _keys(val) and not train_keys & _keys(test)
+    # Fixed: the same seed gives the same validation set, another seed another one.
+    assert np.array_equal(val, make_task(task, params, seed=3, test_size=300, val_size=200).val_examples()[0])
+    assert not np.array_equal(val, make_task(task, params, seed=4, test_size=300, val_size=200).val_examples()[0])
+
+
+def test_memorization_validates_on_a_fixed_part_of_its_table():
+    t = make_task("memorization", {"n": 16}, seed=0, val_size=50)
+    val, table = t.val_examples()[0], t.test_examples()[0]
+    assert len(val) == 50 and _keys(val) <= _keys(table) and len(table) == 256
+
+
+def _tiny(**kw):
+    base = dict(d_model=32, n_heads=2, n_layers=1, batch_size=64, lr=3e-3, test_size=200, val_size=200)
+    return run_config("addition", "standard", {"n_digits": 1}, **{**base, **kw})
+
+
+def test_early_stopping_stops_a_converged_run_and_a_resume_does_not_train_it_further(tmp_path):
+    # 1-digit addition: 100 pairs, learnt in a few hundred steps; the budget is far more.
+    cfg = _tiny(steps=3000, eval_every=50, early_stop=True, patience=2, test_size=20, val_size=20)
+    summary = train(cfg, tmp_path / "run", progress=False)
+    conv = summary["convergence"]
+    assert conv["stopped_early"] and conv["reason"] in ("solved", "plateau")
+    assert conv["steps_trained"] < 3000 and conv["steps_trained"] % 50 == 0
+    latest = (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
+    assert latest == f"step_{conv['steps_trained']:07d}"  # a checkpoint where it stopped
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    again = train(cfg, tmp_path / "run", resume=True, progress=False)
+    assert again == summary and (tmp_path / "run" / "metrics.jsonl").read_text() == before
+
+
+def test_a_run_killed_after_it_stopped_resumes_to_the_same_summary(tmp_path):
+    cfg = _tiny(steps=3000, eval_every=50, early_stop=True, patience=2, test_size=20, val_size=20)
+    summary = train(cfg, tmp_path / "a", progress=False)
+    train(cfg, tmp_path / "b", progress=False)
+    (tmp_path / "b" / "summary.json").unlink()  # killed between the last checkpoint and the summary
+    resumed = train(cfg, tmp_path / "b", resume=True, progress=False)
+    assert (
+        resumed["test"] == summary["test"]
+        and resumed["convergence"]["steps_trained"] == (summary["convergence"]["steps_trained"])
+    )
+    events = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert max(e["step"] for e in events) == summary["convergence"]["steps_trained"]
