@@ -5,7 +5,7 @@
       study.json       the study: its name, preset, seeds, and every run (id, labels, resolved config)
       runs/<id>/       one ordinary mixit run directory per run (its analysis/ when the table asks for one)
       failed/<id>.json the error of a run that failed (removed when it is retried and succeeds)
-      signal/          the signal sweep of Tables 6-7
+      signal*/         the signal sweeps of Tables 6-7 (the study's extras)
       slurm/           submitit's logs, with the Slurm executor
       report.md, results.csv, figures/   written by `mixit report`
 
@@ -31,6 +31,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,7 +45,10 @@ from mixit.distributed import env_world
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
-from mixit.study.spec import PlannedRun, Study, plan
+from mixit.run import Run
+from mixit.study.search import Group, apply, choose
+from mixit.study.search import groups as search_groups
+from mixit.study.spec import PlannedRun, RunSpec, Study, merge_planned, plan
 from mixit.training.loop import train
 from mixit.version import __version__, git_commit
 
@@ -68,29 +72,34 @@ def state(study_dir: Path, run_id: str) -> str:
     return "new"
 
 
-def write_study(study: Study, study_dir: Path, planned: Sequence[PlannedRun]) -> None:
-    """Write study.json; refuse a directory that holds another study."""
+def write_study(
+    study: Study, study_dir: Path, planned: Sequence[PlannedRun], search: bool, searches: Sequence[Group] = ()
+) -> None:
+    """Write study.json; refuse a directory that holds another study (or this one searched otherwise)."""
     path = Path(study_dir) / "study.json"
+    fingerprint = study.fingerprint(search)
     record = {
         "name": study.name,
         "description": study.description,
         "preset": study.preset,
         "seeds": study.seeds,
         "extras": study.extras,
+        "search": search,
+        "screen_fraction": study.screen_fraction if search else None,
+        "fingerprint": fingerprint,
         "mixit_version": __version__,
         "git_commit": git_commit(),
+        "searches": [
+            {"group": g.key, "candidates": {k: list(v) for k, v in g.specs[0].search.items()}} for g in searches
+        ],
         "runs": [p.to_dict() for p in planned],
     }
     if path.exists():
         old = read_json(path, "study.json")
-        if (
-            not isinstance(old, dict)
-            or old.get("name") != study.name
-            or {r["id"] for r in old.get("runs", [])} != {p.id for p in planned}
-        ):
+        if not isinstance(old, dict) or old.get("name") != study.name or old.get("fingerprint") != fingerprint:
             raise UsageError(
                 f"{study_dir} holds another study ({old.get('name') if isinstance(old, dict) else '?'}, "
-                f"or other runs); choose another output directory"
+                f"or the same one with other runs or another search); choose another output directory"
             )
     write_json(path, record)
 
@@ -177,9 +186,13 @@ def execute(
     progress: bool = True,
     slurm: dict[str, Any] | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    search: bool = True,
 ) -> dict[str, Any]:
     """Run every run of `study` not yet done into `study_dir`, then its extras; return a tally.
 
+    With `search`, the runs that declare candidates are searched first (`mixit.study.search`): their
+    screening runs train beside the runs that need no search, then each searched cell trains with the
+    values chosen on validation. Without it, every run trains its request as it is.
     workers, threads: the local pool (0: `default_pool`). slurm: submitit parameters
     (``partition``, ``timeout_min``, ``gpus_per_node``, ``cpus_per_task``, ...) for the Slurm executor.
     """
@@ -187,55 +200,114 @@ def execute(
     check(workers >= 0 and threads >= 0, f"workers and threads must be >= 0 (0: chosen), got {workers}, {threads}")
     study_dir = Path(study_dir)
     check_output_dir(study_dir)
-    planned = plan(study.specs)  # every run resolved, so a bad one is refused before anything starts
+    searches = search_groups(study.specs, study.screen_fraction) if search else []
+    plain = [spec for spec in study.specs if not (search and spec.search)]
+    # Every run resolved before anything starts, so a bad one is refused at once: the searched cells
+    # with each of their candidates.
+    first = merge_planned(plan(plain), plan([s for g in searches for s in g.screens], role="screen"))
+    plan(apply(spec, combination) for g in searches for spec in g.specs for combination in g.combinations)
     study_dir.mkdir(parents=True, exist_ok=True)
     lock = DirectoryLock(study_dir, "mixit study")
     lock.acquire()
     try:
-        write_study(study, study_dir, planned)
-        states = {p.id: state(study_dir, p.id) for p in planned}
-        todo = [
-            p for p in planned if states[p.id] in ("new", "interrupted") or (retry_failed and states[p.id] == "failed")
-        ]
-        tally = {"done": sum(s == "done" for s in states.values()), "failed": 0, "skipped_failed": 0}
-        tally["skipped_failed"] = sum(s == "failed" for s in states.values()) if not retry_failed else 0
+        write_study(study, study_dir, first, search, searches)
         default_workers, default_threads = default_pool()
-        workers, threads = workers or default_workers, threads or default_threads
-        jobs = [(str(study_dir), p.id, p.cfg.to_dict(), p.analyze) for p in todo]
-        bar = tqdm(total=len(jobs), disable=not progress, desc=study.name, unit="run", dynamic_ncols=True)
-
-        parallel = 1 if executor == "sequential" else workers if executor == "local" else len(jobs)
-
-        def record(result: dict[str, Any]) -> None:
-            tally[result["state"]] += 1
-            bar.update(1)
-            left = len(jobs) - bar.n
-            bar.set_postfix(done=tally["done"], running=min(parallel, left), failed=tally["failed"], left=left)
-            if on_result is not None:
-                on_result(result)
-
+        pool = Pool(executor, workers or default_workers, threads or default_threads, slurm or {}, study_dir)
+        tally = {"done": 0, "failed": 0, "skipped_failed": 0}
+        bar = tqdm(total=0, disable=not progress, desc=study.name, unit="run", dynamic_ncols=True)
         try:
-            if executor == "sequential" or (executor == "local" and (workers == 1 or len(jobs) <= 1)):
-                for job in jobs:
-                    record(run_one(*job, threads=threads if executor == "local" else 0))
-            elif executor == "local":
-                context = multiprocessing.get_context("spawn")
-                with concurrent.futures.ProcessPoolExecutor(
-                    workers, mp_context=context, initializer=_init_worker, initargs=(threads,)
-                ) as pool:
-                    futures = [pool.submit(run_one, *job) for job in jobs]
-                    for future in concurrent.futures.as_completed(futures):
-                        record(future.result())
-            else:
-                _submitit(executor, study_dir, jobs, slurm or {}, record)
+            _run_phase(first, study_dir, pool, retry_failed, tally, bar, on_result)
+            if searches:
+                finals = _searched_finals(searches, study_dir)
+                write_study(study, study_dir, merge_planned(first, finals), search, searches)
+                _run_phase(finals, study_dir, pool, retry_failed, tally, bar, on_result)
         finally:
             bar.close()
-        signal = study.extras.get("signal")
-        if signal and not (study_dir / "signal" / "signal.json").exists():
-            signal_command(study_dir / "signal", **signal)
+        for name, options in study.extras.items():
+            if not (study_dir / name / "signal.json").exists():
+                signal_command(study_dir / name, **options)
         return tally
     finally:
         lock.release()
+
+
+def _searched_finals(searches: Sequence[Group], study_dir: Path) -> list[PlannedRun]:
+    """Every searched cell with its chosen values (its request as it is where no screening run finished)."""
+    finals: list[PlannedRun] = []
+    for group in searches:
+        chosen = choose(group, lambda screen: _screen_score(screen, study_dir)) or {}
+        for planned in plan(apply(spec, chosen) for spec in group.specs):
+            planned.chosen = {k: v for k, v in chosen.items()}
+            finals.append(planned)
+    return finals
+
+
+def _screen_score(screen: RunSpec, study_dir: Path) -> tuple[float, bool] | None:
+    """(the validation metric at the end, higher is better) of a finished screening run, or None."""
+    planned = plan([screen], role="screen")[0]
+    path = run_dir(study_dir, planned.id)
+    if state(study_dir, planned.id) != "done":
+        return None
+    summary = Run.open(path).summary() or {}
+    convergence = summary.get("convergence", {})
+    metric = convergence.get("metric")
+    if metric is None or metric not in summary.get("val", {}):
+        return None
+    return float(summary["val"][metric]), bool(convergence.get("higher_is_better", True))
+
+
+@dataclass
+class Pool:
+    """Where a study's runs execute (`execute`'s executor, workers, threads and Slurm parameters)."""
+
+    executor: str
+    workers: int
+    threads: int
+    slurm: dict[str, Any]
+    study_dir: Path
+
+
+def _run_phase(
+    planned: Sequence[PlannedRun],
+    study_dir: Path,
+    pool: Pool,
+    retry_failed: bool,
+    tally: dict[str, int],
+    bar: Any,
+    on_result: Callable[[dict[str, Any]], None] | None,
+) -> None:
+    """Run what of `planned` is not done (and, with `retry_failed`, what failed), counting into `tally`."""
+    states = {p.id: state(study_dir, p.id) for p in planned}
+    todo = [p for p in planned if states[p.id] in ("new", "interrupted") or (retry_failed and states[p.id] == "failed")]
+    tally["done"] += sum(s == "done" for s in states.values())
+    tally["skipped_failed"] += 0 if retry_failed else sum(s == "failed" for s in states.values())
+    jobs = [(str(study_dir), p.id, p.cfg.to_dict(), p.analyze) for p in todo]
+    bar.total += len(jobs)
+    bar.refresh()
+    parallel = 1 if pool.executor == "sequential" else pool.workers if pool.executor == "local" else len(jobs)
+    left = [len(jobs)]
+
+    def record(result: dict[str, Any]) -> None:
+        tally[result["state"]] += 1
+        bar.update(1)
+        left[0] -= 1
+        bar.set_postfix(done=tally["done"], running=min(parallel, left[0]), failed=tally["failed"], left=left[0])
+        if on_result is not None:
+            on_result(result)
+
+    if pool.executor == "sequential" or (pool.executor == "local" and (pool.workers == 1 or len(jobs) <= 1)):
+        for job in jobs:
+            record(run_one(*job, threads=pool.threads if pool.executor == "local" else 0))
+    elif pool.executor == "local":
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(
+            pool.workers, mp_context=context, initializer=_init_worker, initargs=(pool.threads,)
+        ) as executor:
+            futures = [executor.submit(run_one, *job) for job in jobs]
+            for future in concurrent.futures.as_completed(futures):
+                record(future.result())
+    else:
+        _submitit(pool.executor, study_dir, jobs, pool.slurm, record)
 
 
 def _submitit(

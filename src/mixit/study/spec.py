@@ -19,6 +19,8 @@ or from a TOML file a user writes (`load_study_file`):
     [grid]                                       # every combination of these
     variant = ["standard", "mixit"]
     "model.n_heads" = [2, 4, 8]
+    [search]                                     # optional: chosen per cell on validation
+    "train.lr" = [1e-3, 3e-3]                    # (screening runs of screen_fraction = 0.25 of the steps)
 """
 
 from __future__ import annotations
@@ -62,9 +64,20 @@ class PlannedRun:
     cfg: RunConfig
     labels: list[dict[str, Any]]
     analyze: bool
+    role: str = "final"
+    """final (a cell of a table) or screen (a screening run of a search: `mixit.study.search`)."""
+    chosen: dict[str, Any] = field(default_factory=dict)
+    """A searched cell: the values its search chose, by dotted request path."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "labels": self.labels, "analyze": self.analyze, "config": self.cfg.to_dict()}
+        return {
+            "id": self.id,
+            "labels": self.labels,
+            "analyze": self.analyze,
+            "role": self.role,
+            "chosen": self.chosen,
+            "config": self.cfg.to_dict(),
+        }
 
 
 def run_id(cfg: RunConfig) -> str:
@@ -73,7 +86,7 @@ def run_id(cfg: RunConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def plan(specs: Iterable[RunSpec]) -> list[PlannedRun]:
+def plan(specs: Iterable[RunSpec], role: str = "final") -> list[PlannedRun]:
     """Resolve every spec (refusing any bad one before anything runs) and merge those that resolve alike."""
     planned: dict[str, PlannedRun] = {}
     for spec in specs:
@@ -87,8 +100,24 @@ def plan(specs: Iterable[RunSpec]) -> list[PlannedRun]:
             planned[key].labels.append(dict(spec.labels))
             planned[key].analyze |= spec.analyze
         else:
-            planned[key] = PlannedRun(key, cfg, [dict(spec.labels)], spec.analyze)
+            planned[key] = PlannedRun(key, cfg, [dict(spec.labels)], spec.analyze, role)
     return list(planned.values())
+
+
+def merge_planned(*lists: Sequence[PlannedRun]) -> list[PlannedRun]:
+    """The runs of several plans, each id once: a run planned twice keeps every label, is a final run if
+    either plan says so, and keeps the search's choice if either made one."""
+    merged: dict[str, PlannedRun] = {}
+    for planned in (p for runs in lists for p in runs):
+        if planned.id not in merged:
+            merged[planned.id] = dataclasses.replace(planned, labels=list(planned.labels))
+            continue
+        kept = merged[planned.id]
+        kept.labels += [labels for labels in planned.labels if labels not in kept.labels]
+        kept.analyze |= planned.analyze
+        kept.role = "final" if "final" in (kept.role, planned.role) else kept.role
+        kept.chosen = kept.chosen or planned.chosen
+    return list(merged.values())
 
 
 def with_seeds(request: Mapping[str, Any], seeds: int) -> list[tuple[int, dict[str, Any]]]:
@@ -148,7 +177,23 @@ class Study:
     preset: str = ""
     seeds: int = 1
     extras: dict[str, Any] = field(default_factory=dict)
-    """Work beside the runs (the signal sweep of Tables 6-7): name -> options."""
+    """Work beside the runs (the signal sweeps of Tables 6-7): name -> options of `mixit signal`."""
+    screen_fraction: float = 0.25
+    """A search's screening runs train this fraction of the cell's steps (`mixit.study.search`)."""
+
+    def fingerprint(self, search: bool = True) -> str:
+        """What identifies the study in its directory: its runs as asked for, and how they are searched."""
+        text = json.dumps(
+            {
+                "name": self.name,
+                "specs": [[s.request, s.labels, s.analyze, s.search if search else {}] for s in self.specs],
+                "screen_fraction": self.screen_fraction if search else None,
+                "extras": self.extras,
+            },
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def labelled(self, **labels: Any) -> list[RunSpec]:
         return [s for s in self.specs if all(s.labels.get(k) == v for k, v in labels.items())]
@@ -162,12 +207,9 @@ def load_study_file(path: Path, seeds: int | None = None) -> Study:
         raise UsageError(f"study file {path} does not exist") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"study file {path} cannot be parsed: {' '.join(str(e).split())}") from None
-    unknown = sorted(set(data) - {"name", "description", "seeds", "base", "grid", "analyze"})
-    check(
-        not unknown,
-        f"study file {path}: unknown key(s) {', '.join(unknown)}; "
-        "allowed: name, description, seeds, base, grid, analyze",
-    )
+    allowed = ("name", "description", "seeds", "base", "grid", "analyze", "search", "screen_fraction")
+    unknown = sorted(set(data) - set(allowed))
+    check(not unknown, f"study file {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
     name = data.get("name", Path(path).stem)
     check(isinstance(name, str) and bool(name), f"study file {path}: name must be a non-empty string")
     n_seeds = seeds if seeds is not None else data.get("seeds", 1)
@@ -175,8 +217,20 @@ def load_study_file(path: Path, seeds: int | None = None) -> Study:
     check(isinstance(base, dict) and isinstance(axes, dict), f"study file {path}: base and grid must be tables")
     analyze = data.get("analyze", False)
     check(isinstance(analyze, bool), f"study file {path}: analyze must be true or false")
-    specs = grid(base, axes, n_seeds, {"table": name}, analyze)
-    return Study(name, specs, data.get("description", ""), preset="file", seeds=n_seeds)
+    search = data.get("search", {})
+    check(isinstance(search, dict), f"study file {path}: search must be a table of dotted paths to lists")
+    for key, values in search.items():
+        check(
+            isinstance(values, list) and len(values) > 0,
+            f"study file {path}: search key {key} must list one candidate or more, got {values!r}",
+        )
+    fraction = data.get("screen_fraction", 0.25)
+    check(
+        isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction <= 1,
+        f"study file {path}: screen_fraction must be a number in (0, 1], got {fraction!r}",
+    )
+    specs = grid(base, axes, n_seeds, {"table": name}, analyze, search=search)
+    return Study(name, specs, data.get("description", ""), "file", n_seeds, screen_fraction=float(fraction))
 
 
 def replace_labels(spec: RunSpec, **labels: Any) -> RunSpec:
