@@ -1,6 +1,6 @@
-"""docs/extending.md is true: its example attention kind, variant and task are
-written to disk from the page itself, imported, and trained with, through the
-Python API and the command line."""
+"""docs/extending.md is true: its example attention kind, variant, task and
+table of the study are written to disk from the page itself, imported, and
+trained with, through the Python API, the command line and `mixit reproduce`."""
 
 import importlib
 import json
@@ -15,6 +15,10 @@ from mixit.catalogue import catalogue
 from mixit.cli import main
 from mixit.freezing import VARIANTS
 from mixit.models.attention import ATTENTION
+from mixit.study import paper_study, write_report
+from mixit.study.executors import execute
+from mixit.study.spec import Study
+from mixit.study.tables import TABLES
 from mixit.tasks import TASKS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
@@ -38,17 +42,20 @@ TINY = [
 @pytest.fixture
 def examples(tmp_path, monkeypatch):
     """Import every `# file:` block of docs/extending.md, in order, registering
-    into copies of the registries that are thrown away after the test."""
+    into copies of the registries that are thrown away after the test (the list
+    of tables is restored)."""
     for registry in (ATTENTION, VARIANTS, TASKS):
         monkeypatch.setattr(registry, "_items", dict(registry._items))
+    tables = list(TABLES)
     blocks = re.findall(r"```python\n# file: (\S+)\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert [Path(p).name for p, _ in blocks] == ["uniform.py", "frozen_attention.py", "copy.py"]
+    assert [Path(p).name for p, _ in blocks] == ["uniform.py", "frozen_attention.py", "copy.py", "copying.py"]
     monkeypatch.syspath_prepend(str(tmp_path))
     names = ["extending_example_" + Path(path).stem for path, _ in blocks]
     for name, (_, code) in zip(names, blocks):
         (tmp_path / f"{name}.py").write_text(code)
         importlib.import_module(name)
     yield tmp_path
+    TABLES[:] = tables
     for name in names:
         sys.modules.pop(name, None)
 
@@ -108,3 +115,18 @@ def test_the_examples_on_the_command_line(examples, capsys):
         assert main(["train", "--task", "copy", *args, "--out", str(examples / "bad")]) == 2
         assert message in capsys.readouterr().err
     assert not (examples / "bad").exists()
+
+
+def test_the_example_table_is_planned_trained_and_reported(examples):
+    copying = sys.modules["extending_example_copying"]
+    assert "copying" not in {s.labels["table"] for s in paper_study("smoke").specs}
+    TABLES.append(copying.TABLE)  # its line in the list of src/mixit/study/tables/__init__.py
+    study = paper_study("smoke")
+    runs = study.labelled(table="copying")
+    assert sorted(s.labels["variant"] for s in runs) == ["mixit", "standard"]
+    out = examples / "study"
+    execute(Study(study.name, runs, preset="smoke"), out, "sequential", progress=False)
+    result = write_report(out)
+    assert "## Copying: MixiT against the standard model" in (out / "report.md").read_text()
+    check = result["checks"]["MixiT within 5 points of the standard model on copying"]
+    assert check["verdict"] in ("PASS", "FAIL", "UNDECIDED") and check["seeds"] == 1

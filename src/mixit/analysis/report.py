@@ -5,6 +5,8 @@
     attention.npz / .png        every head's pattern on one input (a test example by default)
     fixed_patterns.npz / .png   the input-independent matrices (MixiT models only)
     signal.json                 token similarity after each layer, trained and at initialisation
+    retrieval_by_pairs.json     retrieval runs only: test accuracy by the number of stored pairs
+                                (the paper's Fig. 2)
     summary.md                  the strongest heads and the numbers above, in words
 
 The files are derived from the run's checkpoint and are rewritten by each
@@ -28,6 +30,10 @@ from mixit.errors import UsageError
 from mixit.experiment import build_model
 from mixit.files import write_json, write_text
 from mixit.run import Run
+from mixit.tasks.base import Batch
+
+BY_PAIRS = "retrieval_by_pairs.json"
+"""The file of `retrieval_by_pairs` in a retrieval run's analysis directory."""
 
 
 def analyze_run(
@@ -93,10 +99,38 @@ def analyze_run(
     signal = {"trained": token_similarity(model, probe), "init": token_similarity(fresh.to(probe.device), probe)}
     write_json(out_dir / "signal.json", signal)
 
+    files = []
+    if cfg.task == "retrieval":  # the only task whose examples vary in how much they store
+        by_pairs = retrieval_by_pairs(model, task.test_batch(), batch)
+        write_json(out_dir / BY_PAIRS, by_pairs)
+        files.append(BY_PAIRS)
+
     findings = summarize(scores, signal)
-    text = render_summary(name, findings, fixed is not None)
+    text = render_summary(name, findings, fixed is not None, files)
     write_text(out_dir / "summary.md", text)
     return {**findings, "summary": text, "out_dir": str(out_dir)}
+
+
+@torch.no_grad()
+def retrieval_by_pairs(model: torch.nn.Module, batch: Batch, chunk: int = 500) -> dict[str, dict[str, float]]:
+    """Accuracy of a retrieval model on `batch`, by the number of stored pairs: {k: {"accuracy": fraction
+    right, "examples": n}}, k as a string (JSON keys).
+
+    An example with k pairs asks at position 2k, the only scored one (docs/tasks.md, "retrieval")."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    preds = torch.cat(
+        [model(batch.inputs[i : i + chunk].to(device)).argmax(-1).cpu() for i in range(0, len(batch), chunk)]
+    )  # (N, L-1)
+    model.train(was_training)
+    position = batch.mask.float().argmax(dim=1)[:, None]  # (N, 1) the scored position
+    right = (preds.gather(1, position) == batch.targets.gather(1, position))[:, 0]  # (N,)
+    pairs = position[:, 0] // 2  # (N,)
+    return {
+        str(k): {"accuracy": right[pairs == k].float().mean().item(), "examples": int((pairs == k).sum())}
+        for k in pairs.unique().tolist()
+    }
 
 
 def summarize(scores: dict[str, Any], signal: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +152,7 @@ def summarize(scores: dict[str, Any], signal: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def render_summary(name: str, f: dict[str, Any], has_fixed: bool) -> str:
+def render_summary(name: str, f: dict[str, Any], has_fixed: bool, files: Sequence[str] = ()) -> str:
     icl = f["icl"]
     lines = [
         f"# Analysis of {name}",
@@ -151,7 +185,9 @@ def render_summary(name: str, f: dict[str, Any], has_fixed: bool) -> str:
         "",
         "Files: head_scores.json/.png, attention.npz/.png"
         + (", fixed_patterns.npz/.png (the MixiT matrices)" if has_fixed else "")
-        + ", signal.json.",
+        + ", signal.json"
+        + "".join(f", {file}" for file in files)
+        + ".",
         "",
     ]
     return "\n".join(lines)

@@ -1,0 +1,536 @@
+"""A study's results as the report reads them, and what every table's section and checks are made of.
+
+    collect(study_dir)              every run of the study (`Result`) and the extras' signal.json files
+    rows, values, by_label, fmt     select runs by their labels; numbers over seeds, mean ± sample std
+    variant_table                   a markdown table: a row per variant, the metric, the paper's number,
+                                    whether each cell converged, the settings a search chose
+    plot_curves, plot_lines         the report's figures
+    Check, Cell, judge              a paper finding judged per seed: PASS, FAIL, UNDECIDED or n/a
+    results_csv                     one row per run
+
+Nothing here knows a paper table: the tables (`mixit.study.tables`) are built from these.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mixit.analysis.report import summarize
+from mixit.files import read_json
+from mixit.run import Run
+from mixit.study.executors import load_study_record, run_dir, state
+
+HEADLINE = {  # task -> (column name, metric key, scale): the accuracy a task is judged by
+    "addition": ("accuracy", "token_acc", 100),
+    "dyck": ("accuracy", "token_acc", 100),
+    "modular_addition": ("accuracy", "token_acc", 100),
+    "memorization": ("accuracy", "token_acc", 100),
+    "retrieval": ("accuracy", "token_acc", 100),
+    "induction": ("accuracy", "token_acc", 100),
+    "sentiment": ("accuracy", "accuracy", 100),
+    "lm": ("loss", "loss", 1),
+}
+EXTRA_COLUMNS = {  # task -> further metrics shown
+    "addition": [("exact match", "exact_match", 100)],
+    "dyck": [("majority", "majority_baseline", 100)],
+    "memorization": [("bits/param", "bits_per_trainable_param", 1), ("bits", "bits", 1)],
+    "induction": [("answered acc", "answered_acc", 100)],
+    "sentiment": [("majority", "majority_baseline", 100)],
+    "lm": [("perplexity", "perplexity", 1), ("unigram loss", "unigram_loss", 1)],
+}
+
+
+def headline(task: str) -> tuple[str, str, int]:
+    """(column name, metric key, scale) of the number `task` is judged by; token accuracy for a task
+    the report does not know."""
+    return HEADLINE.get(task, ("accuracy", "token_acc", 100))
+
+
+@dataclass
+class Result:
+    """One run of the study as the report sees it."""
+
+    id: str
+    labels: list[dict[str, Any]]
+    config: dict[str, Any]
+    state: str  # done, failed, interrupted or new (`mixit.study.executors.state`)
+    test: dict[str, float]
+    val: dict[str, float] = field(default_factory=dict)
+    """Validation metrics at the end of training (summary.json "val")."""
+    convergence: dict[str, Any] | None = None
+    """summary.json "convergence" (metric, converged, reason, best, gain, window, ...); None: not recorded."""
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (step, headline metric) at each evaluation
+    heads: dict[str, Any] | None = None  # analyze_run's findings, if analysed
+    seconds: float | None = None
+    error: str | None = None
+    role: str = "final"
+    """final (a cell of a table) or screen (a screening run of the per-architecture search)."""
+    chosen: dict[str, Any] = field(default_factory=dict)
+    """For a final run that was searched, the chosen settings: dotted request path -> value."""
+    path: Path | None = None
+    """The run directory (its analysis/ holds the figures and files the sections show)."""
+
+
+@dataclass
+class StudyResults:
+    """What the tables' sections and checks read: every run, and the extras' results."""
+
+    results: list[Result]
+    signals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each finished signal sweep of the study's extras: name -> its signal.json."""
+    record: dict[str, Any] = field(default_factory=dict)
+    """study.json."""
+    study_dir: Path | None = None
+
+    @property
+    def final(self) -> list[Result]:
+        """The runs that are cells of a table (not screening runs)."""
+        return [r for r in self.results if r.role == "final"]
+
+    @property
+    def screens(self) -> list[Result]:
+        return [r for r in self.results if r.role == "screen"]
+
+    @property
+    def figures(self) -> Path:
+        if self.study_dir is None:
+            raise ValueError("these results have no study directory to write figures to")
+        return self.study_dir / "figures"
+
+
+def collect(study_dir: Path) -> StudyResults:
+    """The study's record, every run's results (what exists of them) and the extras' signal.json files."""
+    study_dir = Path(study_dir)
+    record = load_study_record(study_dir)
+    results = []
+    for entry in record["runs"]:
+        path = run_dir(study_dir, entry["id"])
+        r = Result(
+            entry["id"],
+            entry["labels"],
+            entry["config"],
+            state(study_dir, entry["id"]),
+            {},
+            role=entry.get("role", "final"),
+            chosen=entry.get("chosen") or {},
+            path=path,
+        )
+        if r.state == "done":
+            run = Run.open(path)
+            summary = run.summary() or {}
+            r.test, r.val = summary.get("test", {}), summary.get("val", {})
+            r.convergence, r.seconds = summary.get("convergence"), summary.get("train_seconds_this_session")
+            _, key, scale = headline(entry["config"]["task"])
+            r.curve = [(e["step"], scale * e[key]) for e in run.metrics() if e.get("event") == "eval" and key in e]
+            scores = path / "analysis" / "head_scores.json"
+            if scores.exists():
+                signal = read_json(path / "analysis" / "signal.json", "analysis signal.json")
+                r.heads = summarize(read_json(scores, "head_scores.json"), signal)
+        elif r.state == "failed":
+            r.error = read_json(study_dir / "failed" / f"{entry['id']}.json", "a failure record").get("error")
+        results.append(r)
+    signals = {}
+    for name in record.get("extras", {}):
+        path = study_dir / name / "signal.json"
+        if path.exists():
+            signals[name] = read_json(path, f"{name}/signal.json")
+    return StudyResults(results, signals, record, study_dir)
+
+
+# -- selection and aggregation ---------------------------------------------------------------------
+
+
+def rows(results: Sequence[Result], **match: Any) -> list[tuple[Result, dict[str, Any]]]:
+    """(result, labels) for every label set of every result that matches `match`."""
+    return [(r, labels) for r in results for labels in r.labels if all(labels.get(k) == v for k, v in match.items())]
+
+
+def values(results: Sequence[Result], metric: str, scale: float = 1.0, **match: Any) -> list[float]:
+    """The test metric of every finished run matching `match` (one value per seed)."""
+    return [scale * r.test[metric] for r, _ in rows(results, **match) if r.state == "done" and metric in r.test]
+
+
+def mean(xs: Sequence[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def fmt(xs: Sequence[float], digits: int = 1) -> str:
+    """mean ± sample std over seeds, or '-'."""
+    if not xs:
+        return "-"
+    text = f"{statistics.fmean(xs):.{digits}f}"
+    if len(xs) > 1:
+        text += f" ± {statistics.stdev(xs):.{digits}f}"
+    return text
+
+
+def by_label(results: Sequence[Result], key: str, metric: str, scale: float, **match: Any) -> dict[Any, float]:
+    """The mean test metric of the finished runs matching `match`, by the value of their label `key`."""
+    groups: dict[Any, list[float]] = defaultdict(list)
+    for r, labels in rows(results, **match):
+        if r.state == "done" and metric in r.test:
+            groups[labels[key]].append(scale * r.test[metric])
+    return {k: statistics.fmean(v) for k, v in sorted(groups.items())}
+
+
+def task_key(task: str, config: dict[str, Any]) -> str:
+    """The paper's name of a task's dataset: lm and sentiment by their corpus."""
+    params = config["task_params"]
+    if task == "lm":
+        return f"lm:{Path(params['corpus']).name}"
+    if task == "sentiment":
+        return f"sentiment:{Path(params['dataset']).name}"
+    return task
+
+
+# -- convergence and search ------------------------------------------------------------------------
+
+REASONS = {
+    "improving": "still improving",
+    "too_few": "too few evaluations to tell",
+    "plateau": "on a plateau",
+    "flat": "flat",
+    "solved": "solved",
+    "unknown": "no convergence record (a run of older code)",
+}
+
+
+def converged(r: Result) -> bool:
+    """Whether the run's training loop judged it converged; a run without a record has not."""
+    return bool(r.convergence and r.convergence.get("converged"))
+
+
+def reason(r: Result) -> str:
+    return (r.convergence or {}).get("reason", "unknown")
+
+
+def _gain(convergence: Mapping[str, Any]) -> str:
+    """The improvement over the final window, in the metric's units: points of accuracy, or nats."""
+    metric, gain = str(convergence.get("metric", "")), float(convergence.get("gain", 0.0))
+    if "acc" in metric or metric == "exact_match":
+        return f"{100 * gain:+.1f} points"
+    return f"{gain:+.3f}" + (" nats" if "loss" in metric else "")
+
+
+def not_converged(r: Result, where: str) -> str | None:
+    """None for a converged run; otherwise `where` and how far from converged it was, e.g.
+    "retrieval/mixit seed 1: still improving, +3.2 points over steps 800-1200"."""
+    if converged(r):
+        return None
+    c = r.convergence
+    text = f"{where}: {REASONS.get(reason(r), reason(r))}"
+    if c and "gain" in c:
+        window = c.get("window")
+        text += f", {_gain(c)}" + (f" over steps {window[0]}-{window[1]}" if window else "")
+    return text
+
+
+def converged_cell(found: Sequence[tuple[Result, dict[str, Any]]]) -> str:
+    """How many finished runs of a cell converged: "3/3", or "2/3 (seed 1: improving)"."""
+    done = [(r, labels) for r, labels in found if r.state == "done"]
+    if not done:
+        return "-"
+    late = [f"seed {labels.get('seed', 0)}: {reason(r)}" for r, labels in done if not converged(r)]
+    return f"{len(done) - len(late)}/{len(done)}" + (f" ({', '.join(late)})" if late else "")
+
+
+def settings(chosen: Mapping[str, Any]) -> str:
+    """Settings by the last segment of their dotted paths: "lr=0.003, n_heads=16"."""
+    return ", ".join(
+        f"{path.split('.')[-1]}={value:g}" if isinstance(value, float) else f"{path.split('.')[-1]}={value}"
+        for path, value in chosen.items()
+    )
+
+
+# -- tables ------------------------------------------------------------------------------------------
+
+
+def variant_table(
+    results: Sequence[Result],
+    table: str,
+    task: str,
+    variants: Sequence[str],
+    paper: Mapping[tuple[str, str, str], float] | None = None,
+    by: str | None = None,
+    **match: Any,
+) -> str:
+    """A markdown table of the final runs labelled `table` and `task`: one row per variant (and per value
+    of the label `by`, when given), the task's metrics (mean ± sample std over seeds), the paper's number
+    beside ours, how many runs converged, the settings a search chose, and how many runs finished."""
+    results = [r for r in results if r.role == "final"]
+    column, key, scale = headline(task)
+    extra = EXTRA_COLUMNS.get(task, [])
+    found = rows(results, table=table, task=task, **match)
+    if not found:
+        return ""
+    name = task_key(task, found[0][0].config)
+    paper = {k: v for k, v in (paper or {}).items() if k[0] == name}  # the paper's numbers of this task
+    digits = 3 if scale == 1 else 1
+    cells: list[tuple[list[str], dict[str, Any]]] = []
+    for variant in variants:
+        if by is None:
+            cells.append(([variant], {"variant": variant}))
+            continue
+        for level in sorted({labels[by] for _, labels in found if labels.get("variant") == variant}):
+            cells.append(([variant, str(level)], {"variant": variant, by: level}))
+    searched = any(r.chosen for r, _ in found)
+    header = ["variant", *([by] if by else []), column]
+    header += ["paper"] if paper else []
+    header += [c for c, _, _ in extra] + ["converged"] + (["chosen"] if searched else []) + ["runs"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for leading, cell in cells:
+        here = rows(results, table=table, task=task, **match, **cell)
+        if not here:  # a variant this table does not train
+            continue
+        got = values(results, key, scale, table=table, task=task, **match, **cell)
+        row = [*leading, fmt(got, digits)]
+        if paper:
+            theirs = paper.get((name, cell["variant"], column))
+            row.append("-" if theirs is None else f"{theirs:g}")
+        for extra_column, k, s in extra:
+            text = fmt(values(results, k, s, table=table, task=task, **match, **cell), 3 if s == 1 else 1)
+            theirs = paper.get((name, cell["variant"], extra_column))
+            row.append(text + (f" (paper {theirs:g})" if theirs is not None else ""))
+        row.append(converged_cell(here))
+        if searched:
+            row.append("; ".join(sorted({settings(r.chosen) for r, _ in here if r.chosen})) or "-")
+        row.append(f"{len(got)}/{len(here)}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+# -- figures ---------------------------------------------------------------------------------------
+
+
+def _figure(width: float = 6.0, height: float = 4.0) -> Any:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots()
+
+
+def plot_curves(results: Sequence[Result], table: str, task: str, path: Path, **match: Any) -> bool:
+    """Test metric against step, one line per variant (the first seed of each)."""
+    found = [(r, labels) for r, labels in rows(results, table=table, task=task, **match) if r.curve]
+    if not found:
+        return False
+    fig, ax = _figure()
+    seen = set()
+    for r, labels in found:
+        if labels["variant"] in seen:
+            continue
+        seen.add(labels["variant"])
+        steps, ys = zip(*r.curve)
+        ax.plot(steps, ys, marker="o", markersize=3, label=labels["variant"])
+    column = headline(task)[0]
+    ax.set_xlabel("step")
+    ax.set_ylabel(column + (" (%)" if column == "accuracy" else " (nats)"))
+    ax.set_title(f"{task}: test {column} during training", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+    return True
+
+
+def plot_lines(
+    series: dict[str, dict[Any, float]], xlabel: str, ylabel: str, title: str, path: Path, log2: bool = False
+) -> bool:
+    """One line per series (x -> y); False, and no file, when every series is empty."""
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return False
+    fig, ax = _figure()
+    for name, points in series.items():
+        xs = sorted(points)
+        ax.plot(xs, [points[x] for x in xs], marker="o", label=name)
+    if log2:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+    return True
+
+
+# -- checks ----------------------------------------------------------------------------------------
+
+VERDICTS = ("PASS", "FAIL", "UNDECIDED", "n/a")
+
+
+@dataclass
+class Check:
+    """A finding of the paper, judged on a study's results."""
+
+    name: str
+    verdict: str
+    """PASS (holds in every seed), FAIL (not in every seed), UNDECIDED (an input run had not converged,
+    or what the finding needs did not happen) or n/a (an input run is missing or failed)."""
+    evidence: str
+    """The numbers behind the verdict, in words."""
+    seeds: int = 0
+    """Seeds judged."""
+    holds: int = 0
+    """Seeds in which the finding holds."""
+    unconverged: list[str] = field(default_factory=list)
+    """Each input run that had not converged, and how far: "retrieval/mixit seed 1: still improving, ..."."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "evidence": self.evidence,
+            "seeds": self.seeds,
+            "holds": self.holds,
+            "unconverged": self.unconverged,
+        }
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One input of a check: the final runs whose labels match `match` (one per seed), and the number
+    `read` from each finished one (None: the run lacks it)."""
+
+    name: str
+    """How the evidence names it: "retrieval/mixit"."""
+    match: Mapping[str, Any]
+    read: Callable[[Result], float | None]
+    unit: str = "%"
+    digits: int = 1
+    what: str = "test metric"
+    """What `read` reads, for the evidence when a run lacks it."""
+
+
+def metric(key: str, scale: float = 1.0) -> Callable[[Result], float | None]:
+    """A reader of the test metric `key`, times `scale`."""
+    return lambda r: scale * r.test[key] if key in r.test else None
+
+
+def accuracy(name: str, task: str, **match: Any) -> Cell:
+    """The cell `name` read by the headline metric of `task` (accuracy in %, or loss in nats)."""
+    column, key, scale = headline(task)
+    unit, digits = ("%", 1) if column == "accuracy" else (" nats", 3)
+    return Cell(name, {"task": task, **match}, metric(key, scale), unit, digits)
+
+
+def judge(
+    name: str,
+    results: Sequence[Result],
+    cells: Sequence[Cell],
+    holds: Callable[[Mapping[str, float]], bool],
+    requires: Callable[[Mapping[str, float]], bool] | None = None,
+    requirement: str = "",
+) -> Check:
+    """Judge the finding `name` per seed: `holds` gets each seed's numbers (cell name -> number).
+
+    n/a when an input run is missing, failed, unfinished or lacks its number; UNDECIDED when an input
+    run had not converged (the evidence says what the verdict would be), or when `requires` (what the
+    finding presupposes, described by `requirement`) is false in some seed; otherwise PASS when it
+    holds in every seed and FAIL when not.
+    """
+    results = [r for r in results if r.role == "final"]
+    missing: list[str] = []
+    by_cell: dict[str, dict[int, Result]] = {}
+    for cell in cells:
+        found = rows(results, **cell.match)
+        if not found:
+            missing.append(f"{cell.name}: no run")
+        by_seed: dict[int, Result] = {}
+        for r, labels in found:
+            seed = labels.get("seed", 0)
+            if seed in by_seed:
+                raise ValueError(f"check {name!r}: cell {cell.name} selects two runs of seed {seed}")
+            by_seed[seed] = r
+            if r.state != "done":
+                missing.append(f"{cell.name} seed {seed}: {r.state}")
+            elif cell.read(r) is None:
+                missing.append(f"{cell.name} seed {seed}: no {cell.what}")
+        by_cell[cell.name] = by_seed
+    seeds = sorted({s for by_seed in by_cell.values() for s in by_seed})
+    missing += [
+        f"{c.name} seed {s}: no run" for c in cells if by_cell[c.name] for s in seeds if s not in by_cell[c.name]
+    ]
+    if missing or not seeds:
+        return Check(name, "n/a", "missing: " + ("; ".join(missing) or "no runs"), len(seeds))
+
+    numbers: dict[int, dict[str, float]] = {}
+    for s in seeds:
+        numbers[s] = {}
+        for cell in cells:
+            x = cell.read(by_cell[cell.name][s])
+            assert x is not None  # checked above
+            numbers[s][cell.name] = x
+    held = sum(bool(holds(numbers[s])) for s in seeds)
+    evidence = "; ".join(f"{c.name} {fmt([numbers[s][c.name] for s in seeds], c.digits)}{c.unit}" for c in cells)
+    tally = f"holds in {held} of {len(seeds)} seeds"
+    would = "PASS" if held == len(seeds) else "FAIL"
+    unconverged = [
+        text
+        for cell in cells
+        for s in seeds
+        if (text := not_converged(by_cell[cell.name][s], f"{cell.name} seed {s}")) is not None
+    ]
+    unmet = [s for s in seeds if requires is not None and not requires(numbers[s])]
+    doubts = []
+    if unconverged:
+        doubts.append(f"{len(unconverged)} input run(s) had not converged")
+    if unmet:
+        doubts.append(f"not met in seed(s) {', '.join(map(str, unmet))}: {requirement}")
+    if doubts:
+        evidence = f"{'; '.join(doubts)}: would {would} ({tally}); {evidence}"
+        return Check(name, "UNDECIDED", evidence, len(seeds), held, unconverged)
+    return Check(name, would, f"{evidence}; {tally}", len(seeds), held)
+
+
+# -- results.csv -----------------------------------------------------------------------------------
+
+
+def results_csv(results: Sequence[Result]) -> str:
+    """One row per run: id, state, role, labels, every config field, every test and validation metric,
+    whether it converged, and the settings a search chose."""
+
+    def flat(prefix: str, d: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out.update(flat(f"{prefix}{k}.", v))
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    table = []
+    for r in results:
+        c = r.convergence or {}
+        table.append(
+            {
+                "id": r.id,
+                "state": r.state,
+                "role": r.role,
+                "tables": ";".join(sorted({lb["table"] for lb in r.labels})),
+                **{f"label.{k}": v for k, v in r.labels[0].items() if k != "table"},
+                **flat("", r.config),
+                **{f"test.{k}": v for k, v in r.test.items()},
+                **{f"val.{k}": v for k, v in r.val.items()},
+                "converged": converged(r) if r.state == "done" else None,
+                "reason": reason(r) if r.state == "done" else None,
+                "gain": c.get("gain"),
+                "steps_trained": c.get("steps_trained"),
+                "stopped_early": c.get("stopped_early"),
+                "chosen": settings(r.chosen),
+                "train_seconds": r.seconds,
+                "error": r.error,
+            }
+        )
+    fields = list(dict.fromkeys(k for row in table for k in row))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(table)
+    return out.getvalue()

@@ -1,0 +1,74 @@
+"""Table 2: language modelling, held-out loss (nats) of each trained variant on each corpus.
+
+The paper's finding: the loss is ordered standard < frozen Q/K < MixiT, frozen Q/K much closer to the
+standard model than MixiT is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mixit.experiment import merge
+from mixit.study.presets import TRAINED_VARIANTS, Scale, variant_runs
+from mixit.study.results import Check, StudyResults, accuracy, judge, plot_curves, rows, variant_table
+from mixit.study.spec import RunSpec
+from mixit.study.tables.base import Table
+
+PAPER = {
+    ("lm:wikitext-103", "standard", "loss"): 2.78,
+    ("lm:wikitext-103", "frozen_qk", "loss"): 3.07,
+    ("lm:wikitext-103", "mixit", "loss"): 3.73,
+    ("lm:fineweb-edu", "standard", "loss"): 3.05,
+    ("lm:fineweb-edu", "frozen_qk", "loss"): 3.16,
+    ("lm:fineweb-edu", "mixit", "loss"): 4.08,
+}
+
+
+def runs(scale: Scale, seeds: int) -> list[RunSpec]:
+    """Language modelling: held-out log perplexity (nats) of each trained variant."""
+    specs = []
+    for corpus in scale.lm_corpora:
+        base = merge(scale.tasks["lm"], {"task_params": {"corpus": corpus}})
+        specs += variant_runs(scale, base, TRAINED_VARIANTS, seeds, "table2", corpus=corpus)
+    return specs
+
+
+def corpora(study: StudyResults) -> list[str]:
+    return sorted({str(labels.get("corpus")) for _, labels in rows(study.final, table="table2")})
+
+
+def section(study: StudyResults) -> list[str]:
+    body: list[str] = []
+    variants = ("standard", "frozen_qk", "mixit", "frozen_mlp")
+    for corpus in corpora(study):
+        body += [f"**{corpus}**", "", variant_table(study.final, "table2", "lm", variants, PAPER, corpus=corpus), ""]
+        if plot_curves(study.final, "table2", "lm", study.figures / f"curves-lm-{corpus}.png", corpus=corpus):
+            body.append(f"![lm curves](figures/curves-lm-{corpus}.png)")
+    return body
+
+
+def ordered(standard: float, frozen_qk: float, mixit: float) -> bool:
+    return standard < frozen_qk < mixit and frozen_qk - standard < mixit - standard
+
+
+def check_lm(study: StudyResults) -> Check:
+    names = corpora(study)
+    cells = [
+        accuracy(f"{corpus}/{v}", "lm", table="table2", variant=v, corpus=corpus)
+        for corpus in names
+        for v in ("standard", "frozen_qk", "mixit")
+    ]
+
+    def holds(x: Mapping[str, float]) -> bool:
+        return all(ordered(x[f"{c}/standard"], x[f"{c}/frozen_qk"], x[f"{c}/mixit"]) for c in names)
+
+    return judge(
+        "language-model loss ordered standard < frozen Q/K < MixiT, frozen Q/K's gap to standard smaller than "
+        "MixiT's (on every corpus)",
+        study.final,
+        cells,
+        holds,
+    )
+
+
+TABLE = Table("table2", "Table 2: language modelling (held-out loss, nats)", runs, section, (check_lm,), PAPER)
