@@ -12,6 +12,7 @@ figures).
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -19,13 +20,14 @@ from typing import Any, Literal
 import torch
 
 from mixit.config import check
-from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.resources import model_numel
 from mixit.study.executors import execute
 from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
-from mixit.study.spec import Study, load_study_file, plan
+from mixit.study.search import apply
+from mixit.study.search import groups as search_groups
+from mixit.study.spec import PlannedRun, Study, load_study_file, merge_planned, plan
 
 __all__ = ["Study", "estimate_seconds", "list_studies", "load_study_file", "paper_study", "reproduce", "write_report"]
 
@@ -67,26 +69,38 @@ def _study(preset: str, study: Path | None, seeds: int) -> Study:
     return paper_study(preset, seeds)
 
 
+def planned_runs(study: Study, search: bool = True) -> list[PlannedRun]:
+    """Every run `study` will train, resolved: its cells (a searched cell with its first candidates, which
+    the search may change for others of the same cost) and its screening runs."""
+    searches = search_groups(study.specs, study.screen_fraction) if search else []
+    cells = [apply(spec, g.combinations[0]) for g in searches for spec in g.specs]
+    plain = [spec for spec in study.specs if not (search and spec.search)]
+    return merge_planned(plan(plain + cells), plan([s for g in searches for s in g.screens], role="screen"))
+
+
 def list_studies(seeds: int = 1) -> str:
     """The presets of the paper study, with their run counts and estimated time on this machine."""
     speed = matmul_flops_per_second()
     lines = [
         f"paper study presets (`mixit reproduce --preset NAME`), {seeds} seed(s); this machine: "
-        f"{speed / 1e9:.0f} GFLOP/s matmul, estimates assume {EFFICIENCY:.0%} of it:"
+        f"{speed / 1e9:.0f} GFLOP/s matmul, estimates assume {EFFICIENCY:.0%} of it and every run to its step cap:"
     ]
     for name, scale in PRESETS.items():
-        try:
-            planned = plan(paper_study(name, seeds).specs)
-            total = sum(estimate_seconds(p.cfg, speed) for p in planned)
-            when = f"about {total / 3600:.1f} h of compute" if total > 5400 else f"about {total / 60:.0f} min"
-            lines.append(f"  {name:<7} {len(planned):>3} runs, {when}: {scale.description}")
-        except UsageError as e:  # a preset that needs data this machine does not have (the paper's hub datasets)
-            lines.append(f"  {name:<7} {scale.description} (not resolvable here: {e})")
+        study = paper_study(name, seeds)
+        if not scale.estimate_here:  # counted without resolving (its datasets may be on the hub)
+            cells = len({json.dumps(s.request, sort_keys=True, default=str) for s in study.specs})
+            lines.append(f"  {name:<7} about {cells} cells, plus their searches: {scale.description}")
+            continue
+        planned = planned_runs(study)
+        total = sum(estimate_seconds(p.cfg, speed) for p in planned)
+        when = f"about {total / 3600:.1f} h of compute" if total > 5400 else f"at most about {total / 60:.0f} min"
+        screens = sum(p.role == "screen" for p in planned)
+        lines.append(f"  {name:<7} {len(planned):>3} runs ({screens} screening), {when}: {scale.description}")
     return "\n".join(lines)
 
 
 def reproduce(
-    preset: Literal["smoke", "quick", "paper"] = "quick",
+    preset: Literal["smoke", "quick", "gpu", "paper"] = "quick",
     study: Path | None = None,
     seeds: int = 1,
     out: Path | None = None,
@@ -105,8 +119,8 @@ def reproduce(
     """Run the paper's comparison (or a study file), resuming what an earlier call left, then write the report.
 
     Args:
-        preset: smoke (every code path in minutes), quick (the comparison in 30 minutes on 2 CPU cores) or
-            paper (the paper's scales and the reference recipes, for GPUs and clusters).
+        preset: smoke (every code path in minutes), quick (the comparison in 30 minutes on 2 CPU cores), gpu
+            (one GPU in about an hour) or paper (the paper's scales and the reference recipes, for clusters).
         study: a TOML study file of your own instead of the paper's comparison.
         seeds: seeds per cell (seed s sets the model's seed and the data seed).
         out: the study directory (default runs/study-<preset or study name>, with -nosearch without search).

@@ -14,7 +14,7 @@ from mixit.study.tables import TABLES
 
 
 def paper_study(preset: str, seeds: int = 1) -> Study:
-    """The paper's comparison at the scale of `preset` (smoke, quick or paper), `seeds` seeds per cell."""
+    """The paper's comparison at the scale of `preset` (smoke, quick, gpu or paper), `seeds` seeds per cell."""
     check(preset in PRESETS, f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
     check(
         isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1,
@@ -28,6 +28,7 @@ def paper_study(preset: str, seeds: int = 1) -> Study:
         preset,
         seeds,
         extras={name: options for table in TABLES for name, options in table.extras(scale, seeds).items()},
+        screen_fraction=scale.screen_fraction,
     )
 
 

@@ -15,9 +15,10 @@ VARIANTS = ("standard", "mixit")
 
 
 def runs(scale: Scale, seeds: int) -> list[RunSpec]:
-    """Beyond the paper: MixiT and the standard model against the number of retrieval pairs."""
+    """Beyond the paper: MixiT and the standard model against the number of retrieval pairs (the scale's
+    "pairs" request if it has one, else its retrieval)."""
     return grid(
-        scale.tasks["retrieval"],
+        scale.tasks.get("pairs", scale.tasks["retrieval"]),
         {"variant": list(VARIANTS), "task_params.max_pairs": list(scale.retrieval_pairs)},
         seeds,
         {"table": "pairs", "task": "retrieval"},

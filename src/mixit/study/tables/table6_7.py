@@ -27,9 +27,10 @@ RISE = 0.1
 
 
 def runs(scale: Scale, seeds: int) -> list[RunSpec]:
-    """Depth: the random (embeddings-only) transformer against MixiT on addition, trained."""
+    """Depth: the random (embeddings-only) transformer against MixiT on addition, trained (the scale's
+    "depth" request if it has one, else its addition)."""
     return grid(
-        scale.tasks["addition"],
+        scale.tasks.get("depth", scale.tasks["addition"]),
         {"variant": ["random", "mixit"], "model.n_layers": list(scale.depths)},
         seeds,
         {"table": "table6", "task": "addition"},
