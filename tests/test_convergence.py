@@ -39,6 +39,20 @@ def test_the_plateau_criterion(values, higher, state):
     assert conv.should_stop == (state in ("solved", "plateau"))  # a flat start never stops a run
 
 
+def test_a_plateau_stops_a_run_only_in_the_second_half_of_its_budget():
+    values = [0.1, 0.6, 0.7, 0.705, 0.70, 0.702]  # a plateau by step 500
+    early = Convergence("token_acc", True, 3, 0.01, earliest=1000)
+    late = Convergence("token_acc", True, 3, 0.01, earliest=500)
+    solved = Convergence("token_acc", True, 3, 0.01, earliest=1000)
+    for i, v in enumerate(values):
+        early.add(100 * i, v)
+        late.add(100 * i, v)
+        solved.add(100 * i, 1.0 if i == 2 else v)
+    assert early.state == late.state == "plateau" and not early.should_stop and late.should_stop
+    solved.history = solved.history[:3]  # solved at step 200: stops at once, whatever the budget
+    assert solved.state == "solved" and solved.should_stop
+
+
 def test_the_summary_says_how_far_from_converged():
     s = curve([0.1, 0.5, 0.6, 0.7, 0.75]).summary(stopped_early=False, steps_trained=400)
     assert s["converged"] is False and s["reason"] == "improving"
@@ -69,12 +83,29 @@ def _keys(seq):
 def test_the_validation_set_is_disjoint_from_the_test_set_and_the_training_stream(task, params):
     t = make_task(task, params, seed=3, test_size=300, val_size=200)
     val, test = t.val_examples()[0], t.test_examples()[0]
-    assert len(val) == 200 and not _keys(val) & _keys(test)
+    # The test set is exact; the validation set loses the copies of an example the test set ends inside.
+    assert len(test) == 300 and 150 <= len(val) <= 200 and not _keys(val) & _keys(test)
     train_keys = set().union(*(_keys(t.train_examples(step, 256)[0]) for step in range(20)))
     assert not train_keys & _keys(val) and not train_keys & _keys(test)
     # Fixed: the same seed gives the same validation set, another seed another one.
     assert np.array_equal(val, make_task(task, params, seed=3, test_size=300, val_size=200).val_examples()[0])
     assert not np.array_equal(val, make_task(task, params, seed=4, test_size=300, val_size=200).val_examples()[0])
+
+
+def test_validation_and_test_sets_are_samples_of_the_same_generator():
+    # Dyck draws its shortest strings often ("()" is about one example in twenty): they must fall in the
+    # validation set as often as in the test set, or validation would not predict the test accuracy.
+    t = make_task("dyck", {"max_pairs": 10}, seed=0, test_size=4000, val_size=4000)
+    (val, val_mask), (test, test_mask) = t.val_examples(), t.test_examples()
+
+    def short(seq, mask):
+        return float((mask.argmax(axis=1) <= 4).mean())  # strings of at most 4 characters
+
+    # About 30 distinct strings each fall wholly in one set, so the shares differ by chance (here 17.7%
+    # against 22.4%); removing the test examples from a separately drawn validation set gave it none.
+    assert short(val, val_mask) > 0.1 and short(test, test_mask) > 0.1
+    assert abs(short(val, val_mask) - short(test, test_mask)) < 0.06
+    assert not _keys(val) & _keys(test)
 
 
 def test_memorization_validates_on_a_fixed_part_of_its_table():

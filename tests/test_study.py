@@ -89,11 +89,23 @@ def test_a_study_file_is_a_grid(tmp_path):
 
 
 def test_the_presets_plan_every_table():
-    for preset in ("smoke", "quick"):
+    for preset in ("smoke", "quick", "gpu", "paper"):
         study = paper_study(preset)
         tables = {s.labels["table"] for s in study.specs}
         assert tables == {"table1", "table2", "table3", "table4", "table5", "table6", "pairs"}
         assert study.extras["signal"]["variants"] == ("standard", "mixit", "random")
+    # quick searches the learning rate per variant, and MixiT's heads and width on addition.
+    quick = paper_study("quick")
+    (mixit_addition,) = [
+        s for s in quick.specs if s.labels == {"table": "table3", "task": "addition", "variant": "mixit", "seed": 0}
+    ]
+    assert set(mixit_addition.search) == {"train.lr", "model.n_heads", "model.d_model"}
+    (standard_addition,) = [
+        s for s in quick.specs if s.labels == {"table": "table3", "task": "addition", "variant": "standard", "seed": 0}
+    ]
+    assert set(standard_addition.search) == {"train.lr"}
+    assert quick.screen_fraction == 0.2
+    assert all(s.request["train"]["early_stop"] for s in quick.specs)
     planned = plan(paper_study("smoke").specs)
     assert len(planned) < len(paper_study("smoke").specs)  # shared runs are trained once
     with pytest.raises(UsageError, match="unknown preset 'huge'"):
@@ -241,9 +253,10 @@ def test_study_commands_on_the_command_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["reproduce", "--list"]) == 0
     listing = capsys.readouterr().out
-    assert "smoke" in listing and "quick" in listing and "runs, about" in listing
+    assert "smoke" in listing and "quick" in listing and "screening), at most about" in listing
+    assert "gpu     about" in listing and "paper   about" in listing  # counted, not resolved: no hub
     for args, message in [
-        (["reproduce", "--preset", "huge"], "preset: expected one of 'smoke', 'quick', 'paper'"),
+        (["reproduce", "--preset", "huge"], "preset: expected one of 'smoke', 'quick', 'gpu', 'paper'"),
         (["reproduce", "--seeds", "0"], "seeds must be a positive integer"),
         (["reproduce", "--executor", "cloud"], "executor: expected one of"),
         (["reproduce", "--study", "missing.toml"], "study file missing.toml does not exist"),

@@ -342,8 +342,8 @@ class TrainConfig(Config):
     eval_batch_size: int = 1000
     """Examples per forward pass when evaluating."""
     early_stop: bool = False
-    """Stop before `steps` once the validation curve has converged (docs/reproduction.md, "Convergence");
-    `steps` stays the cap."""
+    """Stop before `steps` once the validation curve has converged: at once when solved, on a plateau only
+    in the second half of `steps` (docs/reproduction.md, "The protocol"); `steps` stays the cap."""
     patience: int = 3
     """Convergence: the number of last evaluations over which the validation metric must stop improving."""
     min_delta: float = 0.01

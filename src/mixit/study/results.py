@@ -213,7 +213,7 @@ def reason(r: Result) -> str:
 
 def _gain(convergence: Mapping[str, Any]) -> str:
     """The improvement over the final window, in the metric's units: points of accuracy, or nats."""
-    metric, gain = str(convergence.get("metric", "")), float(convergence.get("gain", 0.0))
+    metric, gain = str(convergence.get("metric", "")), float(convergence.get("gain") or 0.0)
     if "acc" in metric or metric == "exact_match":
         return f"{100 * gain:+.1f} points"
     return f"{gain:+.3f}" + (" nats" if "loss" in metric else "")
@@ -226,7 +226,7 @@ def not_converged(r: Result, where: str) -> str | None:
         return None
     c = r.convergence
     text = f"{where}: {REASONS.get(reason(r), reason(r))}"
-    if c and "gain" in c:
+    if c and c.get("gain") is not None:
         window = c.get("window")
         text += f", {_gain(c)}" + (f" over steps {window[0]}-{window[1]}" if window else "")
     return text

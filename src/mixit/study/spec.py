@@ -7,7 +7,7 @@ it. Its id is a hash of its *resolved* configuration, so the same run asked
 for by two tables is trained once, and a study run again finds its runs
 where it left them.
 
-Studies come from Python (`mixit.study.paper`: one function per paper table)
+Studies come from Python (`mixit.study.paper`, from the tables of `mixit.study.tables`)
 or from a TOML file a user writes (`load_study_file`):
 
     name = "heads"

@@ -13,12 +13,12 @@ The model never sees the last token, so a `Batch` holds
 
 and one loss (cross-entropy with ``ignore_index=IGNORE``) serves every task.
 
-Determinism: the test set comes from ``numpy.random.default_rng([seed, 0])``,
-the validation set from ``default_rng([seed, 5])`` (drawn like the test set,
-minus any example of it) and training batch number ``step`` from
-``default_rng([seed, 1, step])`` (minus any example of either). A batch
-therefore depends only on (seed, step), never on global RNG state or on how
-many batches came before, which is what makes ``--resume`` exact.
+Determinism: the held-out examples come from ``numpy.random.default_rng([seed,
+0])``: one pool of test_size + val_size draws, split between the test and the
+validation set by example (`split_held_out`), and training batch number
+``step`` from ``default_rng([seed, 1, step])``, minus any held-out example. A
+batch therefore depends only on (seed, step), never on global RNG state or on
+how many batches came before, which is what makes ``--resume`` exact.
 
 Three sets, three uses (docs/reproduction.md, "Protocol"): the model trains on
 the stream, settings are chosen and training is stopped on the validation set,
@@ -73,6 +73,25 @@ def make_batch(seq: np.ndarray, mask: np.ndarray) -> Batch:
     mask_t = torch.from_numpy(np.ascontiguousarray(mask, dtype=bool))
     targets = torch.where(mask_t[:, :-1], seq_t[:, 1:], torch.full_like(seq_t[:, 1:], IGNORE))
     return Batch(inputs=seq_t[:, :-1].contiguous(), targets=targets.contiguous())
+
+
+def split_held_out(keys: np.ndarray, n_test: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices (test, validation) of a pool of held-out examples with row hashes `keys`.
+
+    The pool is split by example, not by row: the distinct examples are put in a seeded random order
+    and the test set takes the first `n_test` rows, the validation set the rest less any example the
+    test set holds (so it may come out a few rows short where the test set ends inside a repeated
+    example). Both are then random samples of the same generator, and disjoint. Drawing the validation
+    set separately and removing the test examples from it instead would leave it without the examples
+    the generator draws often (Dyck's shortest strings, all of them in the test set), and so unlike it.
+    """
+    with np.errstate(over="ignore"):
+        scrambled = (keys ^ np.uint64((seed * 0x9E3779B97F4A7C15) % 2**64)) * np.uint64(0xBF58476D1CE4E5B9)
+    order = np.lexsort((np.arange(len(keys)), scrambled))  # by scrambled example, copies together
+    test = np.sort(order[:n_test])
+    rest = order[n_test:]
+    val = np.sort(rest[~np.isin(keys[rest], keys[test])])
+    return test, val
 
 
 def row_hashes(seq: np.ndarray) -> np.ndarray:
@@ -148,19 +167,21 @@ class Task:
 
     # -- test set, validation set and training stream ---------------------------
     def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        """The fixed test set (seq, mask), drawn first from the test seed."""
+        """The fixed test set (seq, mask): test_size examples of the held-out pool (`split_held_out`)."""
         if self._test is None:
-            self._test = self.sample(np.random.default_rng([self.seed, 0]), self.test_size)
+            self._test, self._val = self._held_out()
         return self._test
 
     def val_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        """The fixed validation set (seq, mask): drawn like the test set from its own seed, none equal to a
-        test example."""
+        """The fixed validation set (seq, mask): the rest of the held-out pool, none equal to a test example."""
         if self._val is None:
-            test_keys = np.sort(row_hashes(self.test_examples()[0]))
-            rng = np.random.default_rng([self.seed, 5])
-            self._val = self._draw_excluding(rng, self.val_size, test_keys, "validation set")
+            self._test, self._val = self._held_out()
         return self._val
+
+    def _held_out(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        seq, mask = self.sample(np.random.default_rng([self.seed, 0]), self.test_size + self.val_size)
+        test, val = split_held_out(row_hashes(seq), self.test_size, self.seed)
+        return (seq[test], mask[test]), (seq[val], mask[val])
 
     def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Training batch number `step`: n fresh examples, none equal to a test or validation example."""
