@@ -120,7 +120,7 @@ def test_the_examples_on_the_command_line(examples, capsys):
 def test_the_example_table_is_planned_trained_and_reported(examples):
     copying = sys.modules["extending_example_copying"]
     assert "copying" not in {s.labels["table"] for s in paper_study("smoke").specs}
-    TABLES.append(copying.TABLE)  # its line in the list of src/mixit/study/tables/__init__.py
+    TABLES.append(copying.TABLE)  # what its name in NAMES of src/mixit/study/tables/__init__.py does
     study = paper_study("smoke")
     runs = study.labelled(table="copying")
     assert sorted(s.labels["variant"] for s in runs) == ["mixit", "standard"]
