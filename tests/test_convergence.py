@@ -51,6 +51,12 @@ def test_a_plateau_stops_a_run_only_in_the_second_half_of_its_budget():
     assert early.state == late.state == "plateau" and not early.should_stop and late.should_stop
     solved.history = solved.history[:3]  # solved at step 200: stops at once, whatever the budget
     assert solved.state == "solved" and solved.should_stop
+    # With stop_at="solved" a plateau never stops a run; a solved curve still does.
+    stairs = Convergence("token_acc", True, 3, 0.01, earliest=0, stop_at="solved")
+    stairs.history = list(late.history)
+    assert stairs.state == "plateau" and not stairs.should_stop
+    stairs.add(600, 1.0)
+    assert stairs.should_stop
 
 
 def test_the_summary_says_how_far_from_converged():

@@ -40,6 +40,10 @@ def test_the_best_validation_score_wins_and_a_tie_goes_to_the_first():
     assert choose(group, lambda s: (1.0, False) if s.labels["lr"] == LRS[0] else (2.0, False)) == {"train.lr": LRS[0]}
     assert choose(group, lambda s: (0.5, True)) == {"train.lr": LRS[0]}
     assert choose(group, lambda s: None) is None  # no screening run finished
+    # Within the tolerance (the runs' min_delta) it is a tie, and the first declared wins.
+    close = {LRS[0]: (0.245, True), LRS[1]: (0.253, True)}
+    assert choose(group, lambda s: close[s.labels["lr"]], tolerance=0.01) == {"train.lr": LRS[0]}
+    assert choose(group, lambda s: close[s.labels["lr"]], tolerance=0.0) == {"train.lr": LRS[1]}
 
 
 def test_a_searched_study_trains_the_candidates_then_the_winner_in_every_seed(tmp_path):

@@ -344,6 +344,9 @@ class TrainConfig(Config):
     early_stop: bool = False
     """Stop before `steps` once the validation curve has converged: at once when solved, on a plateau only
     in the second half of `steps` (docs/reproduction.md, "The protocol"); `steps` stays the cap."""
+    stop_at: Literal["plateau", "solved"] = "plateau"
+    """With early_stop, what stops a run: a plateau (in the second half of `steps`) or a solved validation set,
+    or a solved validation set only (for curves that learn in steps, where a plateau may be a stair)."""
     patience: int = 3
     """Convergence: the number of last evaluations over which the validation metric must stop improving."""
     min_delta: float = 0.01

@@ -235,7 +235,8 @@ def _searched_finals(searches: Sequence[Group], study_dir: Path) -> list[Planned
     """Every searched cell with its chosen values (its request as it is where no screening run finished)."""
     finals: list[PlannedRun] = []
     for group in searches:
-        chosen = choose(group, lambda screen: _screen_score(screen, study_dir)) or {}
+        tolerance = plan(group.screens[:1], role="screen")[0].cfg.train.min_delta
+        chosen = choose(group, lambda screen: _screen_score(screen, study_dir), tolerance) or {}
         for planned in plan(apply(spec, chosen) for spec in group.specs):
             planned.chosen = {k: v for k, v in chosen.items()}
             finals.append(planned)

@@ -8,8 +8,9 @@ every run whose spec declares candidates (`RunSpec.search`: dotted request paths
    that share the request apart from their seed share one screening: one search serves all seeds of
    a cell.
 2. **Selection.** The combination whose validation metric (the task's selection metric:
-   `Task.selection`) is best at the end of its screening run wins; a tie goes to the combination
-   declared first. The test set is never read.
+   `Task.selection`) is best at the end of its screening run wins, by more than the runs' `min_delta`;
+   a closer result is a tie, and a tie goes to the combination declared first (`choose`). The test
+   set is never read.
 3. **The cell.** Every seed of the cell is trained in full with the chosen values.
 
 Screening runs are ordinary runs of the study (ids from their resolved configs, so a screening run
@@ -102,16 +103,23 @@ def groups(specs: Sequence[RunSpec], fraction: float) -> list[Group]:
     return list(found.values())
 
 
-def choose(group: Group, score: Callable[[RunSpec], tuple[float, bool] | None]) -> dict[str, Any] | None:
+def choose(
+    group: Group, score: Callable[[RunSpec], tuple[float, bool] | None], tolerance: float = 0.0
+) -> dict[str, Any] | None:
     """The winning combination of `group`: `score(screen)` gives (validation metric, higher is better) of a
-    finished screening run, or None; None if no screening run finished."""
+    finished screening run, or None; None if no screening run finished.
+
+    A combination wins only by more than `tolerance` (the runs' `min_delta`, the least gain the convergence
+    criterion counts): a smaller difference is a tie, and a tie goes to the combination declared first.
+    Short screening runs of a task that learns in a sudden step often sit within noise of each other
+    (retrieval at 400 steps: 25.3% against 24.5%), and the first declared is the preset's preference."""
     best: tuple[float, dict[str, Any]] | None = None
     for combination, screen in zip(group.combinations, group.screens):
         scored = score(screen)
         if scored is None or scored[0] != scored[0]:  # unfinished, failed or nan
             continue
         value = scored[0] if scored[1] else -scored[0]
-        if best is None or value > best[0]:
+        if best is None or value > best[0] + tolerance:
             best = (value, combination)
     return None if best is None else best[1]
 

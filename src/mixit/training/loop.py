@@ -160,7 +160,7 @@ def _loop(
         return done_before
 
     val_batch = task.val_batch()
-    conv = Convergence(*task.selection, patience=tc.patience, min_delta=tc.min_delta, earliest=tc.steps // 2)
+    conv = Convergence(*task.selection, tc.patience, tc.min_delta, earliest=tc.steps // 2, stop_at=tc.stop_at)
     if run is not None and resume:
         conv.extend(run.metrics(), up_to=start)
     log = run.open_metrics(resume_step=start if resume else None) if run is not None else None
