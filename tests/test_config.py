@@ -69,7 +69,7 @@ def test_flat_names_are_unique_and_cover_every_option():
     model = {f.name for f in dataclasses.fields(ModelConfig)} - set(DERIVED["model"])
     train_ = {f.name for f in dataclasses.fields(TrainConfig)}
     assert not model & train_
-    assert set(FLAT_NAMES) == model | train_ | {"data_seed", "test_size"}
+    assert set(FLAT_NAMES) == model | train_ | {"data_seed", "test_size", "val_size"}
     assert nest({"d_model": 8, "lr": 0.1, "data_seed": 3}) == {
         "model": {"d_model": 8},
         "train": {"lr": 0.1},

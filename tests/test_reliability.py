@@ -193,7 +193,7 @@ HAND_CASES = [
     (["train", "-p", "n_digits=many"], "task parameter n_digits: expected int"),
     (["train", "-p", "n_digits=0"], "n_digits must be an integer in [1, 18]"),
     (["train", "-p", "n_digits=19"], "n_digits must be an integer in [1, 18]"),
-    (["train", "-p", "n_digits=1"], "nearly every example drawn is in the test set"),
+    (["train", "-p", "n_digits=1"], "nearly every example drawn for the training batch is held out"),
     (["train", "-p", "reference_mask=maybe"], "task parameter reference_mask"),
     (["train", "--task", "modular_addition", "-p", "p=1"], "p must be an integer >= 2"),
     (["train", "--task", "modular_addition", "-p", "p=10000000"], "GiB"),
@@ -474,7 +474,7 @@ def test_two_new_runs_racing_into_one_directory_cannot_both_start(tmp_path):
     loser = next(err for code, err in results if code == 2)
     assert "in use by another mixit process" in loser or "already holds a run" in loser
     events = Run.open(out).metrics()
-    assert [e["step"] for e in events if e["event"] == "eval"] == [3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
+    assert [e["step"] for e in events if e["event"] == "eval"] == [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
 
 
 KILL_IN_CHECKPOINT = """

@@ -179,8 +179,9 @@ def _loop(
     metrics: dict[str, float] = {}
     val_metrics: dict[str, float] = {}
     stopped = bool(broadcast(tc.early_stop and conv.should_stop, dist))  # a run killed just after stopping
-    if start == 0:
-        metrics, val_metrics, _ = evaluation(0)  # where the curve starts: the convergence criterion reads it
+    # Where the curve starts, logged once (a run resumed at step 0 may have it already); rank 0 decides.
+    if broadcast(start == 0 and not conv.history, dist):
+        metrics, val_metrics, _ = evaluation(0)
     trainable = [p for p in model.parameters() if p.requires_grad]
     ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None) if dist.active else None
     forward: Callable[[torch.Tensor], torch.Tensor] = ddp if ddp is not None else model
