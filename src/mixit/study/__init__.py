@@ -5,9 +5,11 @@
     mixit reproduce --study my_grid.toml      # a study of your own (mixit.study.spec)
     mixit report STUDY_DIR                    # the report again, from whatever has finished
 
-`spec` (studies as data), `paper` (the paper's tables and presets),
-`executors` (the study directory and the executors), `report` (tables, checks,
-figures).
+`spec` (studies as data), `presets` (the scales), `search` (the search per
+architecture per task), `executors` (the study directory and the executors),
+`results` (what the report reads, and the verdicts), `tables` (one module per
+paper table), `paper` (the paper study from the tables), `report` (report.md,
+results.csv, checks.json, figures).
 """
 
 from __future__ import annotations
