@@ -27,8 +27,7 @@ from mixit.resources import model_numel
 from mixit.study.executors import execute
 from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
-from mixit.study.search import apply
-from mixit.study.search import groups as search_groups
+from mixit.study.search import apply, plan_study
 from mixit.study.spec import PlannedRun, Study, load_study_file, merge_planned, plan
 
 __all__ = ["Study", "estimate_seconds", "list_studies", "load_study_file", "paper_study", "reproduce", "write_report"]
@@ -74,10 +73,9 @@ def _study(preset: str, study: Path | None, seeds: int) -> Study:
 def planned_runs(study: Study, search: bool = True) -> list[PlannedRun]:
     """Every run `study` will train, resolved: its cells (a searched cell with its first candidates, which
     the search may change for others of the same cost) and its screening runs."""
-    searches = search_groups(study.specs, study.screen_fraction) if search else []
-    cells = [apply(spec, g.combinations[0]) for g in searches for spec in g.specs]
-    plain = [spec for spec in study.specs if not (search and spec.search)]
-    return merge_planned(plan(plain + cells), plan([s for g in searches for s in g.screens], role="screen"))
+    planned = plan_study(study, search)
+    cells = plan(apply(spec, g.combinations[0]) for g in planned.groups for spec in g.specs)
+    return merge_planned(planned.plain, cells, list(planned.screens.values()))
 
 
 def list_studies(seeds: int = 1) -> str:

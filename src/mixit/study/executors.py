@@ -46,9 +46,8 @@ from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
 from mixit.run import Run
-from mixit.study.search import Group, apply, choose
-from mixit.study.search import groups as search_groups
-from mixit.study.spec import PlannedRun, RunSpec, Study, merge_planned, plan
+from mixit.study.search import Group, SearchPlan, apply, choose, plan_study
+from mixit.study.spec import PlannedRun, Study, merge_planned, plan
 from mixit.training.loop import train
 from mixit.version import __version__, git_commit
 
@@ -200,11 +199,10 @@ def execute(
     check(workers >= 0 and threads >= 0, f"workers and threads must be >= 0 (0: chosen), got {workers}, {threads}")
     study_dir = Path(study_dir)
     check_output_dir(study_dir)
-    searches = search_groups(study.specs, study.screen_fraction) if search else []
-    plain = [spec for spec in study.specs if not (search and spec.search)]
-    # Every run resolved before anything starts, so a bad one is refused at once: the searched cells
-    # with each of their candidates.
-    first = merge_planned(plan(plain), plan([s for g in searches for s in g.screens], role="screen"))
+    planned = plan_study(study, search)
+    searches = planned.groups
+    first = merge_planned(planned.plain, list(planned.screens.values()))
+    # The searched cells with each of their candidates resolved too, so a bad one is refused at once.
     plan(apply(spec, combination) for g in searches for spec in g.specs for combination in g.combinations)
     study_dir.mkdir(parents=True, exist_ok=True)
     lock = DirectoryLock(study_dir, "mixit study")
@@ -218,7 +216,7 @@ def execute(
         try:
             _run_phase(first, study_dir, pool, retry_failed, tally, bar, on_result)
             if searches:
-                finals = _searched_finals(searches, study_dir)
+                finals = _searched_finals(planned, study_dir)
                 write_study(study, study_dir, merge_planned(first, finals), search, searches)
                 _run_phase(finals, study_dir, pool, retry_failed, tally, bar, on_result)
         finally:
@@ -231,25 +229,23 @@ def execute(
         lock.release()
 
 
-def _searched_finals(searches: Sequence[Group], study_dir: Path) -> list[PlannedRun]:
+def _searched_finals(planned: SearchPlan, study_dir: Path) -> list[PlannedRun]:
     """Every searched cell with its chosen values (its request as it is where no screening run finished)."""
     finals: list[PlannedRun] = []
-    for group in searches:
-        tolerance = plan(group.screens[:1], role="screen")[0].cfg.train.min_delta
-        chosen = choose(group, lambda screen: _screen_score(screen, study_dir), tolerance) or {}
-        for planned in plan(apply(spec, chosen) for spec in group.specs):
-            planned.chosen = {k: v for k, v in chosen.items()}
-            finals.append(planned)
+    for group in planned.groups:
+        tolerance = planned.screen(group.screens[0]).cfg.train.min_delta
+        chosen = choose(group, lambda screen: _screen_score(planned.screen(screen).id, study_dir), tolerance) or {}
+        for final in plan(apply(spec, chosen) for spec in group.specs):
+            final.chosen = dict(chosen)
+            finals.append(final)
     return finals
 
 
-def _screen_score(screen: RunSpec, study_dir: Path) -> tuple[float, bool] | None:
+def _screen_score(run_id: str, study_dir: Path) -> tuple[float, bool] | None:
     """(the validation metric at the end, higher is better) of a finished screening run, or None."""
-    planned = plan([screen], role="screen")[0]
-    path = run_dir(study_dir, planned.id)
-    if state(study_dir, planned.id) != "done":
+    if state(study_dir, run_id) != "done":
         return None
-    summary = Run.open(path).summary() or {}
+    summary = Run.open(run_dir(study_dir, run_id)).summary() or {}
     convergence = summary.get("convergence", {})
     metric = convergence.get("metric")
     if metric is None or metric not in summary.get("val", {}):

@@ -30,7 +30,7 @@ from typing import Any
 
 from mixit.errors import UsageError
 from mixit.experiment import merge, resolve
-from mixit.study.spec import RunSpec, assign
+from mixit.study.spec import PlannedRun, RunSpec, Study, assign, plan
 
 
 @dataclass
@@ -130,3 +130,25 @@ def apply(spec: RunSpec, chosen: Mapping[str, Any]) -> RunSpec:
     for path, value in chosen.items():
         request = assign(request, path, value)
     return replace(spec, request=request, search={})
+
+
+@dataclass
+class SearchPlan:
+    """A study's runs before its searches are decided: the groups, each screening run resolved once
+    (by the identity of its spec), and the runs that need no search."""
+
+    groups: list[Group]
+    screens: dict[int, PlannedRun]
+    plain: list[PlannedRun]
+
+    def screen(self, spec: RunSpec) -> PlannedRun:
+        return self.screens[id(spec)]
+
+
+def plan_study(study: Study, search: bool = True) -> SearchPlan:
+    """Resolve `study` (refusing a bad run before anything starts): its searches with their screening runs,
+    and the runs that need none (every run, without `search`)."""
+    found = groups(study.specs, study.screen_fraction) if search else []
+    screens = {id(s): plan([s], role="screen")[0] for g in found for s in g.screens}
+    plain = plan(spec for spec in study.specs if not (search and spec.search))
+    return SearchPlan(found, screens, plain)

@@ -188,12 +188,7 @@ class Task:
         if self._held_keys is None:
             held = np.concatenate([self.test_examples()[0], self.val_examples()[0]])
             self._held_keys = np.sort(row_hashes(held))
-        return self._draw_excluding(np.random.default_rng([self.seed, 1, step]), n, self._held_keys, "training batch")
-
-    def _draw_excluding(
-        self, rng: np.random.Generator, n: int, exclude: np.ndarray, what: str
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """n examples from `rng`, redrawing those whose row hash is in the sorted `exclude`."""
+        rng = np.random.default_rng([self.seed, 1, step])
         seqs, masks, have, drawn = [], [], 0, 0
         while have < n:
             if drawn > 100 * n + 10_000:
@@ -201,13 +196,13 @@ class Task:
                 # addition with n_digits=1: 81 pairs) loop forever.
                 check(
                     False,
-                    f"{self.describe()}: nearly every example drawn for the {what} is held out (test set of"
+                    f"{self.describe()}: nearly every example drawn for the training batch is held out (test set of"
                     f" {self.test_size}, validation set of {self.val_size}); lower test_size and val_size or"
                     " enlarge the task",
                 )
             drawn += n - have
             seq, mask = self.sample(rng, n - have)
-            keep = ~np.isin(row_hashes(seq), exclude)
+            keep = ~np.isin(row_hashes(seq), self._held_keys)
             seqs.append(seq[keep])
             masks.append(mask[keep])
             have += int(keep.sum())
