@@ -32,10 +32,11 @@ from mixit.study.spec import PlannedRun, Study, load_study_file, merge_planned, 
 
 __all__ = ["Study", "estimate_seconds", "list_studies", "load_study_file", "paper_study", "reproduce", "write_report"]
 
-# What a training step reaches of a matmul's speed on the small models of the quick preset: set so
-# that the estimate matches the preset's measured 1220 s on the idle 2-core machine (docs/reproduction.md).
-# Estimates are rough, to plan a session, not to time it; a busy machine measures a slower matmul.
-EFFICIENCY = 0.4
+# What a training step reaches of a matmul's speed on the small models of the quick preset. With the
+# fastest of seven matmul samples (334 GFLOP/s on the idle 2-core machine) and every run at its step cap,
+# 0.4 gave 19 minutes for a study measured at 21 (1266 s at a4c93c2, docs/reproduction.md); 0.3 gives
+# about 25, above it, as "at most" promises. Estimates plan a session; they do not time it.
+EFFICIENCY = 0.3
 
 
 def matmul_flops_per_second(samples: int = 7, seconds: float = 0.1) -> float:
