@@ -1,5 +1,6 @@
-"""The synthetic tasks (docs/tasks.md): seeded determinism, token
-ranges, right answers, exact loss masks, disjoint splits, scoring, registry."""
+"""The task contract, which every task meets (cheap construction, batches, held-out sets,
+determinism), and the synthetic tasks (docs/tasks.md): token ranges, right answers, exact
+loss masks, disjoint splits, scoring, registry. The text tasks: tests/test_text_tasks.py."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+from mixit import run_config
 from mixit.config import field_docs
 from mixit.errors import UsageError
-from mixit.tasks import IGNORE, TASKS, ParamCounts, make_batch, make_task, task_parameters
+from mixit.tasks import IGNORE, TASKS, Batch, ParamCounts, make_batch, make_task, task_parameters
+from mixit.tasks.text import TextTask
+from mixit.text.tokenizer import train_bpe
+from text_fixtures import english_like, sentiment_rows, write_jsonl, write_text_corpus
 
 # Small parameters: every test runs in milliseconds.
 SMALL = {
@@ -37,7 +42,128 @@ def perfect_preds(batch) -> torch.Tensor:
     return torch.where(batch.mask, batch.targets, torch.zeros_like(batch.targets))
 
 
-# -- every task ------------------------------------------------------------------
+# -- the contract: every task --------------------------------------------------------
+EVERY_TASK = [*SMALL, "lm", "sentiment"]
+DATA_BUILDERS = (
+    "mixit.tasks.text._lm_data",
+    "mixit.tasks.text._sentiment_data",
+    "mixit.text.corpora._embedded",
+    "mixit.text.corpora.load_hub",
+    "mixit.text.corpora.load_local",
+    "mixit.text.tokenizer.train_bpe",
+)
+
+
+@pytest.fixture(scope="module")
+def text_params(tmp_path_factory):
+    """Small parameters of the text tasks, on local data."""
+    root = tmp_path_factory.mktemp("text")
+    corpus = write_text_corpus(root / "corpus.txt", n_docs=120)
+    reviews = write_jsonl(root / "reviews.jsonl", sentiment_rows(400))
+    return {
+        "lm": {"corpus": str(corpus), "length": 16, "vocab": 300, "held_out": 0.1},
+        "sentiment": {"dataset": str(reviews), "vocab": 300, "length": 12},
+    }
+
+
+@pytest.fixture
+def no_data(monkeypatch):
+    """Make building any task's data an error: generators, tables, corpora, tokenizer training."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a task's data was built")
+
+    for _, cls in TASKS.items():
+        for method in ("sample", "build_tables", "build_held_out"):
+            if hasattr(cls, method):
+                monkeypatch.setattr(cls, method, refuse)
+    for target in DATA_BUILDERS:
+        monkeypatch.setattr(target, refuse)
+
+
+@pytest.mark.parametrize("name", EVERY_TASK)
+def test_constructing_a_task_and_reading_its_shape_builds_no_data(name, tmp_path, no_data):
+    # The defaults: memorization's table of 262,144 rows, lm's BPE trained on the whole English corpus.
+    task = make_task(name)
+    assert task.vocab_size > 0 and 0 < task.input_len <= task.reference_len
+    assert task.describe().startswith(f"{name}(")
+    defaults = task.model_defaults("softmax"), task.model_defaults("mixing")
+    # ...and so does turning a request into a complete config (experiment.resolve).
+    cfg = run_config(name, "mixit")
+    assert cfg.model.vocab_size == task.vocab_size and cfg.model.n_ctx == task.reference_len
+    assert {k: getattr(cfg.model, k) for k in defaults[1]} == defaults[1]
+
+
+@pytest.mark.parametrize("name", ["lm", "sentiment"])
+def test_a_text_task_reads_only_a_tokenizer_file_it_is_given(name, tmp_path, monkeypatch):
+    path = tmp_path / "tokenizer.json"
+    train_bpe(english_like(20), 270).save(path)
+    monkeypatch.setattr("mixit.tasks.text.BPE_PAD_ID", -1)  # so pad_id must come from the file
+    for target in DATA_BUILDERS:
+        monkeypatch.setattr(target, lambda *args, **kwargs: pytest.fail("a task's data was built"))
+    task = make_task(name, {"tokenizer": str(path)})
+    assert task.vocab_size == 270
+    if name == "sentiment":
+        assert task.model_defaults("mixing")["pad_id"] == 1
+
+
+def _contract_task(name, text_params, seed=1):
+    return make_task(name, SMALL.get(name) or text_params[name], seed=seed, test_size=40, val_size=30)
+
+
+def _examples(task, batch) -> set:
+    """The examples of `batch` as hashable rows: the inputs without their padding, and the targets."""
+    pad = task.model_defaults("softmax").get("pad_id")
+    out = set()
+    for x, y in zip(batch.inputs.tolist(), batch.targets.tolist()):
+        while pad is not None and x and x[-1] == pad:
+            x.pop()
+        out.add((tuple(x), tuple(y) if isinstance(y, list) else y))
+    return out
+
+
+def _batches(task) -> tuple[list[Batch], Batch, Batch]:
+    """Four training batches of 16, the test set and the validation set."""
+    return [task.train_batch(step, 16) for step in range(4)], task.test_batch(), task.val_batch()
+
+
+@pytest.mark.parametrize("name", EVERY_TASK)
+def test_every_task_meets_the_contract(name, text_params):
+    task = _contract_task(name, text_params)
+    defaults = task.model_defaults("softmax")
+    classifier = defaults.get("head") == "classifier"
+    n_answers = defaults["n_classes"] if classifier else task.vocab_size
+    train, test, val = _batches(task)
+    for batch in (*train, test, val):
+        assert isinstance(batch, Batch) and batch.inputs.dtype == batch.targets.dtype == torch.int64
+        assert batch.inputs.ndim == 2 and len(batch) > 0
+        assert batch.targets.shape == ((len(batch),) if classifier else batch.inputs.shape)
+        assert 0 <= batch.inputs.min() and batch.inputs.max() < task.vocab_size
+        answers = batch.targets[batch.targets != IGNORE]
+        assert len(answers) and 0 <= answers.min() and answers.max() < n_answers
+    assert [len(b) for b in train] == [16] * 4
+    # The shape facts are what the data says: the widest batch is input_len tokens, which n_ctx holds.
+    assert max(b.inputs.shape[1] for b in (*train, test, val)) == task.input_len <= task.reference_len
+    if isinstance(task, TextTask):
+        assert task.vocab_size == task.tokenizer.vocab_size
+    if classifier:
+        assert defaults["pad_id"] == task.tokenizer.pad_id
+    # Deterministic: a batch depends on (seed, step) only; the held-out sets are fixed.
+    again, other_seed = _contract_task(name, text_params), _contract_task(name, text_params, seed=2)
+    train_again, test_again, val_again = _batches(again)
+    for a, b in zip((*train, test, val), (*train_again, test_again, val_again)):
+        assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+    assert not torch.equal(train[0].inputs, train[1].inputs)
+    assert not torch.equal(train[0].inputs, other_seed.train_batch(0, 16).inputs)
+    # Held out: test and validation sets disjoint, and never trained on; but memorization's, which are
+    # the table it learns and a part of it (docs/tasks.md, "memorization").
+    if name != "memorization":
+        seen = set().union(*(_examples(task, b) for b in train))
+        assert not _examples(task, test) & _examples(task, val)
+        assert not seen & (_examples(task, test) | _examples(task, val))
+
+
+# -- the synthetic tasks -----------------------------------------------------------
 
 
 def test_registry_has_every_task():

@@ -9,8 +9,27 @@ import pytest
 from mixit.errors import UsageError
 from mixit.text import corpora
 from mixit.text.corpora import hash_split, held_out, load_corpus, load_labelled
-from mixit.text.tokenizer import EOS, PAD, TextTokenizer, encode_documents, get_tokenizer, train_bpe
+from mixit.text.tokenizer import (
+    BPE_EOS_ID,
+    BPE_PAD_ID,
+    EOS,
+    MIN_VOCAB,
+    PAD,
+    TextTokenizer,
+    bpe_reaches,
+    encode_documents,
+    get_tokenizer,
+    train_bpe,
+)
 from text_fixtures import english_like, sentiment_rows, write_jsonl, write_text_corpus
+
+
+def distinct_words(texts: list[str]) -> int:
+    """Distinct words of two bytes or more, as the BPE's byte-level pre-tokenizer cuts them."""
+    from tokenizers import pre_tokenizers
+
+    cut = pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str
+    return len({word for text in texts for word, _ in cut(text) if len(word) >= 2})
 
 
 # -- splitting -----------------------------------------------------------------
@@ -171,6 +190,33 @@ def test_bpe_round_trips_any_text_and_has_the_special_tokens():
     spelled = "<|pad|> and <|endoftext|> in a text"
     assert tok.pad_id not in tok.encode(spelled) and tok.eos_id not in tok.encode(spelled)  # only tasks place them
     assert tok.decode(tok.encode(spelled)) == spelled
+
+
+def test_bpe_puts_the_special_tokens_first():
+    tok = train_bpe(english_like(20), 270)
+    assert (tok.eos_id, tok.pad_id) == (BPE_EOS_ID, BPE_PAD_ID) == (0, 1)
+
+
+@pytest.mark.parametrize("n_docs", [1, 3, 40])
+def test_bpe_reaches_its_size_when_the_texts_have_enough_distinct_words(n_docs):
+    texts = english_like(n_docs, seed=n_docs)
+    words = distinct_words(texts)
+    assert bpe_reaches(MIN_VOCAB + words, words) and not bpe_reaches(MIN_VOCAB + words + 1, words)
+    for size in (MIN_VOCAB, MIN_VOCAB + words // 2, MIN_VOCAB + words):
+        assert train_bpe(texts, size).vocab_size == size
+    # Past that only training tells: these texts run out of merges well short of 100,000 entries.
+    assert MIN_VOCAB + words <= train_bpe(texts, 100_000).vocab_size < 100_000
+
+
+def test_embedded_datasets_have_the_distinct_words_the_planned_sizes_rely_on():
+    """corpora.EMBEDDED_MIN_WORDS, recounted at the largest held-out fraction it covers (the fewest texts)."""
+    edge = corpora.EMBEDDED_MAX_HELD_OUT
+    english = load_corpus("english", held_out_fraction=edge).train.texts
+    movies = load_labelled("movies", held_out_fraction=edge).train.texts
+    assert distinct_words(english) >= corpora.EMBEDDED_MIN_WORDS["english"]
+    assert distinct_words(movies) >= corpora.EMBEDDED_MIN_WORDS["movies"]
+    # A lower fraction only adds texts: the training split at the default fraction holds all of these.
+    assert set(english) <= set(load_corpus("english").train.texts)
 
 
 def test_bpe_training_is_deterministic_and_cached(tmp_path):

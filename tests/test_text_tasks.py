@@ -1,6 +1,7 @@
 """The lm and sentiment tasks, the classifier head, padding invariance, non-causal
 MixiT, and `mixit sample`, on small local corpora (offline)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -10,12 +11,14 @@ import torch
 from mixit import run_config, train
 from mixit.cli import main
 from mixit.config import ModelConfig
+from mixit.errors import UsageError
 from mixit.freezing import VARIANTS, apply_variant
 from mixit.models import Transformer
 from mixit.models.attention import bidirectional_mixing, layer_generator, mixit_noise
 from mixit.tasks import make_task
-from mixit.tasks.text import _sentiment_data, epoch_indices
-from mixit.text.tokenizer import encode_documents
+from mixit.tasks.text import TextSource, _sentiment_data, epoch_indices, planned_vocab_size
+from mixit.text.corpora import EMBEDDED_MIN_WORDS
+from mixit.text.tokenizer import MIN_VOCAB, encode_documents
 from text_fixtures import sentiment_rows, write_jsonl, write_text_corpus
 
 
@@ -45,16 +48,16 @@ def test_epoch_indices_visit_every_item_once_per_epoch():
 
 def test_lm_packing_predicts_every_training_token_exactly_once_per_epoch(corpus):
     task = lm_task(corpus)
-    stream, L = task.train_tokens, task.length
+    stream, L, n_train = task.data.streams["training"], task.length, task.data.counts["training"]
     # One epoch of batches of 1: every sequence once.
-    seqs = np.concatenate([task.train_examples(step, 1)[0] for step in range(task.n_train)])
-    every = task.sequences(stream, np.arange(task.n_train))[0]
+    seqs = np.concatenate([task.train_examples(step, 1)[0] for step in range(n_train)])
+    every = task.sequences("training", np.arange(n_train))[0]
     starts = sorted(int(np.flatnonzero(np.all(every == s, axis=1))[0]) for s in seqs)
-    assert starts == list(range(task.n_train))
+    assert starts == list(range(n_train))
     # Sequence i is stream[i L : i L + L + 1]: targets tile the stream with no gap and no overlap.
     targets = every[:, 1:].reshape(-1)
-    assert np.array_equal(targets, stream[1 : task.n_train * L + 1])
-    assert len(stream) - 1 - task.n_train * L < L  # only a partial sequence is left out
+    assert np.array_equal(targets, stream[1 : n_train * L + 1])
+    assert len(stream) - 1 - n_train * L < L  # only a partial sequence is left out
 
 
 def test_lm_streams_come_from_their_own_split(corpus):
@@ -62,18 +65,20 @@ def test_lm_streams_come_from_their_own_split(corpus):
 
     task = lm_task(corpus)
     data = load_corpus(corpus, held_out_fraction=0.1)
-    assert np.array_equal(task.train_tokens, encode_documents(task.tokenizer, data.train.texts))
+    streams = task.data.streams
+    assert np.array_equal(streams["training"], encode_documents(task.tokenizer, data.train.texts))
     held_out = encode_documents(task.tokenizer, data.test.texts)
-    assert np.array_equal(task.held_out_tokens, held_out)
+    assert np.array_equal(task.data.held_out, held_out)
     # The held-out split is cut at a document boundary into validation (first) and test (second) halves.
-    cut = len(task.val_tokens)
-    assert np.array_equal(np.concatenate([task.val_tokens, task.test_tokens]), held_out)
-    assert task.val_tokens[-1] == task.tokenizer.eos_id and abs(cut - len(held_out) / 2) < len(held_out) / 4
+    val_tokens, test_tokens = streams["validation"], streams["test"]
+    assert np.array_equal(np.concatenate([val_tokens, test_tokens]), held_out)
+    cut = len(val_tokens)
+    assert val_tokens[-1] == task.tokenizer.eos_id and abs(cut - len(held_out) / 2) < len(held_out) / 4
     seq, mask = task.test_examples()
     assert seq.shape[1] == 17 and mask.all()
-    assert np.array_equal(seq[0], task.test_tokens[:17])
+    assert np.array_equal(seq[0], test_tokens[:17])
     val, _ = task.val_examples()
-    assert np.array_equal(val[0], task.val_tokens[:17])
+    assert np.array_equal(val[0], val_tokens[:17])
     assert task.vocab_size == 300 and task.input_len == 16
 
 
@@ -81,16 +86,18 @@ def test_lm_test_set_is_spread_over_the_held_out_split(corpus):
     task = make_task("lm", {"corpus": corpus, "length": 16, "vocab": 300, "held_out": 0.1}, test_size=5)
     seq, _ = task.test_examples()
     assert len(seq) == 5
-    assert np.array_equal(seq[-1], task.sequences(task.test_tokens, np.array([task.n_test - 1]))[0][0])
+    last = task.data.counts["test"] - 1
+    assert np.array_equal(seq[-1], task.sequences("test", np.array([last]))[0][0])
 
 
 def test_lm_without_packing_reads_one_document_per_sequence_as_the_reference(corpus):
     task = lm_task(corpus, packing=False)
     eos, pad = task.tokenizer.eos_id, task.tokenizer.pad_id
-    docs = np.split(task.train_tokens, np.flatnonzero(task.train_tokens == eos) + 1)[:-1]  # each ends with EOS
+    stream, n_train = task.data.streams["training"], task.data.counts["training"]
+    docs = np.split(stream, np.flatnonzero(stream == eos) + 1)[:-1]  # each ends with EOS
     docs = [d[:-1] for d in docs if len(d) - 1 >= 2]
-    assert task.n_train == len(docs)
-    seq, mask = task.sequences(task.train_tokens, np.arange(task.n_train))
+    assert n_train == len(docs)
+    seq, mask = task.sequences("training", np.arange(n_train))
     for row, doc, m in zip(seq, docs, mask):
         n = min(len(doc), 17)
         assert np.array_equal(row[:n], doc[:n]) and (row[n:] == pad).all() and eos not in row
@@ -100,12 +107,11 @@ def test_lm_without_packing_reads_one_document_per_sequence_as_the_reference(cor
 
 
 def test_lm_bad_parameters_are_refused(corpus):
-    from mixit.errors import UsageError
-
     with pytest.raises(UsageError, match="length"):
         lm_task(corpus, length=1)
+    too_long = lm_task(corpus, length=100_000)  # known only once the corpus is read: at the first batch
     with pytest.raises(UsageError, match="fewer than"):
-        lm_task(corpus, length=100_000)
+        too_long.train_batch(0, 1)
 
 
 def test_trained_tiny_lm_beats_the_unigram_baseline(corpus, tmp_path):
@@ -146,9 +152,9 @@ def test_sentiment_batches_are_right_padded_and_labelled(reviews):
 
 def test_sentiment_test_subset_is_a_fair_sample_of_a_label_ordered_split(reviews):
     task = make_task("sentiment", {"dataset": reviews, "vocab": 300, "length": 12}, test_size=50)
-    rows, _ = task.test_set
+    rows, _ = task.data.test
     labels = np.array([0] * (len(rows) // 2) + [1] * (len(rows) - len(rows) // 2))
-    task.test_set = (rows, labels)  # ordered by label, as some sources ship their test split
+    task.data = dataclasses.replace(task.data, test=(rows, labels))  # ordered by label, as some sources ship it
     first, again = task.test_batch(), task.test_batch()
     assert len(first.targets) == 50 and torch.equal(first.targets, again.targets)
     assert 10 <= int(first.targets.sum()) <= 40  # the first 50 rows would all be label 0
@@ -157,20 +163,54 @@ def test_sentiment_test_subset_is_a_fair_sample_of_a_label_ordered_split(reviews
 def test_sentiment_validation_set_is_split_off_the_training_split(reviews):
     task = make_task("sentiment", {"dataset": reviews, "vocab": 300, "length": 12}, val_size=100)
     full = make_task("sentiment", {"dataset": reviews, "vocab": 300, "length": 12}, val_size=100000)
-    val_rows, train_rows = task.val_set[0], task.train_set[0]
+    val_rows, train_rows = task.data.val[0], task.data.train[0]
     n_train = len(train_rows) + len(val_rows)
-    assert len(val_rows) == 100 and len(full.val_set[0]) == n_train // 5  # at most a fifth of the training split
+    assert len(val_rows) == 100 and len(full.data.val[0]) == n_train // 5  # at most a fifth of the training split
     # The two parts tile the dataset's training split: every text in exactly one of them.
-    c = task.cfg
-    _, (original, _), _, _ = _sentiment_data(
-        c.dataset, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab, c.length
-    )
+    _, (original, _), _, _ = _sentiment_data(task.cfg.source(), task.cfg.length)
     both = np.concatenate([val_rows, train_rows])
     assert len(both) == len(original)
     assert sorted(map(tuple, both.tolist())) == sorted(map(tuple, original.tolist()))
     assert len(task.val_batch().targets) == 100
-    with pytest.raises(TypeError):
-        task.val_examples()
+    assert not hasattr(task, "val_examples")  # a sentiment example is a text and a label, not a token row
+
+
+# -- shape facts from the parameters ------------------------------------------------
+def _source(name="english", labelled=False, max_documents=0, held_out=0.05, tokenizer="bpe", vocab=4096):
+    return TextSource(name, labelled, "", max_documents, held_out, tokenizer, vocab)
+
+
+def test_the_vocabulary_size_is_planned_only_where_the_parameters_decide_it(tmp_path):
+    assert planned_vocab_size(_source()) == 4096  # the lm defaults
+    assert planned_vocab_size(_source("movies", True, held_out=0.2, vocab=2048)) == 2048  # the sentiment defaults
+    edge = MIN_VOCAB + EMBEDDED_MIN_WORDS["english"]
+    assert planned_vocab_size(_source(held_out=0.5, vocab=edge)) == edge  # the edge of the rule
+    for unknown in (
+        _source(vocab=edge + 1),  # past the distinct words the corpus is known to hold
+        _source(held_out=0.51),  # a smaller training split
+        _source(max_documents=10),  # part of the corpus
+        _source("movies"),  # not a corpus name for lm: a local path
+        _source("english", labelled=True),  # nor for sentiment
+        _source(str(tmp_path / "corpus.txt")),
+        _source("wikitext-103"),
+        _source(tokenizer=str(tmp_path / "tokenizer.json")),  # the file decides
+    ):
+        assert planned_vocab_size(unknown) is None, unknown
+    with pytest.raises(UsageError, match="vocab must be at least 258"):
+        planned_vocab_size(_source(vocab=100))
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [("lm", {"vocab": 300, "length": 16, "held_out": 0.5}), ("sentiment", {"vocab": 2048, "held_out": 0.5})],
+)
+def test_planned_shape_facts_match_the_built_data(name, params):
+    """At the edge of the rule (held_out 0.5: the fewest training texts it covers)."""
+    task = make_task(name, params)
+    facts = task.vocab_size, task.model_defaults("mixing")
+    assert facts[0] == params["vocab"] == task.tokenizer.vocab_size
+    if name == "sentiment":
+        assert facts[1]["n_classes"] == task.data.n_classes and facts[1]["pad_id"] == task.tokenizer.pad_id
 
 
 def _classifier(variant, causal, pooling, pad_id=1):

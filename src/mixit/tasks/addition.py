@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mixit.config import TaskConfig, check
-from mixit.tasks.base import TASKS, Task
+from mixit.tasks.base import TASKS, Examples, SequenceTask
 
 PLUS = 10
 EQUALS = 11
@@ -42,7 +42,7 @@ class AdditionConfig(TaskConfig):
 
 
 @TASKS.register("addition")
-class Addition(Task):
+class Addition(SequenceTask):
     """a + b for two n_digits-digit integers, answer digits least-significant first.
 
     docs/tasks.md, "addition". Scored positions are the predictions of every
@@ -65,10 +65,16 @@ class Addition(Task):
         super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
         self.n_digits = self.cfg.n_digits
         self.reference_mask = self.cfg.reference_mask
-        self.vocab_size = VOCAB
-        self.seq_len = 3 * self.n_digits + 4
 
-    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB
+
+    @property
+    def seq_len(self) -> int:
+        return 3 * self.n_digits + 4
+
+    def sample(self, rng: np.random.Generator, n: int) -> Examples:
         d = self.n_digits
         # Operand digits, least-significant first; the most significant digit is
         # non-zero so both operands have exactly d digits.
@@ -76,7 +82,7 @@ class Addition(Task):
         digits[:, :, d - 1] = rng.integers(1, 10, size=(n, 2))
         return self.encode(digits[:, 0], digits[:, 1])
 
-    def encode(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, a: np.ndarray, b: np.ndarray) -> Examples:
         """Examples (seq (n, L), mask (n, L)) of the sums a + b, given the
         operands' digits (n, n_digits), least-significant first."""
         d = self.n_digits

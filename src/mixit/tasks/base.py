@@ -1,12 +1,16 @@
-"""What every task shares: the registry, the example format, the fixed test
-set, the seeded training stream that never repeats a test example, and scoring.
+"""What every task shares: the registry, the task contract, the batches, and scoring; and, for the tasks
+made of token sequences, the example format, the fixed held-out sets and the seeded training stream.
 
-A task is registered under its CLI name in `TASKS` and declares its
-parameters once, as a `TaskConfig` dataclass (``Task.Config``). It produces
-whole token sequences ``seq`` (N, L) and a boolean loss mask ``mask`` (N, L):
-``mask[i, t]`` says the prediction made at position t (of token t+1) is
-trained and scored (docs/tasks.md, "Common rules").
-The model never sees the last token, so a `Batch` holds
+A task is registered under its CLI name in `TASKS` and declares its parameters once, as a `TaskConfig`
+dataclass (``Task.Config``). The rest of mixit sees only the contract of `Task` (docs/tasks.md, "The task
+contract"): training batches, the fixed test and validation sets as `Batch`es, scoring, and the shape
+facts (vocab_size, input_len, reference_len, model_defaults, describe). Constructing a task is cheap: the
+shape facts come from its parameters, and its data (examples, tables, corpus, tokenizer) is built the
+first time a run asks for it.
+
+Most tasks are `SequenceTask`s: they produce whole token sequences ``seq`` (N, L) and a boolean loss mask
+``mask`` (N, L), where ``mask[i, t]`` says the prediction made at position t (of token t+1) is trained
+and scored (docs/tasks.md, "Common rules"). The model never sees the last token, so a `Batch` holds
 
     inputs  = seq[:, :-1]                                   # (N, L-1)
     targets = seq[:, 1:] where mask[:, :-1] else IGNORE     # (N, L-1)
@@ -27,10 +31,12 @@ and the test set gives the number that is reported.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -43,6 +49,9 @@ IGNORE = -100
 
 TASKS: Registry[type[Task]] = Registry("task")
 """CLI name -> task class. A task module registers its class with ``@TASKS.register(name)``."""
+
+Examples = tuple[np.ndarray, np.ndarray]
+"""Whole sequences (N, L) int64 and their loss mask (N, L) bool."""
 
 
 @dataclass
@@ -117,19 +126,22 @@ class ParamCounts:
 
 
 class Task:
-    """Base class of the tasks.
+    """The contract every task meets; the rest of mixit calls nothing else (docs/tasks.md, "The task contract").
 
-    A subclass sets ``name``, its parameter class ``Config``, ``vocab_size``
-    and ``seq_len``, and implements `sample`. Tasks with a finite example
-    space that use fixed splits (modular addition, memorization) override
-    `test_examples` and `train_examples` instead. ``defaults`` holds the
-    task's own training (and model) defaults, by option name.
+    Data: `train_batch` (batch number `step`, a function of (seed, step) only), `test_batch` and
+    `val_batch` (the fixed test and validation sets). Scoring: `score` and `loss_metrics`. Shape facts:
+    `vocab_size`, `input_len`, `reference_len`, `model_defaults`, `describe`, `analysis_tokens`. And
+    `save_artifacts`, what a run directory must keep to rebuild the task.
+
+    Constructing a task is cheap: it checks and stores the parameters, and the shape facts come from
+    them; the data is built the first time a batch (or a tokenizer) is asked for. A subclass sets
+    ``name`` and its parameter class ``Config``, implements the three batch methods, ``vocab_size`` and
+    ``input_len``; most do so by deriving from `SequenceTask`. ``defaults`` holds the task's own
+    training (and model) defaults, by option name.
     """
 
     name: ClassVar[str]
     Config: ClassVar[type[TaskConfig]] = TaskConfig
-    vocab_size: int
-    seq_len: int  # whole sequence length L; the model reads L-1 tokens
     exact_match: ClassVar[bool] = False  # report whole-answer accuracy (multi-token answers)
     defaults: ClassVar[dict[str, Any]] = {}  # per-task option defaults (steps, lr, ...)
     selection: ClassVar[tuple[str, bool]] = ("token_acc", True)
@@ -147,47 +159,140 @@ class Task:
         self.seed = seed
         self.test_size = test_size
         self.val_size = val_size
-        self._test: tuple[np.ndarray, np.ndarray] | None = None
-        self._val: tuple[np.ndarray, np.ndarray] | None = None
-        self._held_keys: np.ndarray | None = None
 
     @classmethod
     def description(cls) -> str:
         """One line on what the task is: the first line of its Config's docstring."""
         return short_doc(cls.Config)
 
-    # -- to implement -------------------------------------------------------
-    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Draw n independent examples: (seq (n, L) int64, mask (n, L) bool)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement sample()")
-
     def params(self) -> dict[str, Any]:
         """The task's own parameters."""
         return self.cfg.to_dict()
 
+    def describe(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.params().items())
+        return f"{self.name}({args})"
+
+    # -- shape facts (from the parameters: no data is built) ------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the model embeds (and, with a language-model head, predicts): ids 0 .. vocab_size-1."""
+        raise NotImplementedError(f"{type(self).__name__} must define vocab_size")
+
+    @property
+    def input_len(self) -> int:
+        """Length of the sequences the model reads (n_ctx must be at least this)."""
+        raise NotImplementedError(f"{type(self).__name__} must define input_len")
+
+    @property
+    def reference_len(self) -> int:
+        """The sequence length the reference code builds its model for, the default n_ctx: the tokens it reads."""
+        return self.input_len
+
+    def model_defaults(self, attention: str) -> dict[str, Any]:
+        """ModelConfig values this task needs unless the user sets them (a
+        classifier head, padding, causality); `attention` is the run's kind."""
+        return {}
+
+    def analysis_tokens(self) -> Sequence[int]:
+        """Token ids that probes of the trained model (repeated random sequences)
+        draw from: the whole vocabulary unless a task says otherwise."""
+        return range(self.vocab_size)
+
+    # -- data -------------------------------------------------------------------
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        """Training batch number `step` of `batch_size` examples, none of them a test or validation example."""
+        raise NotImplementedError(f"{type(self).__name__} must implement train_batch()")
+
+    def test_batch(self) -> Batch:
+        """The fixed test set: the number a run reports."""
+        raise NotImplementedError(f"{type(self).__name__} must implement test_batch()")
+
+    def val_batch(self) -> Batch:
+        """The fixed validation set: what settings are chosen and training is stopped on."""
+        raise NotImplementedError(f"{type(self).__name__} must implement val_batch()")
+
+    def save_artifacts(self, run_dir: Path) -> None:
+        """Write what evaluating the run later needs besides its config (a tokenizer); nothing by default."""
+
+    # -- scoring --------------------------------------------------------------
+    def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
+        """Metrics of predictions `preds` (N, L-1) (argmax of the logits) on `batch`.
+
+        token_acc: fraction of scored positions predicted right.
+        exact_match (tasks with multi-token answers): fraction of examples whose
+        every scored position is right.
+        """
+        mask = batch.mask
+        right = (preds == batch.targets) & mask
+        n_scored = int(mask.sum())
+        out = {"token_acc": right.sum().item() / max(n_scored, 1)}
+        if self.exact_match:
+            all_right = (right | ~mask).all(dim=1)
+            out["exact_match"] = all_right.float().mean().item()
+        return out
+
+    def loss_metrics(self, loss: float) -> dict[str, float]:
+        """Metrics derived from the mean test loss (perplexity for language modelling)."""
+        return {}
+
+
+class SequenceTask(Task):
+    """A task whose examples are whole token sequences and their loss masks (`Examples`).
+
+    A subclass defines ``vocab_size`` and ``seq_len`` (from its parameters) and implements `sample`,
+    a seeded generator of examples; this class makes the fixed test and validation sets and the
+    training stream from it (module docstring) and turns examples into batches with `to_batch`. A task
+    whose examples come from elsewhere (a table, a corpus) overrides `build_held_out` and
+    `train_examples` instead. Examples are this class's business: the rest of mixit reads batches.
+    """
+
+    @property
+    def seq_len(self) -> int:
+        """Whole sequence length L; the model reads L-1 tokens."""
+        raise NotImplementedError(f"{type(self).__name__} must define seq_len")
+
+    @property
+    def input_len(self) -> int:
+        return self.seq_len - 1
+
+    @property
+    def reference_len(self) -> int:
+        """The whole example: the reference code feeds every token and ignores the last prediction
+        (docs/fidelity.md)."""
+        return self.seq_len
+
+    def sample(self, rng: np.random.Generator, n: int) -> Examples:
+        """Draw n independent examples: (seq (n, L) int64, mask (n, L) bool)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement sample()")
+
     # -- test set, validation set and training stream ---------------------------
-    def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        """The fixed test set (seq, mask): test_size examples of the held-out pool (`split_held_out`)."""
-        if self._test is None:
-            self._test, self._val = self._held_out()
-        return self._test
-
-    def val_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        """The fixed validation set (seq, mask): the rest of the held-out pool, none equal to a test example."""
-        if self._val is None:
-            self._test, self._val = self._held_out()
-        return self._val
-
-    def _held_out(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    def build_held_out(self) -> tuple[Examples, Examples]:
+        """(test set, validation set): one pool of `sample` draws split by example (`split_held_out`)."""
         seq, mask = self.sample(np.random.default_rng([self.seed, 0]), self.test_size + self.val_size)
         test, val = split_held_out(row_hashes(seq), self.test_size, self.seed)
         return (seq[test], mask[test]), (seq[val], mask[val])
 
-    def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    @functools.cached_property
+    def _held_out(self) -> tuple[Examples, Examples]:
+        """`build_held_out`, built the first time either set is asked for."""
+        return self.build_held_out()
+
+    @functools.cached_property
+    def _held_keys(self) -> np.ndarray:
+        """Sorted row hashes of every test and validation example, which the training stream rejects."""
+        return np.sort(row_hashes(np.concatenate([self.test_examples()[0], self.val_examples()[0]])))
+
+    def test_examples(self) -> Examples:
+        """The fixed test set: test_size examples of the held-out pool."""
+        return self._held_out[0]
+
+    def val_examples(self) -> Examples:
+        """The fixed validation set: the rest of the held-out pool, none equal to a test example."""
+        return self._held_out[1]
+
+    def train_examples(self, step: int, n: int) -> Examples:
         """Training batch number `step`: n fresh examples, none equal to a test or validation example."""
-        if self._held_keys is None:
-            held = np.concatenate([self.test_examples()[0], self.val_examples()[0]])
-            self._held_keys = np.sort(row_hashes(held))
         rng = np.random.default_rng([self.seed, 1, step])
         seqs, masks, have, drawn = [], [], 0, 0
         while have < n:
@@ -208,38 +313,14 @@ class Task:
             have += int(keep.sum())
         return np.concatenate(seqs), np.concatenate(masks)
 
-    @property
-    def input_len(self) -> int:
-        """Length of the sequences the model reads (n_ctx must be at least this)."""
-        return self.seq_len - 1
-
-    @property
-    def reference_len(self) -> int:
-        """The sequence length the reference code builds its model for, the default n_ctx: the
-        whole example, since it feeds every token and ignores the last prediction (docs/fidelity.md)."""
-        return self.seq_len
-
-    def analysis_tokens(self) -> range:
-        """Token ids that probes of the trained model (repeated random sequences)
-        draw from: the whole vocabulary unless a task says otherwise."""
-        return range(self.vocab_size)
-
-    def model_defaults(self, attention: str) -> dict[str, Any]:
-        """ModelConfig values this task needs unless the user sets them (a
-        classifier head, padding, causality); `attention` is the run's kind."""
-        return {}
-
-    def loss_metrics(self, loss: float) -> dict[str, float]:
-        """Metrics derived from the mean test loss (perplexity for language modelling)."""
-        return {}
-
-    def save_artifacts(self, run_dir: Path) -> None:
-        """Write what evaluating the run later needs besides its config (a tokenizer); nothing by default."""
-
+    # -- batches ----------------------------------------------------------------
     def to_batch(self, seq: np.ndarray, mask: np.ndarray) -> Batch:
         """Examples as the model sees them; next-token prediction unless a task
         with per-position labels (induction) says otherwise."""
         return make_batch(seq, mask)
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        return self.to_batch(*self.train_examples(step, batch_size))
 
     def test_batch(self) -> Batch:
         return self.to_batch(*self.test_examples())
@@ -247,61 +328,47 @@ class Task:
     def val_batch(self) -> Batch:
         return self.to_batch(*self.val_examples())
 
-    def train_batch(self, step: int, batch_size: int) -> Batch:
-        return self.to_batch(*self.train_examples(step, batch_size))
 
-    # -- scoring --------------------------------------------------------------
-    def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
-        """Metrics of predictions `preds` (N, L-1) (argmax of the logits) on `batch`.
+class Tables(NamedTuple):
+    """The rows (whole sequences) of a fixed-split task's train, validation and test parts."""
 
-        token_acc: fraction of scored positions predicted right.
-        exact_match (tasks with multi-token answers): fraction of examples whose
-        every scored position is right.
-        """
-        mask = batch.mask
-        right = (preds == batch.targets) & mask
-        n_scored = int(mask.sum())
-        out = {"token_acc": right.sum().item() / max(n_scored, 1)}
-        if self.exact_match:
-            all_right = (right | ~mask).all(dim=1)
-            out["exact_match"] = all_right.float().mean().item()
-        return out
-
-    def describe(self) -> str:
-        args = ", ".join(f"{k}={v}" for k, v in self.params().items())
-        return f"{self.name}({args})"
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
 
 
-class FixedSplitTask(Task):
+class FixedSplitTask(SequenceTask):
     """A task over a finite table of examples with a fixed train/test split.
 
-    Subclasses fill ``self.train_table``, ``self.val_table`` and
-    ``self.test_table`` (rows of whole sequences) in their constructor; only
-    the last token of each row is scored. Training batches are drawn uniformly
-    with replacement from the train table; the test and validation sets are
-    the whole test and validation tables (``test_size`` does not apply; each
-    task says how ``val_size`` does).
+    Subclasses implement `build_tables`, which the first request for data calls (once), instead of
+    `sample`; only the last token of each row is scored. Training batches are drawn uniformly with
+    replacement from the train table; the test and validation sets are the whole test and validation
+    tables (``test_size`` does not apply; each task says how ``val_size`` does).
     """
 
-    train_table: np.ndarray
-    val_table: np.ndarray
-    test_table: np.ndarray
+    def build_tables(self) -> Tables:
+        """The train, validation and test tables."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build_tables()")
+
+    @functools.cached_property
+    def tables(self) -> Tables:
+        """`build_tables`, built the first time data is asked for."""
+        return self.build_tables()
 
     def _last_token_mask(self, n_rows: int) -> np.ndarray:
         mask = np.zeros((n_rows, self.seq_len), dtype=bool)
         mask[:, -2] = True  # the prediction of the last token
         return mask
 
-    def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.test_table, self._last_token_mask(len(self.test_table))
+    def build_held_out(self) -> tuple[Examples, Examples]:
+        """The whole test and validation tables."""
+        test, val = self.tables.test, self.tables.val
+        return (test, self._last_token_mask(len(test))), (val, self._last_token_mask(len(val)))
 
-    def val_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.val_table, self._last_token_mask(len(self.val_table))
-
-    def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def train_examples(self, step: int, n: int) -> Examples:
         rng = np.random.default_rng([self.seed, 1, step])
-        rows = rng.integers(0, len(self.train_table), size=n)
-        return self.train_table[rows], self._last_token_mask(n)
+        rows = rng.integers(0, len(self.tables.train), size=n)
+        return self.tables.train[rows], self._last_token_mask(n)
 
 
 def bits_metrics(correct: int, n_labels: int, counts: ParamCounts | None) -> dict[str, float]:

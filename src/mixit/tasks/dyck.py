@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from mixit.config import TaskConfig, check
-from mixit.tasks.base import TASKS, Batch, ParamCounts, Task
+from mixit.tasks.base import TASKS, Batch, Examples, ParamCounts, SequenceTask
 
 PAD = 0
 OPEN = 1
@@ -89,7 +89,7 @@ class DyckConfig(TaskConfig):
 
 
 @TASKS.register("dyck")
-class Dyck(Task):
+class Dyck(SequenceTask):
     """Is a string of parentheses balanced? The answer token follows '?'.
 
     docs/tasks.md, "dyck". Only the label is scored (the prediction made at
@@ -107,10 +107,16 @@ class Dyck(Task):
     ):
         super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
         self.max_pairs = self.cfg.max_pairs
-        self.vocab_size = 4
-        self.seq_len = 2 * self.max_pairs + 3
 
-    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    @property
+    def vocab_size(self) -> int:
+        return 4
+
+    @property
+    def seq_len(self) -> int:
+        return 2 * self.max_pairs + 3
+
+    def sample(self, rng: np.random.Generator, n: int) -> Examples:
         max_len = 2 * self.max_pairs
         cols = np.arange(max_len)[None, :]  # (1, max_len)
         rows = np.arange(n)

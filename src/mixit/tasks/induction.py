@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from mixit.config import TaskConfig, check
-from mixit.tasks.base import IGNORE, TASKS, Batch, ParamCounts, Task
+from mixit.tasks.base import IGNORE, TASKS, Batch, Examples, ParamCounts, SequenceTask
 
 
 def find_positions(x: np.ndarray) -> np.ndarray:
@@ -89,7 +89,7 @@ class InductionConfig(TaskConfig):
 
 
 @TASKS.register("induction")
-class Induction(Task):
+class Induction(SequenceTask):
     """At every position, the token k induction hops back (hop_k(x)_i).
 
     docs/tasks.md, "induction". Rows are ``[x, hop_k(x)]``; the model reads x
@@ -110,8 +110,14 @@ class Induction(Task):
         self.alphabet = self.cfg.alphabet
         self.length = self.cfg.length
         self.none = self.alphabet  # the answer where find^k is undefined
-        self.vocab_size = self.alphabet + 1
-        self.seq_len = 2 * self.length  # [x, hop_k(x)]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.alphabet + 1
+
+    @property
+    def seq_len(self) -> int:
+        return 2 * self.length  # [x, hop_k(x)]
 
     @property
     def input_len(self) -> int:
@@ -126,7 +132,7 @@ class Induction(Task):
         """NONE is never an input token."""
         return range(self.alphabet)
 
-    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def sample(self, rng: np.random.Generator, n: int) -> Examples:
         x = rng.integers(0, self.alphabet, size=(n, self.length), dtype=np.int64)  # (n, N)
         seq = np.concatenate([x, hop_labels(x, self.k, self.none)], axis=1)  # (n, 2N)
         mask = np.zeros((n, self.seq_len), dtype=bool)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from mixit.config import TaskConfig, check
-from mixit.tasks.base import TASKS, Batch, FixedSplitTask, ParamCounts, bits_metrics
+from mixit.tasks.base import TASKS, Batch, FixedSplitTask, ParamCounts, Tables, bits_metrics
 
 
 @dataclass
@@ -47,8 +47,8 @@ class MemorizationConfig(TaskConfig):
 class Memorization(FixedSplitTask):
     """[x, n + y, z]: recall the random label z of the pair (x, y).
 
-    docs/tasks.md, "memorization". There is no held-out set: `test_examples`
-    is the whole (kept) table, whatever ``test_size`` says, `val_examples` a
+    docs/tasks.md, "memorization". There is no held-out set: the test set is
+    the whole (kept) table, whatever ``test_size`` says, the validation set a
     fixed random ``val_size`` of its rows, and training batches are drawn
     uniformly with replacement from the same table.
     """
@@ -62,23 +62,30 @@ class Memorization(FixedSplitTask):
         self, cfg: MemorizationConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
     ):
         super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
-        n, fraction = self.cfg.n, self.cfg.fraction
-        self.n = n
-        self.fraction = fraction
-        self.vocab_size = 2 * n
-        self.seq_len = 3
+        self.n = self.cfg.n
+        self.fraction = self.cfg.fraction
 
+    @property
+    def vocab_size(self) -> int:
+        return 2 * self.n
+
+    @property
+    def seq_len(self) -> int:
+        return 3
+
+    def build_tables(self) -> Tables:
+        """The kept part of the labelled n*n table, for training and test alike, and a fixed part of it."""
+        n, seed = self.n, self.seed
         x, y = np.divmod(np.arange(n * n), n)
         z = np.random.default_rng([seed, 2]).integers(0, n, size=n * n)
         table = np.stack([x, n + y, z], axis=1).astype(np.int64)  # (n*n, 3), ordered by (x, y)
-        if fraction < 1:
-            n_keep = max(1, math.floor(n * n * fraction))
+        if self.fraction < 1:
+            n_keep = max(1, math.floor(n * n * self.fraction))
             keep = np.sort(np.random.default_rng([seed, 3]).permutation(n * n)[:n_keep])
             table = table[keep]
-        # No held-out part: the model is trained and scored on the whole table.
-        self.train_table = self.test_table = table
         rows = np.random.default_rng([seed, 4]).permutation(len(table))[: self.val_size]
-        self.val_table = table[np.sort(rows)]
+        # No held-out part: the model is trained and scored on the whole table.
+        return Tables(train=table, val=table[np.sort(rows)], test=table)
 
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
         """token_acc plus capacity: bits = correct * log2(n), and bits per parameter."""

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mixit.config import TaskConfig, check
-from mixit.tasks.base import TASKS, FixedSplitTask
+from mixit.tasks.base import TASKS, FixedSplitTask, Tables
 
 
 @dataclass
@@ -67,17 +67,24 @@ class ModularAddition(FixedSplitTask):
         val_size: int | None = None,
     ):
         super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
-        p, train_fraction = self.cfg.p, self.cfg.train_fraction
-        n_train = math.floor(p * p * train_fraction)
-        self.p = p
-        self.train_fraction = train_fraction
-        self.vocab_size = p
-        self.seq_len = 3
+        self.p = self.cfg.p
+        self.train_fraction = self.cfg.train_fraction
 
-        order = np.random.default_rng([seed, 2]).permutation(p * p)
+    @property
+    def vocab_size(self) -> int:
+        return self.p
+
+    @property
+    def seq_len(self) -> int:
+        return 3
+
+    def build_tables(self) -> Tables:
+        """All p*p pairs shuffled and cut: the train part, then validation and test from the rest."""
+        p = self.p
+        n_train = math.floor(p * p * self.train_fraction)
+        order = np.random.default_rng([self.seed, 2]).permutation(p * p)
         a, b = np.divmod(order, p)
         table = np.stack([a, b, (a + b) % p], axis=1).astype(np.int64)  # (p*p, 3), shuffled
         held = table[n_train:]
         n_val = min(self.val_size, len(held) // 2)
-        self.train_table = table[:n_train]
-        self.val_table, self.test_table = held[:n_val], held[n_val:]
+        return Tables(train=table[:n_train], val=held[:n_val], test=held[n_val:])

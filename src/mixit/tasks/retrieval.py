@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mixit.config import TaskConfig, check
-from mixit.tasks.base import TASKS, Task
+from mixit.tasks.base import TASKS, Examples, SequenceTask
 
 PAD = 0
 
@@ -42,7 +42,7 @@ class RetrievalConfig(TaskConfig):
 
 
 @TASKS.register("retrieval")
-class Retrieval(Task):
+class Retrieval(SequenceTask):
     """Recall the value stored after the marker of the queried key.
 
     docs/tasks.md, "retrieval". Only the answer is scored: the prediction made
@@ -60,10 +60,16 @@ class Retrieval(Task):
         super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
         self.max_pairs = self.cfg.max_pairs
         self.vocab = self.cfg.vocab
-        self.vocab_size = self.vocab
-        self.seq_len = 2 * self.max_pairs + 3
 
-    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab
+
+    @property
+    def seq_len(self) -> int:
+        return 2 * self.max_pairs + 3
+
+    def sample(self, rng: np.random.Generator, n: int) -> Examples:
         max_pairs, half = self.max_pairs, self.vocab // 2
         k = rng.integers(1, max_pairs + 1, size=n)  # (n,) pairs per example
         # A random permutation of the keys per row; the first k are stored.

@@ -8,6 +8,11 @@ in RUN_DIR/tokenizer.json (`save_artifacts`); `mixit eval`, `mixit sample`
 and ``--resume`` rebuild the task with that file, so a run can be evaluated
 exactly even after the cache is deleted.
 
+Construction reads nothing: the data (corpus, tokenizer, token streams) is
+built the first time a run needs it (`data`), once per process. The shape
+facts come from the parameters where they decide them (`planned_vocab_size`,
+`Sentiment.n_classes`) and from the built data otherwise.
+
 Training order. Each epoch visits every training item (a packed lm sequence,
 or a sentiment example) exactly once, in an order drawn from
 ``default_rng([data_seed, 1, epoch])``; training batch ``step`` holds items
@@ -20,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -28,10 +34,19 @@ import numpy as np
 import torch
 
 from mixit.config import TaskConfig, check
-from mixit.tasks.base import IGNORE, TASKS, Batch, ParamCounts, Task
+from mixit.tasks.base import IGNORE, TASKS, Batch, Examples, ParamCounts, SequenceTask, Task
 from mixit.text.cache import load_or_build_array
-from mixit.text.corpora import LABELLED, LM_CORPORA, TextDataset, load_corpus, load_labelled
-from mixit.text.tokenizer import TOKENIZER_FILE, TextTokenizer, encode_documents, get_tokenizer, texts_fingerprint
+from mixit.text.corpora import LABEL_CLASSES, LABELLED, LM_CORPORA, known_min_words, load_corpus, load_labelled
+from mixit.text.tokenizer import (
+    BPE_PAD_ID,
+    TOKENIZER_FILE,
+    TextTokenizer,
+    bpe_reaches,
+    check_bpe_vocab,
+    encode_documents,
+    get_tokenizer,
+    texts_fingerprint,
+)
 
 
 def epoch_indices(seed: int, step: int, n: int, n_items: int) -> np.ndarray:
@@ -60,6 +75,48 @@ def absolute(name: str) -> str:
     return str(Path(name).resolve())
 
 
+@dataclass(frozen=True)
+class TextSource:
+    """Where a text task's data comes from, and its tokenizer: what the built data depends on."""
+
+    name: str  # the corpus or dataset
+    labelled: bool  # read with `load_labelled` (sentiment), else `load_corpus` (lm)
+    data_dir: str
+    max_documents: int
+    held_out: float
+    tokenizer: str
+    vocab: int
+
+
+def planned_vocab_size(source: TextSource) -> int | None:
+    """The tokenizer's size where the parameters decide it, known without reading the data; else None.
+
+    Only for a BPE on an embedded dataset read whole, to a `vocab` it surely reaches (`bpe_reaches`,
+    `known_min_words`): up to MIN_VOCAB + EMBEDDED_MIN_WORDS entries (27,258 on English, 15,258 on the
+    movie snippets) with a held-out fraction of at most 0.5 and max_documents 0, as the defaults are.
+    Elsewhere (a tokenizer file, a hub or local dataset, a part of an embedded one, a larger vocab) the
+    BPE may stop short of `vocab` entries, and only the tokenizer itself tells.
+    """
+    if source.tokenizer != "bpe":
+        return None
+    check_bpe_vocab(source.vocab)
+    min_words = known_min_words(source.name, source.labelled, source.max_documents, source.held_out)
+    return source.vocab if bpe_reaches(source.vocab, min_words) else None
+
+
+def _tokenizer_for(source: TextSource, train_texts: Sequence[str]) -> TextTokenizer:
+    """The source's tokenizer (`get_tokenizer`), checked against what was reported before it was built."""
+    tok = get_tokenizer(source.tokenizer, train_texts, source.vocab)
+    if source.tokenizer == "bpe":
+        planned = (planned_vocab_size(source) or tok.vocab_size, BPE_PAD_ID)
+        if (tok.vocab_size, tok.pad_id) != planned:
+            raise RuntimeError(
+                f"the BPE trained on {source.name} has (size, PAD id) {(tok.vocab_size, tok.pad_id)}, not the"
+                f" {planned} reported before it was built (mixit.tasks.text.planned_vocab_size)"
+            )
+    return tok
+
+
 @dataclass
 class TextConfig(TaskConfig):
     """What both text tasks' parameters share: the tokenizer and where the data comes from."""
@@ -82,13 +139,45 @@ class TextConfig(TaskConfig):
         saved = Path(run_dir) / TOKENIZER_FILE
         return dataclasses.replace(self, tokenizer=str(saved)) if saved.is_file() else self
 
+    def source(self) -> TextSource:
+        """Where the data and the tokenizer come from."""
+        raise NotImplementedError(f"{type(self).__name__} must implement source()")
+
+
+@dataclass(frozen=True)
+class TextData:
+    """What both text tasks build from their source: the tokenizer, and facts about the dataset."""
+
+    tokenizer: TextTokenizer
+    info: dict[str, Any]
+
 
 class TextTask(Task):
-    """What both text tasks share: the dataset, the tokenizer and its file in the run directory."""
+    """What both text tasks share: the tokenizer, its size and its file in the run directory."""
 
     cfg: TextConfig
-    tokenizer: TextTokenizer
-    dataset_info: dict[str, Any]
+
+    @property
+    def data(self) -> TextData:
+        """The dataset, tokenized, built the first time it is asked for (a subclass makes it)."""
+        raise NotImplementedError(f"{type(self).__name__} must define data")
+
+    @functools.cached_property
+    def tokenizer(self) -> TextTokenizer:
+        """A tokenizer file is read, nothing else; "bpe" comes with the data (trained on its training split)."""
+        spec = self.cfg.tokenizer
+        return self.data.tokenizer if spec == "bpe" else TextTokenizer.load(spec)
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's size: from the parameters where they decide it (`planned_vocab_size`)."""
+        planned = planned_vocab_size(self.cfg.source())
+        return self.tokenizer.vocab_size if planned is None else planned
+
+    @property
+    def pad_id(self) -> int:
+        """PAD's id: fixed in a BPE trained here (`BPE_PAD_ID`), read from a tokenizer file otherwise."""
+        return BPE_PAD_ID if self.cfg.tokenizer == "bpe" else self.tokenizer.pad_id
 
     @property
     def reference_len(self) -> int:
@@ -99,7 +188,7 @@ class TextTask(Task):
         """Keep the tokenizer with the run (evaluation and sampling read it from there)."""
         self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
 
-    def analysis_tokens(self) -> list[int]:  # type: ignore[override]
+    def analysis_tokens(self) -> list[int]:
         """Probe sequences use ordinary tokens only (not EOS or PAD)."""
         specials = {self.tokenizer.eos_id, self.tokenizer.pad_id}
         return [i for i in range(self.vocab_size) if i not in specials]
@@ -120,13 +209,19 @@ def spread(n_items: int, n: int) -> np.ndarray:
     return np.linspace(0, n_items - 1, n).round().astype(np.int64)
 
 
+def documents(stream: np.ndarray, eos_id: int) -> np.ndarray:
+    """(start, end) of every document of a stream with at least two tokens (one prediction): (n, 2)."""
+    ends = np.flatnonzero(stream == eos_id)  # each document is followed by EOS
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    bounds = np.stack([starts, ends], axis=1)
+    return bounds[bounds[:, 1] - bounds[:, 0] >= 2]
+
+
 @functools.lru_cache(maxsize=2)
-def _lm_data(
-    corpus: str, data_dir: str, max_documents: int, held_out: float, tokenizer: str, vocab: int
-) -> tuple[TextTokenizer, np.ndarray, np.ndarray, dict[str, Any]]:
+def _lm_data(source: TextSource) -> tuple[TextTokenizer, np.ndarray, np.ndarray, dict[str, Any]]:
     """(tokenizer, train tokens, held-out tokens, info), built once per process and cached on disk."""
-    data: TextDataset = load_corpus(corpus, data_dir or None, max_documents, held_out)
-    tok = get_tokenizer(tokenizer, data.train.texts, vocab)
+    data = load_corpus(source.name, source.data_dir or None, source.max_documents, source.held_out)
+    tok = _tokenizer_for(source, data.train.texts)
     streams = []
     for split in (data.train, data.test):
         key = f"lm-{texts_fingerprint(split.texts)}-{tok.fingerprint()}"
@@ -163,9 +258,28 @@ class LanguageModelingConfig(TextConfig):
         check(self.length >= 2, f"length must be an integer >= 2, got {self.length}")
         self.corpus = absolute(self.corpus)
 
+    def source(self) -> TextSource:
+        return TextSource(
+            self.corpus, False, self.data_dir, self.max_documents, self.held_out, self.tokenizer, self.vocab
+        )
+
+
+SPLITS = ("training", "validation", "test")
+
+
+@dataclass(frozen=True)
+class LMData(TextData):
+    """An lm task's data: the token stream of each split (SPLITS), and how it is cut into sequences."""
+
+    streams: dict[str, np.ndarray]  # split -> its tokens, each document followed by EOS
+    held_out: np.ndarray  # the validation stream, then the test stream
+    docs: dict[str, np.ndarray]  # split -> (start, end) of each document (without packing; else empty)
+    counts: dict[str, int]  # split -> how many sequences it holds
+    unigram_logp: torch.Tensor  # (vocab_size,) log-probabilities of the add-one-smoothed training unigram
+
 
 @TASKS.register("lm")
-class LanguageModeling(TextTask):
+class LanguageModeling(TextTask, SequenceTask):
     """Next-token prediction on real text, packed into fixed-length sequences
     (docs/tasks.md, "lm").
 
@@ -207,50 +321,48 @@ class LanguageModeling(TextTask):
         val_size: int | None = None,
     ):
         super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
+        self.length = self.cfg.length
+
+    @property
+    def seq_len(self) -> int:
+        return self.length + 1
+
+    @functools.cached_property
+    def data(self) -> LMData:
+        """The tokenizer and the token streams, built (or read from the cache) the first time data is needed."""
         c = self.cfg
-        self.length = length = c.length
-        self.tokenizer, self.train_tokens, self.held_out_tokens, self.dataset_info = _lm_data(
-            c.corpus, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab
-        )
-        self.val_tokens, self.test_tokens = split_held_out(self.held_out_tokens, self.tokenizer.eos_id)
-        self.vocab_size = self.tokenizer.vocab_size
-        self.seq_len = length + 1
-        streams = {"training": self.train_tokens, "validation": self.val_tokens, "test": self.test_tokens}
+        tok, train, held_out, info = _lm_data(c.source())
+        streams = dict(zip(SPLITS, (train, *split_held_out(held_out, tok.eos_id))))
         if c.packing:
-            counts = {name: (len(stream) - 1) // length for name, stream in streams.items()}
+            docs = {}
+            counts = {split: (len(stream) - 1) // c.length for split, stream in streams.items()}
         else:
-            self._docs = {id(stream): self.documents(stream) for stream in streams.values()}
-            counts = {name: len(self._docs[id(stream)]) for name, stream in streams.items()}
-        self.n_train, self.n_val, self.n_test = counts["training"], counts["validation"], counts["test"]
-        for name, count in counts.items():
+            docs = {split: documents(stream, tok.eos_id) for split, stream in streams.items()}
+            counts = {split: len(bounds) for split, bounds in docs.items()}
+        for split, count in counts.items():
             check(
                 count >= 1,
-                f"corpus {c.corpus!r}: the {name} split has fewer than {length + 1} tokens"
+                f"corpus {c.corpus!r}: the {split} split has fewer than {c.length + 1} tokens"
                 f"{' in any document' if not c.packing else ''}; lower length or use a larger corpus",
             )
-        counts_by_token = np.bincount(self.train_tokens, minlength=self.vocab_size).astype(np.float64) + 1.0
-        self._unigram_logp = torch.from_numpy(np.log(counts_by_token / counts_by_token.sum()))
+        counts_by_token = np.bincount(train, minlength=tok.vocab_size).astype(np.float64) + 1.0
+        unigram_logp = torch.from_numpy(np.log(counts_by_token / counts_by_token.sum()))
+        return LMData(tok, info, streams, held_out, docs, counts, unigram_logp)
 
-    def documents(self, stream: np.ndarray) -> np.ndarray:
-        """(start, end) of every document of a stream with at least two tokens (one prediction): (n, 2)."""
-        ends = np.flatnonzero(stream == self.tokenizer.eos_id)  # each document is followed by EOS
-        starts = np.concatenate([[0], ends[:-1] + 1])
-        bounds = np.stack([starts, ends], axis=1)
-        return bounds[bounds[:, 1] - bounds[:, 0] >= 2]
-
-    def sequences(self, stream: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Sequences number `index` and their loss masks: (len(index), length + 1) each.
+    def sequences(self, split: str, index: np.ndarray) -> Examples:
+        """Sequences number `index` of `split` (one of SPLITS) and their loss masks: (len(index), length + 1) each.
 
         Packed: consecutive windows of the stream, every prediction scored. Not
         packed: document number `index`, its first length + 1 tokens (no EOS),
         right-padded; a prediction is scored where its target is a real token.
         """
+        stream = self.data.streams[split]
         if self.cfg.packing:
             offsets = index[:, None] * self.length + np.arange(self.length + 1)
             seq = stream[offsets].astype(np.int64)
             return seq, np.ones_like(seq, dtype=bool)
-        docs = self._docs[id(stream)]
-        seq = np.full((len(index), self.length + 1), self.tokenizer.pad_id, dtype=np.int64)
+        docs = self.data.docs[split]
+        seq = np.full((len(index), self.length + 1), self.data.tokenizer.pad_id, dtype=np.int64)
         mask = np.zeros_like(seq, dtype=bool)
         for row, (start, end) in enumerate(docs[index]):
             n = min(end - start, self.length + 1)
@@ -258,18 +370,14 @@ class LanguageModeling(TextTask):
             mask[row, : n - 1] = True  # the prediction at t of token t + 1
         return seq, mask
 
-    def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._test is None:
-            self._test = self.sequences(self.test_tokens, spread(self.n_test, self.test_size))
-        return self._test
+    def build_held_out(self) -> tuple[Examples, Examples]:
+        """The first test_size (val_size) sequences of the test (validation) split, spread evenly over it."""
+        counts = self.data.counts
+        test = self.sequences("test", spread(counts["test"], self.test_size))
+        return test, self.sequences("validation", spread(counts["validation"], self.val_size))
 
-    def val_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._val is None:
-            self._val = self.sequences(self.val_tokens, spread(self.n_val, self.val_size))
-        return self._val
-
-    def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.sequences(self.train_tokens, epoch_indices(self.seed, step, n, self.n_train))
+    def train_examples(self, step: int, n: int) -> Examples:
+        return self.sequences("training", epoch_indices(self.seed, step, n, self.data.counts["training"]))
 
     def loss_metrics(self, loss: float) -> dict[str, float]:
         return {"perplexity": math.exp(min(loss, 700.0))}
@@ -277,16 +385,19 @@ class LanguageModeling(TextTask):
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
         out = super().score(preds, batch, counts)
         targets = batch.targets[batch.mask]
-        out["unigram_loss"] = float(-self._unigram_logp[targets].mean())
+        out["unigram_loss"] = float(-self.data.unigram_logp[targets].mean())
         return out
 
 
+Labelled = tuple[np.ndarray, np.ndarray]
+"""Texts as token rows (N, length), right-padded, and their labels (N,)."""
+
+
 @functools.lru_cache(maxsize=2)
-def _sentiment_data(
-    dataset: str, data_dir: str, max_documents: int, held_out: float, tokenizer: str, vocab: int, length: int
-):
-    data = load_labelled(dataset, data_dir or None, max_documents, held_out)
-    tok = get_tokenizer(tokenizer, data.train.texts, vocab)
+def _sentiment_data(source: TextSource, length: int) -> tuple[TextTokenizer, Labelled, Labelled, dict[str, Any]]:
+    """(tokenizer, training split, held-out split, info), built once per process."""
+    data = load_labelled(source.name, source.data_dir or None, source.max_documents, source.held_out)
+    tok = _tokenizer_for(source, data.train.texts)
     splits = []
     for split in (data.train, data.test):
         rows = np.full((len(split), length), tok.pad_id, dtype=np.int64)
@@ -316,6 +427,22 @@ class SentimentConfig(TextConfig):
         check(self.length >= 1, f"length must be an integer >= 1, got {self.length}")
         self.dataset = absolute(self.dataset)
 
+    def source(self) -> TextSource:
+        return TextSource(
+            self.dataset, True, self.data_dir, self.max_documents, self.held_out, self.tokenizer, self.vocab
+        )
+
+
+@dataclass(frozen=True)
+class SentimentData(TextData):
+    """A sentiment task's texts, as token rows, and labels: its three sets, and the label counts."""
+
+    train: Labelled
+    val: Labelled  # split off the dataset's training split
+    test: Labelled  # the dataset's held-out split
+    n_classes: int
+    majority: int  # the most frequent label of `train`
+
 
 @TASKS.register("sentiment")
 class Sentiment(TextTask):
@@ -343,67 +470,70 @@ class Sentiment(TextTask):
         self, cfg: SentimentConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
     ):
         super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
-        c = self.cfg
-        self.length = length = c.length
-        self.tokenizer, train_set, self.test_set, self.dataset_info = _sentiment_data(
-            c.dataset, c.data_dir, c.max_documents, c.held_out, c.tokenizer, c.vocab, length
-        )
-        # The validation set is split off the training split: a fixed random min(val_size, a fifth) of it.
-        n_train = len(train_set[1])
-        n_val = min(self.val_size, n_train // 5)
-        check(n_val >= 1, f"dataset {c.dataset!r}: {n_train} training texts leave none for validation; need >= 5")
-        is_val = np.zeros(n_train, dtype=bool)
-        is_val[np.random.default_rng([seed, 6]).permutation(n_train)[:n_val]] = True
-        self.val_set = (train_set[0][is_val], train_set[1][is_val])
-        self.train_set = (train_set[0][~is_val], train_set[1][~is_val])
-        labels = np.concatenate([train_set[1], self.test_set[1]])
-        check(labels.min() >= 0, f"dataset {c.dataset!r}: labels must be integers >= 0, found {labels.min()}")
-        self.n_classes = max(int(labels.max()) + 1, 2)
-        self.vocab_size = self.tokenizer.vocab_size
-        self.seq_len = length + 1  # so that input_len = length
-        self.majority = int(np.bincount(self.train_set[1], minlength=self.n_classes).argmax())
+        self.length = self.cfg.length
+
+    @property
+    def input_len(self) -> int:
+        return self.length
+
+    @property
+    def n_classes(self) -> int:
+        """Classes of the labels (at least 2): known for a named dataset (LABEL_CLASSES), else read off the data."""
+        return LABEL_CLASSES.get(self.cfg.dataset) or self.data.n_classes
 
     def model_defaults(self, attention: str) -> dict[str, Any]:
         return {
             "head": "classifier",
             "n_classes": self.n_classes,
-            "pad_id": self.tokenizer.pad_id,
+            "pad_id": self.pad_id,
             "causal": attention == "softmax",
         }
 
+    @functools.cached_property
+    def data(self) -> SentimentData:
+        """The texts tokenized, split three ways, built the first time data is needed."""
+        c = self.cfg
+        tok, train_set, test_set, info = _sentiment_data(c.source(), c.length)
+        # The validation set is split off the training split: a fixed random min(val_size, a fifth) of it.
+        n_train = len(train_set[1])
+        n_val = min(self.val_size, n_train // 5)
+        check(n_val >= 1, f"dataset {c.dataset!r}: {n_train} training texts leave none for validation; need >= 5")
+        is_val = np.zeros(n_train, dtype=bool)
+        is_val[np.random.default_rng([self.seed, 6]).permutation(n_train)[:n_val]] = True
+        labels = np.concatenate([train_set[1], test_set[1]])
+        check(labels.min() >= 0, f"dataset {c.dataset!r}: labels must be integers >= 0, found {labels.min()}")
+        n_classes = max(int(labels.max()) + 1, 2)
+        named = LABEL_CLASSES.get(c.dataset, n_classes)
+        check(n_classes == named, f"dataset {c.dataset!r}: labels must be 0 .. {named - 1}, found {labels.max()}")
+        train = (train_set[0][~is_val], train_set[1][~is_val])
+        majority = int(np.bincount(train[1], minlength=n_classes).argmax())
+        val = (train_set[0][is_val], train_set[1][is_val])
+        return SentimentData(tok, info, train, val, test_set, n_classes, majority)
+
     def _batch(self, rows: np.ndarray, labels: np.ndarray) -> Batch:
-        width = int((rows != self.tokenizer.pad_id).sum(axis=1).max())
+        width = int((rows != self.data.tokenizer.pad_id).sum(axis=1).max())
         return Batch(torch.from_numpy(np.ascontiguousarray(rows[:, :width])), torch.from_numpy(labels.copy()))
 
     def test_batch(self) -> Batch:
         """The test split, or a fixed random `test_size` of it: the split comes ordered by label
         from some sources, so its first rows would not be a fair sample."""
-        rows, labels = self.test_set
+        rows, labels = self.data.test
         if self.test_size < len(rows):
             keep = np.sort(np.random.default_rng([self.seed, 4]).permutation(len(rows))[: self.test_size])
             rows, labels = rows[keep], labels[keep]
         return self._batch(rows, labels)
 
     def val_batch(self) -> Batch:
-        return self._batch(*self.val_set)
+        return self._batch(*self.data.val)
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        rows, labels = self.train_set
+        rows, labels = self.data.train
         index = epoch_indices(self.seed, step, batch_size, len(rows))
         return self._batch(rows[index], labels[index])
-
-    def test_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        raise TypeError("sentiment examples are (text, label) pairs; use test_batch()")
-
-    def train_examples(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        raise TypeError("sentiment examples are (text, label) pairs; use train_batch()")
-
-    def val_examples(self) -> tuple[np.ndarray, np.ndarray]:
-        raise TypeError("sentiment examples are (text, label) pairs; use val_batch()")
 
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
         right = (preds == batch.targets) & (batch.targets != IGNORE)
         return {
             "accuracy": right.float().mean().item(),
-            "majority_baseline": (batch.targets == self.majority).float().mean().item(),
+            "majority_baseline": (batch.targets == self.data.majority).float().mean().item(),
         }

@@ -109,6 +109,15 @@ HUB: dict[str, HubSpec] = {
 }
 LM_CORPORA = ("english", "wikitext-103", "fineweb-edu")
 LABELLED = ("movies", "yelp_polarity")
+LABEL_CLASSES = {"movies": 2, "yelp_polarity": 2}
+"""Classes of the named labelled datasets: both are binary (positive or negative)."""
+
+EMBEDDED_MIN_WORDS = {"english": 27_000, "movies": 15_000}
+"""At least this many distinct pre-tokenized words of two bytes or more (see `tokenizer.bpe_reaches`) are in
+the training split of each embedded dataset when it is read whole with a held-out fraction of at most
+EMBEDDED_MAX_HELD_OUT (27,767 and 15,212 at 0.5; tests/test_text_data.py recounts them). A lower fraction
+only adds texts: a text is held out when its hash falls below the fraction (`held_out`)."""
+EMBEDDED_MAX_HELD_OUT = 0.5
 
 
 # -- splitting ---------------------------------------------------------------
@@ -447,6 +456,17 @@ def load_local(
         warnings.warn(f"{root}: skipped {skipped} empty text(s)", stacklevel=2)
     info = {"source": str(root.resolve()), "split": rule, "empty_texts_skipped": skipped}
     return TextDataset(str(root), train, test, info)
+
+
+def known_min_words(name: str, labelled: bool, max_documents: int, held_out_fraction: float) -> int:
+    """A lower bound on the distinct words of two bytes or more in the training split that `load_labelled`
+    (`labelled`) or `load_corpus` reads for `name` with these settings, known without reading it:
+    EMBEDDED_MIN_WORDS for its embedded dataset read whole with a held-out fraction of at most
+    EMBEDDED_MAX_HELD_OUT, else 0 (not known)."""
+    embedded = "movies" if labelled else "english"
+    if name == embedded and max_documents == 0 and 0 < held_out_fraction <= EMBEDDED_MAX_HELD_OUT:
+        return EMBEDDED_MIN_WORDS[name]
+    return 0
 
 
 # -- entry points ------------------------------------------------------------

@@ -30,6 +30,8 @@ PAD = "<|pad|>"
 SPECIALS = (EOS, PAD)
 TOKENIZER_FILE = "tokenizer.json"
 MIN_VOCAB = 256 + len(SPECIALS)  # the byte alphabet and the special tokens
+BPE_EOS_ID, BPE_PAD_ID = SPECIALS.index(EOS), SPECIALS.index(PAD)
+"""The special tokens' ids in a BPE trained here: the trainer gives the special tokens the first ids."""
 
 
 class TextTokenizer:
@@ -91,14 +93,33 @@ class TextTokenizer:
             raise UsageError(f"tokenizer {path} could not be read ({str(e).splitlines()[0][:200]})") from None
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int) -> TextTokenizer:
-    """A byte-level BPE with `vocab_size` entries (special tokens included) trained on `texts`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
+def check_bpe_vocab(vocab_size: int) -> None:
+    """Refuse a BPE vocabulary too small to hold the byte alphabet and the special tokens."""
     if vocab_size < MIN_VOCAB:
         raise UsageError(
             f"vocab must be at least {MIN_VOCAB} (256 bytes + {len(SPECIALS)} special tokens), got {vocab_size}"
         )
+
+
+def bpe_reaches(vocab_size: int, min_words: int) -> bool:
+    """Whether a BPE trained here to `vocab_size` entries surely has exactly that many, on texts known to hold
+    at least `min_words` distinct pre-tokenized words (as the byte-level pre-tokenizer cuts them) of two bytes
+    or more. It has no more; it has fewer only if it runs out of merges first.
+
+    The trainer merges the most frequent pair of tokens until the vocabulary has `vocab_size` entries or no
+    pair is left, and no pair is left only when every word has become a single token. By then the
+    vocabulary holds the MIN_VOCAB bytes and special tokens and one token per distinct word of two bytes or
+    more, all different; so if those are at least `vocab_size`, it stopped at `vocab_size`. Otherwise only
+    training tells (a corpus with few distinct words stops short: a 30-word one at about 350 entries).
+    """
+    return MIN_VOCAB <= vocab_size <= MIN_VOCAB + min_words
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> TextTokenizer:
+    """A byte-level BPE with `vocab_size` entries (special tokens included) trained on `texts`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    check_bpe_vocab(vocab_size)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
