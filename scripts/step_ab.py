@@ -33,6 +33,7 @@ def child(shape: str, variant: str, tune: bool, compile: bool, steps: int) -> di
     import torch
 
     from mixit.bench import Shape, bench_variant
+    from mixit.precision import Precision
 
     a, b = torch.randn(64, 128, 1024), torch.randn(64, 128, 1024)
     mul = []
@@ -40,7 +41,7 @@ def child(shape: str, variant: str, tune: bool, compile: bool, steps: int) -> di
         tick = time.perf_counter()
         a * b
         mul.append(time.perf_counter() - tick)
-    contender = bench_variant(variant, Shape(**SHAPES[shape]), torch.device("cpu"), torch.float32, compile)
+    contender = bench_variant(variant, Shape(**SHAPES[shape]), Precision("fp32", torch.device("cpu")), compile)
     for _ in range(3):
         contender.step()
     times = []

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from mixit.bench import Shape, format_table, hf_llama, hf_step_flops, run_bench, step_flops
+from mixit.bench import BenchOptions, Shape, format_table, hf_llama, hf_step_flops, run_bench, step_flops
 from mixit.cli import main
 from mixit.config import ModelConfig
 from mixit.errors import UsageError
@@ -56,7 +56,8 @@ def test_hf_baseline_has_the_standard_models_matmuls():
 
 
 def test_run_bench_rows_are_consistent():
-    result = run_bench(TINY, device="cpu", warmup=1, steps=1, repeats=2, task="addition", task_params={"n_digits": 2})
+    options = BenchOptions(device="cpu", warmup=1, steps=1, repeats=2, task="addition", task_params={"n_digits": 2})
+    result = run_bench(TINY, options)
     names = [row["name"] for row in result["rows"]]
     assert names[:5] == list(VARIANTS)
     peak = result["peak"]["best_flops_per_s"]
@@ -114,7 +115,7 @@ def test_bench_step_trains_the_model():
 )
 def test_run_bench_bad_input(kwargs, message):
     with pytest.raises(UsageError, match=message):
-        run_bench(TINY, **{"device": "cpu", **kwargs})
+        run_bench(TINY, BenchOptions(**{"device": "cpu", **kwargs}))
 
 
 def test_shape_bad_input():

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mixit.analysis.signal import pairwise_stats, plot_signal, signal_propagation, token_similarity
+from mixit.analysis.signal import Probe, pairwise_stats, plot_signal, signal_propagation, token_similarity
 from mixit.cli import main
 from mixit.config import ModelConfig
 from mixit.errors import UsageError
@@ -102,8 +102,8 @@ def test_token_similarity_reads_the_stream_the_forward_pass_uses():
 
 
 def test_signal_propagation_shape_determinism_and_json():
-    a = signal_propagation(["standard", "mixit", "random"], [1, 2], seeds=(0, 1), **TINY)
-    b = signal_propagation(["standard", "mixit", "random"], [1, 2], seeds=(0, 1), **TINY)
+    a = signal_propagation(["standard", "mixit", "random"], [1, 2], Probe(seeds=(0, 1), **TINY))
+    b = signal_propagation(["standard", "mixit", "random"], [1, 2], Probe(seeds=(0, 1), **TINY))
     assert json.dumps(a) == json.dumps(b)
     assert set(a["results"]) == {"standard", "mixit", "random"}
     for by_depth in a["results"].values():
@@ -116,7 +116,7 @@ def test_signal_propagation_shape_determinism_and_json():
     # At initialisation a variant matters only through its attention kind.
     assert a["results"]["random"] == a["results"]["standard"]
     assert a["config"]["attention"] == {"standard": "softmax", "mixit": "mixing", "random": "softmax"}
-    shaped = signal_propagation(["mixit"], [1], seeds=(0,), shaped=True, **TINY)
+    shaped = signal_propagation(["mixit"], [1], Probe(seeds=(0,), shaped=True, **TINY))
     assert shaped["config"]["model"]["activation"] == "shaped_leaky_relu"
     assert shaped["results"]["mixit"]["1"]["cosine_std"] == 0.0
 
@@ -135,13 +135,16 @@ def test_signal_propagation_shape_determinism_and_json():
     ],
 )
 def test_bad_inputs_are_refused(kwargs, message):
-    args = {"variants": ["standard"], "depths": [1], "seeds": (0,), **TINY, **kwargs}
+    sweep = {"variants": ["standard"], "depths": [1]}
+    settings = {"seeds": (0,), **TINY}
+    for key, value in kwargs.items():
+        (sweep if key in sweep else settings)[key] = value
     with pytest.raises(UsageError, match=message):
-        signal_propagation(**args)
+        signal_propagation(sweep["variants"], sweep["depths"], Probe(**settings))
 
 
 def test_plot_signal_writes_a_png(tmp_path):
-    result = signal_propagation(["standard", "mixit"], [1, 2], seeds=(0, 1), **TINY)
+    result = signal_propagation(["standard", "mixit"], [1, 2], Probe(seeds=(0, 1), **TINY))
     path = tmp_path / "signal.png"
     plot_signal(result, path)
     data = path.read_bytes()

@@ -3,7 +3,8 @@
 For one model shape (width, depth, heads, vocabulary, sequence length, batch)
 on one device, every requested variant is trained for a few steps with the
 training loop's own step (`train_step`: forward, loss, backward, clipping,
-AdamW) on a fixed random batch, and timed after warm-up:
+AdamW, in the precision the training loop uses: `mixit.precision.Precision`)
+on a fixed random batch, and timed after warm-up:
 
     step time      median over `repeats` timed blocks of `steps` steps each
     tokens/s       batch * seq / step time (every position is a prediction)
@@ -51,6 +52,7 @@ from mixit.experiment import model_config
 from mixit.files import check_output_dir, write_json
 from mixit.freezing import VARIANTS, apply_variant
 from mixit.models import Transformer
+from mixit.precision import DTYPES, Precision
 from mixit.resources import activation_bytes, check_memory, model_bytes
 from mixit.runtime import release_free_memory, resolve_device
 from mixit.tasks import make_task
@@ -60,7 +62,6 @@ from mixit.version import __version__, git_commit
 
 HF_NAME = "hf_llama"
 PEAK_NAME = "matmul_peak"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +95,48 @@ class Shape:
     @property
     def tokens(self) -> int:
         return self.batch_size * self.seq_len
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchOptions:
+    """What `mixit bench` measures, and where it writes the result (one command-line flag per field)."""
+
+    out: Path | None = None
+    """JSON file to write (default runs/bench-<time>.json); never overwritten."""
+    variants: Sequence[str] = VARIANTS.names()
+    """comma-separated variants."""
+    d_model: int = 256
+    """model width."""
+    n_layers: int = 4
+    """blocks."""
+    n_heads: int = 4
+    """attention heads."""
+    vocab_size: int | None = None
+    """vocabulary (default 512, or the task's)."""
+    seq_len: int | None = None
+    """tokens per sequence (default 128, or what the task's model reads)."""
+    batch_size: int = 64
+    """sequences per step."""
+    task: str | None = None
+    """take vocabulary and sequence length from this task, and measure how long one of its batches takes to generate."""
+    task_params: dict[str, Any] | None = None
+    """the task's parameters (with task)."""
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+    dtype: str = "fp32"
+    """fp32, or bf16 or fp16 (autocast; cuda only)."""
+    compile: bool = False
+    """torch.compile the models."""
+    warmup: int = 3
+    """untimed steps first, during which peak memory is measured."""
+    steps: int = 3
+    """steps per timed block."""
+    repeats: int = 5
+    """timed blocks; the median is reported."""
+    baseline: bool = True
+    """time the Hugging Face Llama row."""
+    profile: bool = False
+    """after timing, profile one more step of each row and print where its time goes."""
 
 
 # -- timing ---------------------------------------------------------------------------
@@ -269,16 +312,10 @@ def _batch(shape: Shape, device: torch.device) -> tuple[torch.Tensor, torch.Tens
     return x.to(device), y.to(device)
 
 
-def _autocast(device: torch.device, dtype: torch.dtype):
-    if dtype == torch.float32:
-        return torch.autocast(device.type, enabled=False)
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def bench_variant(
-    variant: str, shape: Shape, device: torch.device, dtype: torch.dtype, compile: bool = False
-) -> Contender:
-    """`variant` at `shape`, trained with mixit's own step on a fixed batch."""
+def bench_variant(variant: str, shape: Shape, precision: Precision, compile: bool = False) -> Contender:
+    """`variant` at `shape`, trained with mixit's own step on a fixed batch in `precision` (the row's own: an
+    fp16 gradient scaler adapts to one model)."""
+    device = precision.device
     model = Transformer(shape.model_config(variant))
     report = apply_variant(model, variant)
     model.to(device).train()
@@ -288,8 +325,7 @@ def bench_variant(
     x, y = _batch(shape, device)
 
     def step() -> None:
-        with _autocast(device, dtype):
-            train_step(forward, optimizer, x, y, trainable, TrainConfig.grad_clip)
+        train_step(forward, optimizer, x, y, trainable, TrainConfig.grad_clip, precision)
 
     return Contender(variant, step, step_flops(model, shape), report.n_trainable, report.n_trainable + report.n_frozen)
 
@@ -322,14 +358,15 @@ def hf_llama(shape: Shape) -> nn.Module | None:
         return LlamaForCausalLM(config)
 
 
-def bench_hf(shape: Shape, device: torch.device, dtype: torch.dtype, compile: bool = False) -> Contender | None:
+def bench_hf(shape: Shape, precision: Precision, compile: bool = False) -> Contender | None:
     """The baseline: the Llama model through mixit's own step (same loss,
-    clipping) but with a plain torch.optim.AdamW (same hyperparameters,
+    clipping, precision) but with a plain torch.optim.AdamW (same hyperparameters,
     torch's default implementation, every parameter trained); None without
     `transformers`."""
     model = hf_llama(shape)
     if model is None:
         return None
+    device = precision.device
     model.to(device).train()
     tc = TrainConfig()
     optimizer = torch.optim.AdamW(
@@ -343,8 +380,7 @@ def bench_hf(shape: Shape, device: torch.device, dtype: torch.dtype, compile: bo
         return forward(input_ids=tokens).logits
 
     def step() -> None:
-        with _autocast(device, dtype):
-            train_step(logits, optimizer, x, y, params, tc.grad_clip)
+        train_step(logits, optimizer, x, y, params, tc.grad_clip, precision)
 
     n = sum(p.numel() for p in params)
     return Contender(HF_NAME, step, hf_step_flops(model, shape), n, n)
@@ -363,39 +399,78 @@ def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int, b
     return statistics.median(times)
 
 
-def run_bench(
-    shape: Shape,
-    variants: Sequence[str] = VARIANTS.names(),
-    device: str = "auto",
-    dtype: str = "fp32",
-    warmup: int = 3,
-    steps: int = 3,
-    repeats: int = 5,
-    compile: bool = False,
-    baseline: bool = True,
-    task: str | None = None,
-    task_params: dict[str, Any] | None = None,
-    profile: bool = False,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Benchmark `variants` (and the Hugging Face baseline) at `shape`; return a
+def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Benchmark `options.variants` (and the Hugging Face baseline) at `shape`; return a
     JSON-serialisable dict with the environment, the measured peak, one row per
-    variant and, with `task`, the data-generation time per batch. With
-    `profile`, each row also gets `profile_step`'s table of one more step."""
+    variant and, with a task, the data-generation time per batch. With
+    `options.profile`, each row also gets `profile_step`'s table of one more step.
+
+    `shape` is what `shape_of(options)` makes of the options' model fields; `options.out` is not read here.
+    `progress` is called with a line of text as each phase starts.
+    """
+    _check_options(options)
+    dev = resolve_device(options.device)
+    _check_room(shape, options, dev)
+    task = options.task
+    data_s = data_seconds(task, options.task_params or {}, shape.batch_size) if task is not None else None
+    say = progress or (lambda message: None)
+    peak_n = 8192 if dev.type == "cuda" else 2048
+    peak_contender = matmul_contender(dev, DTYPES[options.dtype] or torch.float32, peak_n)
+    warm_up(peak_contender, dev, 1)
+    contenders, memory, notes = _build_rows(shape, options, dev, say)
+    say(
+        f"timing {len(contenders)} rows and the matmul peak round-robin, "
+        f"{options.repeats} blocks of {options.steps} steps"
+    )
+    per_step = time_round_robin([peak_contender, *contenders], dev, options.steps, options.repeats)
+    peak = _peak(peak_contender, peak_n, per_step[PEAK_NAME])
+    rows = [_row(c, shape, per_step[c.name], peak["best_flops_per_s"], memory[c.name]) for c in contenders]
+    if options.profile:
+        for contender, row in zip(contenders, rows):
+            say(f"profiling one step of {contender.name}")
+            row["profile"] = profile_step(contender, dev)
+    _compare(rows, data_s)
+    return {
+        "shape": dataclasses.asdict(shape),
+        "device": str(dev),
+        "device_name": _device_name(dev),
+        "dtype": options.dtype,
+        "threads": torch.get_num_threads(),
+        "compile": options.compile,
+        "torch": torch.__version__,
+        "mixit": __version__,
+        "git_commit": git_commit(),
+        "timing": {"warmup": options.warmup, "steps": options.steps, "repeats": options.repeats},
+        "peak": peak,
+        "task": options.task,
+        "task_params": options.task_params or {},
+        "data_ms_per_batch": None if data_s is None else 1e3 * data_s,
+        "rows": rows,
+        "notes": notes,
+    }
+
+
+def _check_options(options: BenchOptions) -> None:
+    """Refuse unknown variants or dtypes, and timing counts below 1."""
+    variants = options.variants
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise UsageError(
             f"unknown variant(s) {', '.join(map(repr, unknown)) or '(none given)'}; allowed: {', '.join(VARIANTS)}"
         )
-    if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
-    for name, value in {"warmup": warmup, "steps": steps, "repeats": repeats}.items():
+    if options.dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {options.dtype!r}; allowed: {', '.join(DTYPES)}")
+    for name in ("warmup", "steps", "repeats"):
+        value = getattr(options, name)
         if not (isinstance(value, int) and value >= 1):
             raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
-    dev = resolve_device(device)
+
+
+def _check_room(shape: Shape, options: BenchOptions, dev: torch.device) -> None:
+    """Refuse a benchmark whose rows do not fit in memory together, and autocast off cuda."""
     # Every row is built and warmed up before the timing starts, so all are held at once.
     cfg = shape.model_config("standard")
-    n_rows = len(variants) + int(baseline)
+    n_rows = len(options.variants) + int(options.baseline)
     check_memory(
         "this benchmark",
         {
@@ -405,21 +480,24 @@ def run_bench(
         dev,
         "lower the batch size, the sequence length, the model's size or the number of variants",
     )
-    if dtype != "fp32" and dev.type != "cuda":
-        raise UsageError(f"dtype {dtype} (autocast) is offered on cuda only; on this CPU fp32 is many times faster")
-    data_s = data_seconds(task, task_params or {}, shape.batch_size) if task is not None else None
-    say = progress or (lambda message: None)
-    torch_dtype = DTYPES[dtype]
+    if options.dtype != "fp32" and dev.type != "cuda":
+        raise UsageError(
+            f"dtype {options.dtype} (autocast) is offered on cuda only; on this CPU fp32 is many times faster"
+        )
 
+
+def _build_rows(
+    shape: Shape, options: BenchOptions, dev: torch.device, say: Callable[[str], None]
+) -> tuple[list[Contender], dict[str, float | None], list[str]]:
+    """Build and warm up every row, each with its own precision; return the rows, the peak memory each held
+    during its warm-up, and notes on rows that could not be built."""
     builders: list[tuple[str, Callable[[], Contender | None]]] = [
-        (variant, functools.partial(bench_variant, variant, shape, dev, torch_dtype, compile)) for variant in variants
+        (variant, functools.partial(bench_variant, variant, shape, Precision(options.dtype, dev), options.compile))
+        for variant in options.variants
     ]
-    if baseline:
-        builders.append((HF_NAME, functools.partial(bench_hf, shape, dev, torch_dtype, compile)))
-    peak_n = 8192 if dev.type == "cuda" else 2048
-    peak_contender = matmul_contender(dev, torch_dtype, peak_n)
-    warm_up(peak_contender, dev, 1)
-    contenders, memory, notes = [peak_contender], {}, []
+    if options.baseline:
+        builders.append((HF_NAME, functools.partial(bench_hf, shape, Precision(options.dtype, dev), options.compile)))
+    contenders, memory, notes = [], {}, []
     for name, build in builders:
         say(f"building and warming up {name}")
         before = _memory_baseline(dev)
@@ -429,18 +507,16 @@ def run_bench(
                 "transformers is not installed: no Hugging Face baseline row (pip install 'mixit[bench]' to add it)"
             )
             continue
-        warm_up(contender, dev, warmup)
+        warm_up(contender, dev, options.warmup)
         after = _memory_mb(dev, peak=True)
         memory[name] = None if before is None or after is None else after - before
         contenders.append(contender)
-    say(f"timing {len(contenders) - 1} rows and the matmul peak round-robin, {repeats} blocks of {steps} steps")
-    per_step = time_round_robin(contenders, dev, steps, repeats)
-    peak = _peak(peak_contender, peak_n, per_step[PEAK_NAME])
-    rows = [_row(c, shape, per_step[c.name], peak["best_flops_per_s"], memory[c.name]) for c in contenders[1:]]
-    if profile:
-        for contender, row in zip(contenders[1:], rows):
-            say(f"profiling one step of {contender.name}")
-            row["profile"] = profile_step(contender, dev)
+    return contenders, memory, notes
+
+
+def _compare(rows: list[dict[str, Any]], data_s: float | None) -> None:
+    """Add to each row its speed-up over the Hugging Face row (where there is one) and, with a task, the
+    share of a step that generating its batch would take."""
     hf = next((row for row in rows if row["name"] == HF_NAME), None)
     if hf is not None:
         for row in rows:
@@ -449,24 +525,6 @@ def run_bench(
     if data_s is not None:
         for row in rows:
             row["data_fraction"] = data_s / (data_s + row["step_ms"] / 1e3)
-    return {
-        "shape": dataclasses.asdict(shape),
-        "device": str(dev),
-        "device_name": _device_name(dev),
-        "dtype": dtype,
-        "threads": torch.get_num_threads(),
-        "compile": compile,
-        "torch": torch.__version__,
-        "mixit": __version__,
-        "git_commit": git_commit(),
-        "timing": {"warmup": warmup, "steps": steps, "repeats": repeats},
-        "peak": peak,
-        "task": task,
-        "task_params": task_params or {},
-        "data_ms_per_batch": None if data_s is None else 1e3 * data_s,
-        "rows": rows,
-        "notes": notes,
-    }
 
 
 def _device_name(device: torch.device) -> str:
@@ -523,86 +581,36 @@ def format_profiles(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def bench_command(
-    out: Path | None = None,
-    variants: Sequence[str] = VARIANTS.names(),
-    d_model: int = 256,
-    n_layers: int = 4,
-    n_heads: int = 4,
-    vocab_size: int | None = None,
-    seq_len: int | None = None,
-    batch_size: int = 64,
-    task: str | None = None,
-    task_params: dict[str, Any] | None = None,
-    device: str = "auto",
-    dtype: str = "fp32",
-    compile: bool = False,
-    warmup: int = 3,
-    steps: int = 3,
-    repeats: int = 5,
-    baseline: bool = True,
-    profile: bool = False,
-    progress: Callable[[str], None] | None = None,
-) -> tuple[dict[str, Any], Path]:
+def bench_command(options: BenchOptions, progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], Path]:
     """Time training steps of every variant at one model shape (median of repeats after warm-up), with tokens/s,
     peak memory and model FLOPs utilisation against this device's measured matmul peak, beside a Hugging Face
     Llama of the same shape; write the result as JSON.
 
-    Args:
-        out: JSON file to write (default runs/bench-<time>.json); never overwritten.
-        variants: comma-separated variants.
-        d_model: model width.
-        n_layers: blocks.
-        n_heads: attention heads.
-        vocab_size: vocabulary (default 512, or the task's).
-        seq_len: tokens per sequence (default 128, or what the task's model reads).
-        batch_size: sequences per step.
-        task: take vocabulary and sequence length from this task and measure how long one of its training
-            batches takes to generate.
-        task_params: the task's parameters (with task).
-        device: auto, cpu, cuda or cuda:N.
-        dtype: fp32, or bf16 or fp16 (autocast; cuda only).
-        compile: torch.compile the models.
-        warmup: untimed steps first, during which peak memory is measured.
-        steps: steps per timed block.
-        repeats: timed blocks; the median is reported.
-        baseline: time the Hugging Face Llama row.
-        profile: after timing, profile one more step of each row and print where its time goes.
-        progress: called with a line of text as each phase starts.
+    `progress` is called with a line of text as each phase starts. Returns the result and the file written.
     """
-    out = out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = options.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     if out.exists():
         raise UsageError(f"{out} already exists; choose another --out")
     check_output_dir(out.parent)
-    if task_params and task is None:
-        raise UsageError("task parameters need a task")
-    seq, vocab = 128, 512
-    if task is not None:
-        made = make_task(task, task_params)
-        seq, vocab = made.input_len, made.vocab_size
-    shape = Shape(
-        d_model=d_model,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        vocab_size=vocab if vocab_size is None else vocab_size,
-        seq_len=seq if seq_len is None else seq_len,
-        batch_size=batch_size,
-    )
-    result = run_bench(
-        shape,
-        list(variants),
-        device=device,
-        dtype=dtype,
-        warmup=warmup,
-        steps=steps,
-        repeats=repeats,
-        compile=compile,
-        baseline=baseline,
-        task=task,
-        task_params=task_params,
-        profile=profile,
-        progress=progress,
-    )
+    result = run_bench(shape_of(options), options, progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, result)
     return result, out
+
+
+def shape_of(options: BenchOptions) -> Shape:
+    """The shape `options` ask for: vocabulary and sequence length default to the task's, or 512 and 128."""
+    if options.task_params and options.task is None:
+        raise UsageError("task parameters need a task")
+    seq, vocab = 128, 512
+    if options.task is not None:
+        made = make_task(options.task, options.task_params)
+        seq, vocab = made.input_len, made.vocab_size
+    return Shape(
+        d_model=options.d_model,
+        n_layers=options.n_layers,
+        n_heads=options.n_heads,
+        vocab_size=vocab if options.vocab_size is None else options.vocab_size,
+        seq_len=seq if options.seq_len is None else options.seq_len,
+        batch_size=options.batch_size,
+    )

@@ -8,7 +8,7 @@ vector. This module measures that for freshly initialised models:
 
     pairwise_stats(h)          cosine, covariance and RMS of one residual stream (B, T, d)
     token_similarity(model, x) those statistics after the embedding and after every block
-    signal_propagation(...)    the same for fresh models over variants x depths x seeds
+    signal_propagation(...)    the same for fresh models over variants x depths x seeds (`Probe`)
     plot_signal(result, path)  cosine and covariance against depth, one line per variant
 
 Rank collapse shows as cosine -> 1 (and covariance -> 1) as depth grows.
@@ -19,6 +19,7 @@ in `pairwise_stats`, so only the trend, not the values, compares with it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,7 +38,7 @@ from mixit.version import __version__
 # Random inputs are drawn from a generator of their own, so they do not share a
 # stream with the parameter initialisation that uses `seed` directly.
 TOKEN_SEED_OFFSET = 7919
-# Set by signal_propagation itself; refused in its model_overrides.
+# Set by the sweep itself (`Probe` and the depths); refused in model_overrides.
 _OWN_KEYS = ("vocab_size", "n_ctx", "d_model", "n_heads", "n_layers", "attention", "seed")
 
 
@@ -100,15 +101,51 @@ def token_similarity(model: Transformer, tokens: torch.Tensor) -> dict[str, list
     return {key: [stats[key] for stats in per_layer] for key in ("cosine", "covariance", "norm")}
 
 
-def _check_inputs(
-    variants: Sequence[str],
-    depths: Sequence[int],
-    seeds: Sequence[int],
-    batch: int,
-    n_ctx: int,
-    shaped: bool,
-    model_overrides: dict[str, Any],
-) -> None:
+@dataclass(frozen=True)
+class Probe:
+    """The fresh models and random inputs every point of a signal sweep is measured with (all but its variant
+    and depth)."""
+
+    d_model: int = 128
+    n_heads: int = 4
+    n_ctx: int = 64
+    """Tokens per random input sequence (and the models' context)."""
+    vocab_size: int = 64
+    batch: int = 16
+    """Random sequences per measurement."""
+    seeds: Sequence[int] = (0, 1, 2)
+    """Initialisations averaged per point; seed s also draws the inputs (from s + TOKEN_SEED_OFFSET)."""
+    shaped: bool = False
+    """False builds the standard settings of docs/model.md for every variant, True the signal-propagation
+    settings (`ModelConfig.shaped()`) for every variant. Nothing is chosen per attention kind; run both to compare."""
+    model_overrides: dict[str, Any] | None = None
+    """Further ModelConfig fields applied to every model (for instance {"init_std": 0.2}); unknown keys, and
+    keys the sweep sets itself, are refused."""
+
+    def model(self, variant: str, depth: int, seed: int) -> ModelConfig:
+        """The model of `variant` with `depth` blocks initialised from `seed` (the variant's own settings)."""
+        settings = {**(ModelConfig.shaped() if self.shaped else {}), **(self.model_overrides or {})}
+        return model_config(
+            variant,
+            vocab_size=self.vocab_size,
+            n_ctx=self.n_ctx,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            n_layers=depth,
+            seed=seed,
+            **settings,
+        )
+
+    def inputs(self, seed: int) -> torch.Tensor:
+        """The random token ids every variant of `seed` is measured on: (batch, n_ctx)."""
+        generator = torch.Generator().manual_seed(seed + TOKEN_SEED_OFFSET)
+        return torch.randint(self.vocab_size, (self.batch, self.n_ctx), generator=generator)  # (batch, n_ctx)
+
+
+def _check_inputs(variants: Sequence[str], depths: Sequence[int], probe: Probe) -> None:
+    """Refuse, with one line, a sweep no model or measurement could be made of."""
+    if isinstance(variants, str):
+        raise UsageError(f"variants must be a non-empty list of names, got the string {variants!r}")
     if not variants:
         raise UsageError(f"variants must be a non-empty list of names; allowed: {', '.join(VARIANTS)}")
     for v in variants:
@@ -117,17 +154,18 @@ def _check_inputs(
         raise UsageError(f"variants must not repeat, got {list(variants)}")
     if not depths or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in depths):
         raise UsageError(f"depths must be a non-empty list of positive integers, got {list(depths)!r}")
+    seeds, batch, n_ctx = probe.seeds, probe.batch, probe.n_ctx
     if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise UsageError(f"seeds must be a non-empty list of integers, got {list(seeds)!r}")
     if not (isinstance(batch, int) and batch > 0):
         raise UsageError(f"batch must be a positive integer, got {batch!r}")
     if not (isinstance(n_ctx, int) and n_ctx >= 2):
         raise UsageError(f"n_ctx must be an integer >= 2 (similarity needs two tokens), got {n_ctx!r}")
-    if not isinstance(shaped, bool):
-        raise UsageError(f"shaped must be True or False, got {shaped!r}")
-    taken = sorted(set(model_overrides) & set(_OWN_KEYS))
+    if not isinstance(probe.shaped, bool):
+        raise UsageError(f"shaped must be True or False, got {probe.shaped!r}")
+    taken = sorted(set(probe.model_overrides or {}) & set(_OWN_KEYS))
     if taken:
-        raise UsageError(f"model_overrides may not set {', '.join(taken)}: they are arguments of signal_propagation")
+        raise UsageError(f"model_overrides may not set {', '.join(taken)}: the sweep sets them itself")
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -136,116 +174,65 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
-def signal_propagation(
-    variants: Sequence[str],
-    depths: Sequence[int],
-    d_model: int = 128,
-    n_heads: int = 4,
-    n_ctx: int = 64,
-    vocab_size: int = 64,
-    batch: int = 16,
-    seeds: Sequence[int] = (0, 1, 2),
-    shaped: bool = False,
-    model_overrides: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def signal_propagation(variants: Sequence[str], depths: Sequence[int], probe: Probe | None = None) -> dict[str, Any]:
     """Token similarity of freshly initialised models, for every variant x depth, averaged over seeds.
 
-    For each (variant, depth, seed) a new `Transformer` is built with
-    `model_config(variant, n_layers=depth, seed=seed, ...)` (the variant's own settings)
-    and `token_similarity` is measured on `batch` random sequences of n_ctx
-    uniformly random ids (drawn from seed + TOKEN_SEED_OFFSET, so every variant
-    of one seed sees the same inputs). A variant matters here only through its
-    attention kind: freezing decides what training may change and leaves the
-    forward pass at initialisation untouched, so "standard" and "random" (the
-    paper's random transformer: a softmax model of which only the embeddings
-    and head are trained) give identical numbers.
-
-    shaped: False builds the standard settings of docs/model.md for every variant,
-        True the signal-propagation settings (`ModelConfig.shaped()`) for every
-        variant. Nothing is chosen per attention kind; run both to compare.
-    model_overrides: further ModelConfig fields applied to every model (for
-        instance {"init_std": 0.2}); unknown keys, and keys this function sets
-        itself, are refused.
+    For each (variant, depth, seed) a new `Transformer` is built (`Probe.model`: the variant's own
+    settings) and `token_similarity` is measured on `probe.batch` random sequences of n_ctx uniformly
+    random ids (`Probe.inputs`: every variant of one seed sees the same inputs). A variant matters here
+    only through its attention kind: freezing decides what training may change and leaves the forward
+    pass at initialisation untouched, so "standard" and "random" (the paper's random transformer: a
+    softmax model of which only the embeddings and head are trained) give identical numbers.
 
     Returns a JSON-serialisable dict:
-        {"config": {every argument, the resulting model settings, mixit version},
+        {"config": {every setting, the resulting model settings, mixit version},
          "results": {variant: {str(depth): {
              "cosine", "cosine_std", "covariance", "covariance_std", "norm", "norm_std":
                  after the last block, mean and sample std over seeds;
              "per_layer_cosine", "per_layer_covariance", "per_layer_norm":
                  depth + 1 values (embedding, then each block), means over seeds}}}}
     """
-    if isinstance(variants, str):
-        raise UsageError(f"variants must be a non-empty list of names, got the string {variants!r}")
-    model_overrides = dict(model_overrides or {})
-    variants, depths, seeds = list(variants), list(depths), list(seeds)
-    _check_inputs(variants, depths, seeds, batch, n_ctx, shaped, model_overrides)
-    settings = {**(ModelConfig.shaped() if shaped else {}), **model_overrides}
-
-    def config(variant: str, depth: int, seed: int) -> ModelConfig:
-        return model_config(
-            variant,
-            vocab_size=vocab_size,
-            n_ctx=n_ctx,
-            d_model=d_model,
-            n_heads=n_heads,
-            n_layers=depth,
-            seed=seed,
-            **settings,
-        )
-
+    probe = probe or Probe()
+    _check_inputs(variants, depths, probe)
+    variants, depths = list(variants), list(depths)
+    probe = replace(probe, seeds=list(probe.seeds), model_overrides=dict(probe.model_overrides or {}))
     # Validate the model settings of every variant before any work, and check that the deepest fits.
-    example = {v: config(v, depths[0], seeds[0]) for v in variants}
-    deepest = config(variants[0], max(depths), seeds[0])
+    example = {v: probe.model(v, depths[0], probe.seeds[0]) for v in variants}
+    deepest = probe.model(variants[0], max(depths), probe.seeds[0])
     check_memory(
         "the signal sweep",
         {
             "the deepest model": model_bytes(deepest),
-            f"its activations at batch {batch}": activation_bytes(deepest, batch, n_ctx),
+            f"its activations at batch {probe.batch}": activation_bytes(deepest, probe.batch, probe.n_ctx),
         },
         "cpu",
         "lower the depths, d_model or n_ctx",
     )
-    inputs = {
-        s: torch.randint(
-            vocab_size,
-            (batch, n_ctx),  # (batch, n_ctx)
-            generator=torch.Generator().manual_seed(s + TOKEN_SEED_OFFSET),
-        )
-        for s in seeds
-    }
-
-    results: dict[str, dict[str, Any]] = {}
-    for variant in variants:
-        results[variant] = {}
-        for depth in depths:
-            runs = [token_similarity(Transformer(config(variant, depth, s)), inputs[s]) for s in seeds]
-            entry: dict[str, Any] = {}
-            for key in ("cosine", "covariance", "norm"):
-                entry[key], entry[f"{key}_std"] = _mean_std([r[key][-1] for r in runs])
-            for key in ("cosine", "covariance", "norm"):
-                entry[f"per_layer_{key}"] = np.mean([r[key] for r in runs], axis=0).tolist()
-            results[variant][str(depth)] = entry
-
+    inputs = {s: probe.inputs(s) for s in probe.seeds}
+    results = {v: {str(depth): _measure(probe, v, depth, inputs) for depth in depths} for v in variants}
     model = {k: v for k, v in vars(next(iter(example.values()))).items() if k not in _OWN_KEYS}
     return {
         "config": {
             "variants": variants,
             "depths": depths,
-            "d_model": d_model,
-            "n_heads": n_heads,
-            "n_ctx": n_ctx,
-            "vocab_size": vocab_size,
-            "batch": batch,
-            "seeds": seeds,
-            "shaped": shaped,
-            "model_overrides": model_overrides,
+            **vars(probe),
             "attention": {v: example[v].attention for v in variants},
             "model": model,
             "mixit_version": __version__,
         },
         "results": results,
     }
+
+
+def _measure(probe: Probe, variant: str, depth: int, inputs: dict[int, torch.Tensor]) -> dict[str, Any]:
+    """One point of the sweep: the last block's statistics (mean and std over seeds), and each layer's means."""
+    runs = [token_similarity(Transformer(probe.model(variant, depth, s)), inputs[s]) for s in probe.seeds]
+    entry: dict[str, Any] = {}
+    for key in ("cosine", "covariance", "norm"):
+        entry[key], entry[f"{key}_std"] = _mean_std([r[key][-1] for r in runs])
+    for key in ("cosine", "covariance", "norm"):
+        entry[f"per_layer_{key}"] = np.mean([r[key] for r in runs], axis=0).tolist()
+    return entry
 
 
 def plot_signal(result: dict[str, Any], path: str | Path) -> None:
@@ -305,46 +292,50 @@ def plot_signal(result: dict[str, Any], path: str | Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def signal_command(
-    out: Path = Path("signal"),
-    variants: Sequence[str] = ("standard", "mixit", "random"),
-    depths: Sequence[int] = (2, 4, 8, 16, 32),
-    d_model: int = 128,
-    n_heads: int = 4,
-    n_ctx: int = 64,
-    seeds: int = 3,
-    shaped: bool = False,
-    mixing_sink: Literal["reference", "normalised", "off"] = "reference",
-) -> tuple[dict[str, Any], list[Path]]:
+@dataclass(frozen=True)
+class SignalOptions:
+    """What `mixit signal` measures, and where it writes signal.json and signal.png (one flag per field)."""
+
+    out: Path = Path("signal")
+    """output directory; signal.json and signal.png there are never overwritten."""
+    variants: Sequence[str] = ("standard", "mixit", "random")
+    """the variants to build (comma-separated)."""
+    depths: Sequence[int] = (2, 4, 8, 16, 32)
+    """the depths to build (comma-separated)."""
+    d_model: int = 128
+    """model width."""
+    n_heads: int = 4
+    """attention heads."""
+    n_ctx: int = 64
+    """sequence length of the random inputs."""
+    seeds: int = 3
+    """initialisations averaged per point (seeds 0..seeds-1)."""
+    shaped: bool = False
+    """build every variant with the signal-propagation settings."""
+    mixing_sink: Literal["reference", "normalised", "off"] = "reference"
+    """MixiT's head 0: reference, normalised or off (docs/model.md, "The sink head")."""
+
+
+def signal_command(options: SignalOptions) -> tuple[dict[str, Any], list[Path]]:
     """Measure, for freshly initialised models of several variants and depths, the mean cosine similarity and
     covariance between token representations after each layer; write signal.json and signal.png to `out`.
 
-    Args:
-        out: output directory; signal.json and signal.png there are never overwritten.
-        variants: the variants to build (comma-separated).
-        depths: the depths to build (comma-separated).
-        d_model: model width.
-        n_heads: attention heads.
-        n_ctx: sequence length of the random inputs.
-        seeds: initialisations averaged per point (seeds 0..seeds-1).
-        shaped: build every variant with the signal-propagation settings.
-        mixing_sink: MixiT's head 0: reference, normalised or off (docs/model.md, "The sink head").
+    Returns the result and the files written.
     """
-    files = (out / "signal.json", out / "signal.png")
-    check_output_dir(out, tuple(f.name for f in files))
-    if seeds < 1:
-        raise UsageError(f"seeds must be a positive integer, got {seeds}")
-    result = signal_propagation(
-        list(variants),
-        list(depths),
-        d_model=d_model,
-        n_heads=n_heads,
-        n_ctx=n_ctx,
-        seeds=tuple(range(seeds)),
-        shaped=shaped,
-        model_overrides={"mixing_sink": mixing_sink},
+    files = (options.out / "signal.json", options.out / "signal.png")
+    check_output_dir(options.out, tuple(f.name for f in files))
+    if options.seeds < 1:
+        raise UsageError(f"seeds must be a positive integer, got {options.seeds}")
+    probe = Probe(
+        d_model=options.d_model,
+        n_heads=options.n_heads,
+        n_ctx=options.n_ctx,
+        seeds=tuple(range(options.seeds)),
+        shaped=options.shaped,
+        model_overrides={"mixing_sink": options.mixing_sink},
     )
-    out.mkdir(parents=True, exist_ok=True)
+    result = signal_propagation(list(options.variants), list(options.depths), probe)
+    options.out.mkdir(parents=True, exist_ok=True)
     write_json(files[0], result)
     plot_signal(result, files[1])
     return result, list(files)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,15 @@ from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build
 from mixit.freezing import FreezeReport
 from mixit.models import Transformer
+from mixit.precision import Precision
 from mixit.resources import check_memory, training_parts
-from mixit.run import Run
+from mixit.run import MetricsLog, Run
 from mixit.runtime import fast_bf16, resolve_device
 from mixit.tasks import IGNORE, Batch, Task
 from mixit.training.convergence import Convergence
 from mixit.training.evaluate import evaluate
 from mixit.training.optim import build_optimizer
-from mixit.training.step import Precision, accumulated_step
+from mixit.training.step import StepParts, accumulated_step
 
 
 def train(
@@ -73,41 +75,67 @@ def train(
     split(cfg.train.batch_size, env_world(), cfg.train.grad_accum)
     dist, dev = setup(dev)
     try:
-        return _train(cfg, Path(run_dir), dist, dev, resume, progress and dist.main, compile, on_step)
+        launch = Launch(Path(run_dir), resume, progress and dist.main, compile, on_step)
+        return _train(cfg, launch, dist, dev)
     finally:
         teardown(dist)
 
 
-def _train(
-    cfg: RunConfig,
-    run_dir: Path,
-    dist: Dist,
-    dev: torch.device,
-    resume: bool,
-    progress: bool,
-    compile: bool,
-    on_step: Callable[[int, float], None] | None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Launch:
+    """How `train` was asked to run, apart from the configuration."""
+
+    run_dir: Path
+    resume: bool
+    """Continue the run in run_dir from its last checkpoint."""
+    progress: bool
+    """Show a progress bar (rank 0 only)."""
+    compile: bool
+    """torch.compile the training forward pass."""
+    on_step: Callable[[int, float], None] | None
+    """Called as on_step(step, loss) after each optimizer step, on rank 0."""
+
+
+def _train(cfg: RunConfig, launch: Launch, dist: Dist, dev: torch.device) -> dict[str, Any]:
+    """Check everything, then create (or reopen) the run directory and train; the run stays locked meanwhile."""
+    run, per_rank, (task, model, report) = _checked(cfg, launch, dist, dev)
+    try:
+        if dist.main and run is None:
+            run = Run.create(launch.run_dir, cfg)  # created and locked
+            task.save_artifacts(run.path)
+        session = Session(cfg, launch, run, task, model, report, dist, dev, per_rank)
+        return session.train()
+    finally:
+        if run is not None:
+            run.release()
+
+
+def _checked(
+    cfg: RunConfig, launch: Launch, dist: Dist, dev: torch.device
+) -> tuple[Run | None, int, tuple[Task, Transformer, FreezeReport]]:
+    """Every check before anything is written (rank 0's verdict is every rank's): the run directory (locked
+    and returned on rank 0 when resuming), the memory, the task's data. Returns the run, the examples per
+    process and micro-batch, and the built task, model and freeze report."""
     tc = cfg.train
     run: Run | None = None
     refusal: str | None = None
-    try:  # every check before anything is written; rank 0's verdict is every rank's
+    try:
         per_rank = split(tc.batch_size, dist, tc.grad_accum)
         if dist.main:
-            run = Run.open(run_dir) if resume else None
+            run = Run.open(launch.run_dir) if launch.resume else None
             if run is not None:
                 run.acquire()  # before anything is read or rewritten: one process per run directory
                 run.check_same(cfg)
             else:
-                Run.check_new(run_dir)
+                Run.check_new(launch.run_dir)
         check_memory(
             "this run",
             training_parts(cfg.model, per_rank, tc.eval_batch_size, cfg.test_size),
             dev,
             "lower batch_size, eval_batch_size, test_size or the model's size, or raise grad_accum",
         )
-        task, model, report = build(cfg, run_dir if resume else None)
-        task.train_batch(0, tc.batch_size)  # a task that cannot make training data is refused before any write
+        built = build(cfg, launch.run_dir if launch.resume else None)
+        built[0].train_batch(0, tc.batch_size)  # a task that cannot make training data is refused before any write
     except UsageError as e:
         refusal = str(e)
     refusal = broadcast(refusal, dist)
@@ -115,159 +143,215 @@ def _train(
         if run is not None:
             run.release()
         raise UsageError(refusal)
-    try:
-        if dist.main and run is None:
-            run = Run.create(run_dir, cfg)  # created and locked
-            task.save_artifacts(run.path)
-        return _loop(cfg, run, run_dir, task, model, report, dist, dev, per_rank, resume, progress, compile, on_step)
-    finally:
+    return run, per_rank, built
+
+
+@dataclass
+class Session:
+    """One process's training session: what the restore, the step loop, the evaluations and the summary share.
+
+    `run` is the locked run directory on rank 0, None on the others (which read checkpoints, never write).
+    """
+
+    cfg: RunConfig
+    launch: Launch
+    run: Run | None
+    task: Task
+    model: Transformer
+    report: FreezeReport
+    dist: Dist
+    device: torch.device
+    per_rank: int
+    """Examples per process and micro-batch."""
+    optimizer: torch.optim.Optimizer = field(init=False)
+    precision: Precision = field(init=False)
+    start: int = 0
+    """The step this session starts from (that of the checkpoint it resumed, else 0)."""
+    val_batch: Batch = field(init=False)
+    conv: Convergence = field(init=False)
+    log: MetricsLog | None = None
+    test: dict[str, float] = field(default_factory=dict)
+    """The latest test metrics (empty until the first evaluation of this session)."""
+    val: dict[str, float] = field(default_factory=dict)
+    stopped: bool = False
+    """Early stopping has stopped the run (every rank alike)."""
+    trained: int = 0
+    """Steps trained so far, counting those before a resume."""
+    train_time: float = 0.0
+    t0: float = field(default_factory=time.perf_counter)
+
+    def train(self) -> dict[str, Any]:
+        """Restore, evaluate where the curve starts, train, and return the summary."""
+        done_before = self.restore()
+        if done_before is not None:
+            return done_before
+        self.open_curve()
+        try:
+            # Where the curve starts, logged once (a run resumed at step 0 may have it already); rank 0 decides.
+            if broadcast(self.start == 0 and not self.conv.history, self.dist):
+                self.evaluation(0)
+            self.step_loop()
+        finally:
+            if self.log is not None:
+                self.log.close()
+        if not self.test:  # resumed from the final checkpoint of a run killed before its summary
+            self.test = self.evaluate()
+            self.val = self.evaluate(self.val_batch)
+        return self.summary()
+
+    def restore(self) -> dict[str, Any] | None:
+        """Place the model, build the optimizer, and on resume load the latest checkpoint; return the run's
+        summary if it has nothing left to train (every step done, or stopped early), else None."""
+        tc, dist = self.cfg.train, self.dist
+        self.model.to(self.device)
+        check_identical(self.model, dist)
+        self.optimizer = build_optimizer(self.model, tc, self.device)
+        self.precision = Precision(tc.dtype, self.device)
+        reader = self.run if self.run is not None else Run(self.launch.run_dir)
+        found = reader.latest_checkpoint() if self.launch.resume and dist.main else None
+        # A run killed before its first checkpoint resumes from step 0.
+        last = broadcast(str(found) if found is not None else None, dist)
+        if last is not None:
+            reader.load_model_state(self.model, Path(last))
+            self.start = reader.load_training_state(self.optimizer, Path(last), self.precision)
+        self.trained = self.start
+        done_before = broadcast(self.run.summary() if self.launch.resume and self.run is not None else None, dist)
+        if done_before is not None and (
+            self.start >= tc.steps or done_before.get("convergence", {}).get("stopped_early")
+        ):
+            return done_before
+        return None
+
+    def open_curve(self) -> None:
+        """The validation set, the convergence criterion (with the curve so far on resume), and on rank 0 the
+        metrics log (its freeze event written once per run)."""
+        tc, run = self.cfg.train, self.run
+        self.val_batch = self.task.val_batch()
+        self.conv = Convergence(
+            *self.task.selection, tc.patience, tc.min_delta, earliest=tc.steps // 2, stop_at=tc.stop_at
+        )
+        if run is not None and self.launch.resume:
+            self.conv.extend(run.metrics(), up_to=self.start)
         if run is not None:
-            run.release()
+            self.log = run.open_metrics(resume_step=self.start if self.launch.resume else None)
+            if not any(e.get("event") == "freeze" for e in run.metrics()):
+                self.log.write({"step": 0, "event": "freeze", **self.report.to_dict()})
+        self.stopped = bool(broadcast(tc.early_stop and self.conv.should_stop, self.dist))  # killed just after stopping
 
+    def evaluate(self, batch: Batch | None = None) -> dict[str, float]:
+        """Metrics on `batch` (default: the test set), every process evaluating its share."""
+        tc = self.cfg.train
+        return evaluate(
+            self.model,
+            self.task,
+            self.device,
+            tc.eval_batch_size,
+            batch=batch,
+            dist=self.dist,
+            precision=self.precision,
+        )
 
-def _loop(
-    cfg: RunConfig,
-    run: Run | None,
-    run_dir: Path,
-    task: Task,
-    model: Transformer,
-    report: FreezeReport,
-    dist: Dist,
-    dev: torch.device,
-    per_rank: int,
-    resume: bool,
-    progress: bool,
-    compile: bool,
-    on_step: Callable[[int, float], None] | None,
-) -> dict[str, Any]:
-    """The training loop proper. `run` is the locked run directory on rank 0, None on the others."""
-    tc = cfg.train
-    _, eval_every, log_every, checkpoint_every = tc.cadence
-    model.to(dev)
-    check_identical(model, dist)
-    optimizer = build_optimizer(model, tc, dev)
-    precision = Precision(tc.dtype, dev)
-    start = 0
-    reader = run if run is not None else Run(run_dir)  # the other ranks read the checkpoint, never write
-    found = reader.latest_checkpoint() if resume and dist.main else None
-    # A run killed before its first checkpoint resumes from step 0.
-    last = broadcast(str(found) if found is not None else None, dist)
-    if last is not None:
-        reader.load_model_state(model, Path(last))
-        start = reader.load_training_state(optimizer, Path(last), precision)
-    done_before = broadcast(run.summary() if resume and run is not None else None, dist)
-    if done_before is not None and (start >= tc.steps or done_before.get("convergence", {}).get("stopped_early")):
-        return done_before
+    def evaluation(self, step: int) -> bool:
+        """Test and validation metrics at `step`, kept and logged; returns whether early stopping stops here
+        (every rank alike)."""
+        self.test = self.evaluate()
+        self.val = self.evaluate(self.val_batch)
+        self.conv.add(step, self.val[self.conv.metric])
+        if self.log is not None:
+            self.log.write({"step": step, "event": "eval", **self.test, **{f"val_{k}": v for k, v in self.val.items()}})
+        return bool(broadcast(self.cfg.train.early_stop and self.conv.should_stop, self.dist))
 
-    val_batch = task.val_batch()
-    conv = Convergence(*task.selection, tc.patience, tc.min_delta, earliest=tc.steps // 2, stop_at=tc.stop_at)
-    if run is not None and resume:
-        conv.extend(run.metrics(), up_to=start)
-    log = run.open_metrics(resume_step=start if resume else None) if run is not None else None
-    if run is not None and log is not None and not any(e.get("event") == "freeze" for e in run.metrics()):
-        log.write({"step": 0, "event": "freeze", **report.to_dict()})
+    def step_parts(self) -> StepParts:
+        """The forward pass (wrapped in DistributedDataParallel under torchrun, compiled if asked) and the rest
+        of what each optimizer step uses."""
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        ddp = None
+        if self.dist.active:
+            ddp = DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
+        forward: Callable[[torch.Tensor], torch.Tensor] = ddp if ddp is not None else self.model
+        forward = torch.compile(forward) if self.launch.compile else forward
+        no_sync = ddp.no_sync if ddp is not None else None
+        tc = self.cfg.train
+        return StepParts(
+            forward, self.optimizer, trainable, tc.grad_clip, self.precision, self.dist.world_size, no_sync
+        )
 
-    def evaluation(step: int) -> tuple[dict[str, float], dict[str, float], bool]:
-        """Test and validation metrics, logged; and whether early stopping stops at `step` (every rank alike)."""
-        test = evaluate(model, task, dev, tc.eval_batch_size, dist=dist, precision=precision)
-        val = evaluate(model, task, dev, tc.eval_batch_size, batch=val_batch, dist=dist, precision=precision)
-        conv.add(step, val[conv.metric])
-        if log is not None:
-            log.write({"step": step, "event": "eval", **test, **{f"val_{k}": v for k, v in val.items()}})
-        return test, val, bool(broadcast(tc.early_stop and conv.should_stop, dist))
+    def step_loop(self) -> None:
+        """Train from `start` to the step budget, or until early stopping stops the run."""
+        tc = self.cfg.train
+        parts = self.step_parts()
+        # Redraw at most every 10 s when stderr is a log file rather than a terminal.
+        bar = tqdm(
+            total=tc.steps,
+            initial=self.start,
+            disable=not self.launch.progress,
+            desc=f"{self.cfg.task}/{self.cfg.variant}",
+            dynamic_ncols=True,
+            mininterval=0.1 if sys.stderr.isatty() else 10.0,
+        )
+        self.t0 = time.perf_counter()
+        self.model.train()
+        try:
+            for step in range(self.start, tc.steps):
+                if self.stopped:
+                    break
+                self.one_step(step, parts, bar)
+        finally:
+            bar.close()
 
-    metrics: dict[str, float] = {}
-    val_metrics: dict[str, float] = {}
-    stopped = bool(broadcast(tc.early_stop and conv.should_stop, dist))  # a run killed just after stopping
-    # Where the curve starts, logged once (a run resumed at step 0 may have it already); rank 0 decides.
-    if broadcast(start == 0 and not conv.history, dist):
-        metrics, val_metrics, _ = evaluation(0)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None) if dist.active else None
-    forward: Callable[[torch.Tensor], torch.Tensor] = ddp if ddp is not None else model
-    forward = torch.compile(forward) if compile else forward
-    # Redraw at most every 10 s when stderr is a log file rather than a terminal.
-    bar = tqdm(
-        total=tc.steps,
-        initial=start,
-        disable=not progress,
-        desc=f"{cfg.task}/{cfg.variant}",
-        dynamic_ncols=True,
-        mininterval=0.1 if sys.stderr.isatty() else 10.0,
-    )
-    t0, train_time = time.perf_counter(), 0.0
-    trained = start
-    model.train()
-    try:
-        for step in range(start, tc.steps):
-            if stopped:
-                break
-            micro, scored = slices(task.train_batch(step, tc.batch_size), dist, per_rank, tc.grad_accum)
-            lr = tc.lr_at(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            tick = time.perf_counter()
-            share = accumulated_step(
-                forward,
-                optimizer,
-                [(b.inputs.to(dev), b.targets.to(dev)) for b in micro],
-                trainable,
-                tc.grad_clip,
-                scored,
-                dist.world_size,
-                precision,
-                ddp.no_sync if ddp is not None else None,
-            )
-            train_time += time.perf_counter() - tick
-            done = step + 1
-            if done % log_every == 0 or done == tc.steps:
-                loss_value = all_sum(share.item(), dist, dev)
-                if log is not None:
-                    log.write(
-                        {
-                            "step": done,
-                            "event": "train",
-                            "loss": loss_value,
-                            "lr": lr,
-                            "elapsed_s": round(time.perf_counter() - t0, 3),
-                        }
-                    )
-                bar.set_postfix(loss=f"{loss_value:.4f}", **({"test": f"{headline(metrics):.3f}"} if metrics else {}))
-            if done % eval_every == 0 or done == tc.steps:
-                metrics, val_metrics, stopped = evaluation(done)
-            if run is not None and (done % checkpoint_every == 0 or done == tc.steps or stopped):
-                run.save_checkpoint(done, model, optimizer, precision)
-            trained = done
-            bar.update(1)
-            if on_step is not None and dist.main:
-                on_step(done, share.item())
-    finally:
-        bar.close()
-        if log is not None:
-            log.close()
-    if not metrics:  # resumed from the final checkpoint of a run killed before its summary
-        metrics = evaluate(model, task, dev, tc.eval_batch_size, dist=dist, precision=precision)
-        val_metrics = evaluate(model, task, dev, tc.eval_batch_size, batch=val_batch, dist=dist, precision=precision)
+    def one_step(self, step: int, parts: StepParts, bar: tqdm) -> None:
+        """Optimizer step `step` (counting from 0), then what its number calls for: a train log line, an
+        evaluation, a checkpoint."""
+        tc, dev = self.cfg.train, self.device
+        _, eval_every, log_every, checkpoint_every = tc.cadence
+        micro, scored = slices(self.task.train_batch(step, tc.batch_size), self.dist, self.per_rank, tc.grad_accum)
+        lr = tc.lr_at(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        tick = time.perf_counter()
+        share = accumulated_step(parts, [(b.inputs.to(dev), b.targets.to(dev)) for b in micro], scored)
+        self.train_time += time.perf_counter() - tick
+        done = step + 1
+        if done % log_every == 0 or done == tc.steps:
+            self.log_train(done, all_sum(share.item(), self.dist, dev), lr, bar)
+        if done % eval_every == 0 or done == tc.steps:
+            self.stopped = self.evaluation(done)
+        if self.run is not None and (done % checkpoint_every == 0 or done == tc.steps or self.stopped):
+            self.run.save_checkpoint(done, self.model, self.optimizer, self.precision)
+        self.trained = done
+        bar.update(1)
+        if self.launch.on_step is not None and self.dist.main:
+            self.launch.on_step(done, share.item())
 
-    summary = {
-        "task": task.describe(),
-        "variant": cfg.variant,
-        "steps": tc.steps,
-        "resumed_from": start if resume else None,
-        "test": metrics,
-        "val": val_metrics,
-        "convergence": conv.summary(stopped_early=trained < tc.steps, steps_trained=trained),
-        "n_params": report.n_trainable + report.n_frozen,
-        "n_trainable": report.n_trainable,
-        "train_seconds_this_session": round(train_time, 2),
-        "wall_seconds_this_session": round(time.perf_counter() - t0, 2),
-        "device": str(dev),
-        "world_size": dist.world_size,
-        "run_dir": str(run_dir),
-    }
-    if run is not None:
-        run.write_summary(summary)
-    return summary
+    def log_train(self, step: int, loss: float, lr: float, bar: tqdm) -> None:
+        """The train event of `step` (loss: the global batch's mean), and the progress bar's loss and test metric."""
+        if self.log is not None:
+            elapsed = round(time.perf_counter() - self.t0, 3)
+            self.log.write({"step": step, "event": "train", "loss": loss, "lr": lr, "elapsed_s": elapsed})
+        bar.set_postfix(loss=f"{loss:.4f}", **({"test": f"{headline(self.test):.3f}"} if self.test else {}))
+
+    def summary(self) -> dict[str, Any]:
+        """The session's summary, written to summary.json on rank 0."""
+        tc, report = self.cfg.train, self.report
+        summary = {
+            "task": self.task.describe(),
+            "variant": self.cfg.variant,
+            "steps": tc.steps,
+            "resumed_from": self.start if self.launch.resume else None,
+            "test": self.test,
+            "val": self.val,
+            "convergence": self.conv.summary(stopped_early=self.trained < tc.steps, steps_trained=self.trained),
+            "n_params": report.n_trainable + report.n_frozen,
+            "n_trainable": report.n_trainable,
+            "train_seconds_this_session": round(self.train_time, 2),
+            "wall_seconds_this_session": round(time.perf_counter() - self.t0, 2),
+            "device": str(self.device),
+            "world_size": self.dist.world_size,
+            "run_dir": str(self.launch.run_dir),
+        }
+        if self.run is not None:
+            self.run.write_summary(summary)
+        return summary
 
 
 def slices(batch: Batch, dist: Dist, per_rank: int, accum: int) -> tuple[list[Batch], int]:
