@@ -185,7 +185,7 @@ def test_analyze_command_writes_every_artifact(variant, tmp_path, capsys):
         (["analyze", "nowhere"], "run directory nowhere does not exist"),
         (["analyze", "RUN", "--example", "99999"], "example must be in [0, 40)"),
         (["analyze", "RUN", "--tokens", "1,2,99"], "out-of-range ids [99]"),
-        (["analyze", "RUN", "--tokens", "1,x"], "expected comma-separated integers"),
+        (["analyze", "RUN", "--tokens", "1,x"], "tokens: expected a list (an integer each)"),
     ],
 )
 def test_analyze_bad_input(args, message, tmp_path, capsys):

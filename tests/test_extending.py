@@ -16,7 +16,7 @@ from mixit.cli import main
 from mixit.freezing import VARIANTS
 from mixit.models.attention import ATTENTION
 from mixit.study import paper_study, write_report
-from mixit.study.executors import execute
+from mixit.study.executors import Pool, execute
 from mixit.study.spec import Study
 from mixit.study.tables import TABLES
 from mixit.tasks import TASKS
@@ -108,9 +108,15 @@ def test_the_examples_on_the_command_line(examples, capsys):
     assert main(["analyze", str(run), "--batch", "4"]) == 0  # the uniform pattern goes through the hook
     capsys.readouterr()
     for args, message in [
-        (["-p", "length=twelve"], "task parameter length: expected int, got 'twelve'"),
+        (
+            ["-p", "length=twelve"],
+            "task parameter length: expected an integer, got 'twelve'",
+        ),
         (["-p", "length=0"], "length must be an integer >= 1, got 0"),
-        (["--schedule", "step"], "train.schedule: expected one of 'cosine', 'linear', 'constant', got 'step'"),
+        (
+            ["--schedule", "step"],
+            "train.schedule: expected one of 'cosine', 'linear', 'constant', got 'step'",
+        ),
     ]:
         assert main(["train", "--task", "copy", *args, "--out", str(examples / "bad")]) == 2
         assert message in capsys.readouterr().err
@@ -125,7 +131,7 @@ def test_the_example_table_is_planned_trained_and_reported(examples):
     runs = study.labelled(table="copying")
     assert sorted(s.labels["variant"] for s in runs) == ["mixit", "standard"]
     out = examples / "study"
-    execute(Study(study.name, runs, preset="smoke"), out, "sequential", progress=False)
+    execute(Study(study.name, runs, preset="smoke"), out, Pool("sequential"), progress=False)
     result = write_report(out)
     assert "## Copying: MixiT against the standard model" in (out / "report.md").read_text()
     check = result["checks"]["MixiT within 5 points of the standard model on copying"]

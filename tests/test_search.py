@@ -5,7 +5,7 @@ import json
 import pytest
 
 from mixit.experiment import resolve
-from mixit.study.executors import execute
+from mixit.study.executors import Pool, execute
 from mixit.study.search import choose, groups
 from mixit.study.spec import RunSpec, Study, grid, plan
 
@@ -48,7 +48,7 @@ def test_the_best_validation_score_wins_and_a_tie_goes_to_the_first():
 
 def test_a_searched_study_trains_the_candidates_then_the_winner_in_every_seed(tmp_path):
     study = Study("s", searched(seeds=2), screen_fraction=0.5)
-    tally = execute(study, tmp_path / "s", executor="sequential", progress=False)
+    tally = execute(study, tmp_path / "s", Pool("sequential"), progress=False)
     record = json.loads((tmp_path / "s" / "study.json").read_text())
     screens = [r for r in record["runs"] if r["role"] == "screen"]
     finals = [r for r in record["runs"] if r["role"] == "final"]
@@ -65,13 +65,13 @@ def test_a_searched_study_trains_the_candidates_then_the_winner_in_every_seed(tm
         r["config"]["train"]["steps"] for r in finals
     } == {40}
     # Run again: everything is done, nothing is trained twice.
-    again = execute(study, tmp_path / "s", executor="sequential", progress=False)
+    again = execute(study, tmp_path / "s", Pool("sequential"), progress=False)
     assert again["done"] == 4 and again["failed"] == 0
 
 
 def test_without_search_each_cell_trains_its_request_and_the_directory_tells_them_apart(tmp_path):
     study = Study("s", searched(seeds=1), screen_fraction=0.5)
-    execute(study, tmp_path / "n", executor="sequential", progress=False, search=False)
+    execute(study, tmp_path / "n", Pool("sequential"), progress=False, search=False)
     record = json.loads((tmp_path / "n" / "study.json").read_text())
     assert [r["role"] for r in record["runs"]] == ["final"] and record["runs"][0]["chosen"] == {}
     default_lr = resolve({**BASE, "variant": "standard"}).train.lr  # the task's own default: nothing searched
@@ -79,7 +79,7 @@ def test_without_search_each_cell_trains_its_request_and_the_directory_tells_the
     from mixit.errors import UsageError
 
     with pytest.raises(UsageError, match="another search"):
-        execute(study, tmp_path / "n", executor="sequential", progress=False, search=True)
+        execute(study, tmp_path / "n", Pool("sequential"), progress=False, search=True)
 
 
 def test_a_bad_candidate_is_refused_before_anything_runs(tmp_path):
@@ -87,7 +87,7 @@ def test_a_bad_candidate_is_refused_before_anything_runs(tmp_path):
     from mixit.errors import UsageError
 
     with pytest.raises(UsageError, match="n_heads must divide d_model"):
-        execute(Study("bad", specs), tmp_path / "bad", executor="sequential", progress=False)
+        execute(Study("bad", specs), tmp_path / "bad", Pool("sequential"), progress=False)
     assert not (tmp_path / "bad").exists()
 
 

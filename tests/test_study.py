@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from mixit import run_config
+from mixit import resolve, run_config
 from mixit.cli import main
 from mixit.errors import UsageError
+from mixit.study import ReproduceOptions, paper_study, reproduce
 from mixit.study import executors as execute_module
-from mixit.study import paper_study, reproduce
-from mixit.study.executors import execute, state
+from mixit.study.executors import Pool, execute, state
 from mixit.study.report import write_report
 from mixit.study.spec import Study, grid, load_study_file, plan, run_id
 from mixit.study.tables import TABLES
@@ -130,15 +130,17 @@ def test_done_runs_are_skipped_and_interrupted_ones_resumed(tmp_path):
     with pytest.raises(Stop):
         train(first.cfg, out / "runs" / first.id, progress=False, on_step=stop)
     assert state(out, first.id) == "interrupted" and state(out, second.id) == "new"
-    tally = execute(study, out, "sequential", progress=False)
+    tally = execute(study, out, Pool("sequential"), progress=False)
     assert tally["done"] == 2
     summary = json.loads((out / "runs" / first.id / "summary.json").read_text())
     assert summary["resumed_from"] == 4
     stamp = (out / "runs" / second.id / "summary.json").stat().st_mtime_ns
-    assert execute(study, out, "sequential", progress=False)["done"] == 2  # nothing left to do
+    recorded = json.loads((out / "runs" / second.id / "config.json").read_text())["request"]
+    assert recorded == second.cfg.request and resolve(recorded) == second.cfg  # the study's request, not the config
+    assert execute(study, out, Pool("sequential"), progress=False)["done"] == 2  # nothing left to do
     assert (out / "runs" / second.id / "summary.json").stat().st_mtime_ns == stamp
     with pytest.raises(UsageError, match="holds another study"):
-        execute(tiny_study(variant=["standard", "frozen_qk"]), out, "sequential", progress=False)
+        execute(tiny_study(variant=["standard", "frozen_qk"]), out, Pool("sequential"), progress=False)
 
 
 def test_a_failing_run_is_recorded_and_does_not_stop_the_others(tmp_path, monkeypatch):
@@ -153,13 +155,13 @@ def test_a_failing_run_is_recorded_and_does_not_stop_the_others(tmp_path, monkey
         return real_train(cfg, path, **kw)
 
     monkeypatch.setattr(execute_module, "train", flaky)
-    tally = execute(study, out, "sequential", progress=False)
+    tally = execute(study, out, Pool("sequential"), progress=False)
     assert (tally["done"], tally["failed"]) == (2, 1)
     record = json.loads((out / "failed" / f"{doomed}.json").read_text())
     assert "RuntimeError: the GPU fell off the bus" in record["error"]
-    assert execute(study, out, "sequential", progress=False)["skipped_failed"] == 1  # not retried unasked
+    assert execute(study, out, Pool("sequential"), progress=False)["skipped_failed"] == 1  # not retried unasked
     monkeypatch.setattr(execute_module, "train", real_train)
-    tally = execute(study, out, "sequential", retry_failed=True, progress=False)
+    tally = execute(study, out, Pool("sequential"), retry_failed=True, progress=False)
     assert tally["done"] == 3 and not (out / "failed" / f"{doomed}.json").exists()
 
 
@@ -203,7 +205,7 @@ def test_the_pool_and_submitit_executors(tmp_path, executor, workers):
     if executor == "submitit-local":
         pytest.importorskip("submitit")
     out = tmp_path / "study"
-    tally = execute(tiny_study(), out, executor, workers=workers, progress=False)
+    tally = execute(tiny_study(), out, Pool(executor, workers), progress=False)
     assert tally["done"] == 2 and tally["failed"] == 0
     assert all(state(out, p.id) == "done" for p in plan(tiny_study().specs))
 
@@ -211,7 +213,7 @@ def test_the_pool_and_submitit_executors(tmp_path, executor, workers):
 def test_the_smoke_preset_writes_the_whole_report(tmp_path):
     """The smoke preset end to end (CI runs it): every table, the checks, the CSV and the figures."""
     out = tmp_path / "smoke"
-    result = reproduce("smoke", out=out, executor="sequential", progress=False)
+    result = reproduce(ReproduceOptions(preset="smoke", out=out, executor="sequential", progress=False))
     assert result["tally"]["failed"] == 0
     report = (out / "report.md").read_text()
     for heading in (

@@ -93,26 +93,9 @@ def sample_run(
         seed: sampling seed.
         device: auto, cpu, cuda or cuda:N.
     """
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise UsageError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS:,}], got {max_new_tokens}")
-    if not 1 <= num_samples <= MAX_SAMPLES:
-        raise UsageError(f"num_samples must be an integer in [1, {MAX_SAMPLES:,}], got {num_samples}")
-    if top_k < 0:
-        raise UsageError(f"top_k must be >= 0 (0 = all), got {top_k}")
-    check_sampling(temperature, top_k or None)
+    check_run_sampling(max_new_tokens, num_samples, temperature, top_k)
     run = Run.open(run_dir)
-    # The model reads at most n_ctx tokens at a time: num_samples rows of n_ctx, without gradients.
-    check_memory(
-        "sampling",
-        {
-            "the model": model_bytes(run.config.model),
-            f"{num_samples} rows of activations": activation_bytes(
-                run.config.model, num_samples, run.config.model.n_ctx, backward=False
-            ),
-        },
-        resolve_device(device),
-        "lower num_samples",
-    )
+    check_sampling_memory(run, num_samples, device)
     loaded = run.load(device)
     cfg, task, model = loaded.cfg, loaded.task, loaded.model
     tokenizer = getattr(task, "tokenizer", None)
@@ -131,3 +114,29 @@ def sample_run(
             row = row[: row.index(tokenizer.eos_id)]
         texts.append(tokenizer.decode(row))
     return texts
+
+
+def check_run_sampling(max_new_tokens: int, num_samples: int, temperature: float, top_k: int) -> None:
+    """Refuse `sample_run`'s settings out of range, before any work."""
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise UsageError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS:,}], got {max_new_tokens}")
+    if not 1 <= num_samples <= MAX_SAMPLES:
+        raise UsageError(f"num_samples must be an integer in [1, {MAX_SAMPLES:,}], got {num_samples}")
+    if top_k < 0:
+        raise UsageError(f"top_k must be >= 0 (0 = all), got {top_k}")
+    check_sampling(temperature, top_k or None)
+
+
+def check_sampling_memory(run: Run, num_samples: int, device: str) -> None:
+    """Refuse to sample `num_samples` rows from `run` on `device` if they cannot fit in its memory."""
+    # The model reads at most n_ctx tokens at a time: num_samples rows of n_ctx, without gradients.
+    model = run.config.model
+    check_memory(
+        "sampling",
+        {
+            "the model": model_bytes(model),
+            f"{num_samples} rows of activations": activation_bytes(model, num_samples, model.n_ctx, backward=False),
+        },
+        resolve_device(device),
+        "lower num_samples",
+    )

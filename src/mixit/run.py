@@ -2,7 +2,7 @@
 
     RUN_DIR/
       .lock                held (flock) by the process training or resuming the run; holds its pid
-      config.json          {"config": the RunConfig, "mixit_version", "git_commit"}
+      config.json          {"config": the RunConfig, "request" it was resolved from, "mixit_version", "git_commit"}
       metrics.jsonl        one JSON object per event: the freeze report, training losses, evaluations
       summary.json         final metrics (written when the run completes)
       tokenizer.json       text tasks: the run's own tokenizer
@@ -11,13 +11,23 @@
           model.safetensors       parameters and persistent buffers (MixiT matrices)
           optimizer.safetensors   AdamW moments, flattened
           state.json              step and optimizer hyper-parameters
-      analysis/            written by `mixit analyze`
+      analysis/            written by `mixit analyze` (`Analysis`):
+          head_scores.json / .png     head scores per layer and head, and the in-context gap
+          attention.npz / .png        every head's pattern on one input
+          fixed_patterns.npz / .png   the input-independent matrices (MixiT models only)
+          signal.json                 token similarity after each layer, trained and at initialisation
+          retrieval_by_pairs.json     retrieval runs only: test accuracy by the number of stored pairs
+          summary.md                  the findings in words; written last, so it marks a complete analysis
 
-Training, evaluation, analysis, sampling and resumption all go through
-`Run`: nothing else knows these names. No pickle anywhere (a checkpoint cannot
-carry code). Every file is written atomically; a checkpoint directory is
-complete, and flushed to disk, before ``latest`` points at it, so a run
-killed mid-write resumes from the previous checkpoint.
+Training, evaluation, analysis, sampling, resumption and studies all go
+through `Run`: nothing else knows these names (tests/test_run_files.py checks
+it). The one exception is a task's own artifact, such as ``tokenizer.json``:
+the task names it (`Task.save_artifacts(run_dir)`, `TaskConfig.for_run`),
+because tasks sit below this module and cannot import it. No pickle anywhere
+(a checkpoint cannot carry code). Every JSON and text file is written
+atomically; a checkpoint directory is complete, and flushed to disk, before
+``latest`` points at it, so a run killed mid-write resumes from the previous
+checkpoint.
 """
 
 from __future__ import annotations
@@ -28,21 +38,21 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from mixit.errors import UsageError
-from mixit.experiment import RunConfig, build, is_record
+from mixit.experiment import RunConfig, build, read_record, read_request_file, record
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json, write_text
 from mixit.models import Transformer
 from mixit.precision import Precision
 from mixit.runtime import resolve_device
 from mixit.tasks import Task
-from mixit.version import __version__, git_commit
 
 CONFIG = "config.json"
 LOCK = DirectoryLock.NAME
@@ -52,6 +62,12 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 ANALYSIS = "analysis"
 STEP_PREFIX = "step_"
+HEAD_SCORES = "head_scores.json"
+SIGNAL = "signal.json"
+BY_PAIRS = "retrieval_by_pairs.json"
+ANALYSIS_SUMMARY = "summary.md"
+FIGURES = ("head_scores", "attention", "fixed_patterns")
+"""The analysis's figures, by name: each drawn to NAME.png (and, but for head_scores, its arrays in NAME.npz)."""
 
 
 def _config_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
@@ -78,11 +94,18 @@ def _fsync_dir(path: Path) -> None:
 
 
 def load_config_file(path: Path) -> RunConfig:
-    """The RunConfig stored in a run's config.json."""
-    data = read_json(path, "config.json")
-    if not is_record(data):
-        raise UsageError(f"{path} is corrupt: no 'config' entry")
-    return RunConfig.from_dict(data["config"])
+    """The RunConfig stored in a run's config.json, with the request it was resolved from (`read_record`)."""
+    return read_record(read_json(path, "config.json"), str(path))
+
+
+def load_request(path: str | Path) -> dict[str, Any]:
+    """The request in a config file (YAML, TOML, JSON, or a run's config.json: `read_request_file`) or
+    recorded by the run in directory `path` (`Run.request`): what ``mixit train --config`` starts from."""
+    return Run.open(path).request if Path(path).is_dir() else read_request_file(Path(path))
+
+
+RunState = Literal["absent", "started", "done"]
+"""How far a run has got (`Run.state`)."""
 
 
 @dataclass
@@ -97,11 +120,13 @@ class Loaded:
 
 class Run:
     """One run directory (module docstring): its layout, config, metrics,
-    checkpoints and summary, and loading it back.
+    checkpoints, summary and analysis, its state, and loading it back.
 
         run = Run.create("runs/x", cfg)     # a new run: refuses a directory holding anything
         run = Run.open("runs/x")            # an existing run: refuses anything else
         loaded = run.load()                 # config, task and model at the latest checkpoint
+        run.state(), run.summary()          # absent, started or done; the final metrics
+        run.analysis.head_scores()          # what `mixit analyze` wrote (`Analysis`; None if not written)
     """
 
     def __init__(self, path: str | Path):
@@ -133,6 +158,11 @@ class Run:
     def analysis_dir(self) -> Path:
         return self.path / ANALYSIS
 
+    @property
+    def analysis(self) -> Analysis:
+        """What `mixit analyze` wrote (or writes) into this run: `Analysis`."""
+        return Analysis(self.analysis_dir)
+
     # -- creating and opening ---------------------------------------------------------
     @classmethod
     def check_new(cls, path: str | Path) -> None:
@@ -144,7 +174,10 @@ class Run:
             raise UsageError(
                 f"{path} already holds a run; continue it with --resume or choose another output directory"
             )
-        if path.exists() and any(p.name != LOCK for p in path.iterdir()):
+        # A run another process is creating holds its lock and, for a moment, its config.json's temporary file:
+        # the lock then refuses this one, naming that process.
+        creating = f".{CONFIG}."
+        if path.exists() and any(p.name != LOCK and not p.name.startswith(creating) for p in path.iterdir()):
             raise UsageError(f"output directory {path} is not empty and holds no mixit run; refusing to write into it")
         check_output_dir(path)
 
@@ -168,7 +201,7 @@ class Run:
             if made:
                 shutil.rmtree(run.path, ignore_errors=True)
             raise
-        write_json(run.config_path, {"config": cfg.to_dict(), "mixit_version": __version__, "git_commit": git_commit()})
+        write_json(run.config_path, record(cfg))
         run._config = cfg
         return run
 
@@ -197,6 +230,12 @@ class Run:
             self._config = load_config_file(self.config_path)
         return self._config
 
+    @property
+    def request(self) -> dict[str, Any]:
+        """The request the run was resolved from (what its user and recipe asked for): replay and
+        ``--resume`` start from it. A run written before runs recorded it gives its whole config."""
+        return self.config.request
+
     def check_same(self, cfg: RunConfig) -> None:
         """Refuse to continue this run with a config that differs from its own."""
         diffs = _config_diff(self.config.to_dict(), cfg.to_dict())
@@ -204,6 +243,21 @@ class Run:
             raise UsageError(
                 f"{self.path} holds a different run; differences (saved != requested): " + "; ".join(diffs[:5])
             )
+
+    # -- state ------------------------------------------------------------------------
+    def state(self) -> RunState:
+        """How far the run has got: absent (no run here yet), started (it has its config but no
+        summary: training now, or interrupted) or done (its summary is written)."""
+        if self.summary_path.exists():
+            return "done"
+        if self.config_path.exists():
+            return "started"
+        return "absent"
+
+    @property
+    def analysed(self) -> bool:
+        """Whether `mixit analyze` has completed on this run (`Analysis.complete`)."""
+        return self.analysis.complete
 
     # -- metrics ----------------------------------------------------------------------
     def metrics(self) -> list[dict[str, Any]]:
@@ -344,6 +398,93 @@ class MetricsLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+class Analysis:
+    """A run's analysis directory, written by `mixit analyze` (its files: module docstring).
+
+    Each file is read and written by what it holds; a reader returns None for a file not written.
+    A figure is named by what it shows (`FIGURES`): `figure_path` is where it is drawn, `figure`
+    the drawing if there is one.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"Analysis({str(self.path)!r})"
+
+    def prepare(self) -> None:
+        """Create the directory for writing, refusing a file in its place (files already there are rewritten)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise UsageError(f"{self.path} exists and is not a directory")
+        self.path.mkdir(exist_ok=True)
+
+    @property
+    def complete(self) -> bool:
+        """Whether an analysis ran to its end: its summary is written last."""
+        return (self.path / ANALYSIS_SUMMARY).exists()
+
+    def head_scores(self) -> dict[str, Any] | None:
+        """The head scores per layer and head, and the in-context gap (`mixit.analysis.induction.head_scores`)."""
+        return self._read_json(HEAD_SCORES)
+
+    def write_head_scores(self, scores: dict[str, Any]) -> Path:
+        return self._write_json(HEAD_SCORES, scores)
+
+    def signal(self) -> dict[str, Any] | None:
+        """Token similarity after each layer: {"trained": ..., "init": ...}."""
+        return self._read_json(SIGNAL)
+
+    def write_signal(self, signal: dict[str, Any]) -> Path:
+        return self._write_json(SIGNAL, signal)
+
+    def retrieval_by_pairs(self) -> dict[str, Any] | None:
+        """A retrieval run's test accuracy by the number of stored pairs: {k: {"accuracy", "examples"}}."""
+        return self._read_json(BY_PAIRS)
+
+    def write_retrieval_by_pairs(self, by_pairs: dict[str, Any]) -> Path:
+        return self._write_json(BY_PAIRS, by_pairs)
+
+    def summary(self) -> str | None:
+        """The findings in words (markdown)."""
+        path = self.path / ANALYSIS_SUMMARY
+        return path.read_text() if path.exists() else None
+
+    def write_summary(self, text: str) -> Path:
+        """Write the findings in words; written last, this marks the analysis `complete`."""
+        write_text(self.path / ANALYSIS_SUMMARY, text)
+        return self.path / ANALYSIS_SUMMARY
+
+    def write_arrays(self, figure: str, **arrays: np.ndarray) -> Path:
+        """Save the arrays behind the figure `figure` (NAME.npz, numpy's format: no pickle)."""
+        path = self.figure_path(figure).with_suffix(".npz")
+        np.savez(path, **arrays)  # type: ignore[arg-type]  # (the stub mistakes arrays for allow_pickle)
+        return path
+
+    def figure_path(self, figure: str) -> Path:
+        """Where the figure `figure` (one of `FIGURES`) is drawn."""
+        if figure not in FIGURES:
+            raise ValueError(f"unknown analysis figure {figure!r}; known: {', '.join(FIGURES)}")
+        return self.path / f"{figure}.png"
+
+    def figure(self, figure: str) -> Path | None:
+        """The drawing of the figure `figure`, or None if it has not been drawn."""
+        path = self.figure_path(figure)
+        return path if path.exists() else None
+
+    def _read_json(self, name: str) -> dict[str, Any] | None:
+        path = self.path / name
+        if not path.exists():
+            return None
+        data = read_json(path, f"analysis {name}")
+        if not isinstance(data, dict):
+            raise UsageError(f"{path} is corrupt: not a JSON object")
+        return data
+
+    def _write_json(self, name: str, data: dict[str, Any]) -> Path:
+        write_json(self.path / name, data)
+        return self.path / name
 
 
 def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -19,21 +19,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from mixit.analysis.attention_maps import attention_patterns, fixed_patterns, plot_pattern_grid, plot_score_tables
 from mixit.analysis.induction import head_scores, strongest
 from mixit.analysis.signal import token_similarity
-from mixit.config import check
+from mixit.config import ModelConfig, check
 from mixit.errors import UsageError
 from mixit.experiment import build_model
-from mixit.files import write_json, write_text
-from mixit.run import Run
+from mixit.models import Transformer
+from mixit.run import Analysis, Loaded, Run
 from mixit.tasks.base import Batch
-
-BY_PAIRS = "retrieval_by_pairs.json"
-"""The file of `retrieval_by_pairs` in a retrieval run's analysis directory."""
 
 
 def analyze_run(
@@ -44,7 +40,7 @@ def analyze_run(
     batch: int = 64,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Run every analysis on a run's latest checkpoint and write RUN_DIR/analysis/.
+    """Run every analysis on a run's latest checkpoint and write RUN_DIR/analysis/ (through `Run.analysis`).
 
     Returns the findings of summary.md as data, with the text itself under
     "summary" and the directory written under "out_dir".
@@ -60,55 +56,74 @@ def analyze_run(
     check(batch > 0, f"batch must be a positive integer, got {batch}")
     run = Run.open(run_dir)
     loaded = run.load(device)
-    cfg, task, model, last = loaded.cfg, loaded.task, loaded.model, loaded.checkpoint
-    test_inputs = task.test_batch().inputs
+    test_inputs = loaded.task.test_batch().inputs
+    x = pattern_input(test_inputs, loaded.cfg.model, example, tokens)
+    analysis = run.analysis
+    analysis.prepare()
+    name = f"{loaded.cfg.task}/{loaded.cfg.variant} ({run.path.name}, {loaded.checkpoint.name})"
+
+    scores = head_scores(loaded.model, loaded.task.analysis_tokens(), batch=batch, seed=seed)
+    analysis.write_head_scores(scores)
+    plot_score_tables(scores, analysis.figure_path("head_scores"), f"head scores: {name}")
+    has_fixed = write_patterns(analysis, loaded.model, x, name)
+    signal = write_signal(analysis, loaded, test_inputs[: min(len(test_inputs), batch)])
+    files = []
+    if loaded.cfg.task == "retrieval":  # the only task whose examples vary in how much they store
+        by_pairs = retrieval_by_pairs(loaded.model, loaded.task.test_batch(), batch)
+        files.append(analysis.write_retrieval_by_pairs(by_pairs).name)
+
+    findings = summarize(scores, signal)
+    text = render_summary(name, findings, has_fixed, files)
+    analysis.write_summary(text)
+    return {**findings, "summary": text, "out_dir": str(analysis.path)}
+
+
+def pattern_input(
+    test_inputs: torch.Tensor, cfg: ModelConfig, example: int, tokens: Sequence[int] | None
+) -> torch.Tensor:
+    """The input whose attention patterns are drawn: test input `example`, or `tokens` (checked against
+    the model's vocabulary and context) -> (T,) ids."""
     if tokens is None:
         if not 0 <= example < len(test_inputs):
             raise UsageError(f"example must be in [0, {len(test_inputs)}), got {example}")
-        x = test_inputs[example]
-    else:
-        bad = [t for t in tokens if not 0 <= t < cfg.model.vocab_size]
-        if bad or not 1 <= len(tokens) <= cfg.model.n_ctx:
-            raise UsageError(
-                f"tokens must be 1..{cfg.model.n_ctx} ids in [0, {cfg.model.vocab_size}), "
-                f"got {len(tokens)} tokens" + (f" with out-of-range ids {bad[:5]}" if bad else "")
-            )
-        x = torch.as_tensor(list(tokens), dtype=torch.long)
-    out_dir = run.analysis_dir
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"{out_dir} exists and is not a directory")
-    out_dir.mkdir(exist_ok=True)
-    name = f"{cfg.task}/{cfg.variant} ({run.path.name}, {last.name})"
+        return test_inputs[example]
+    bad = [t for t in tokens if not 0 <= t < cfg.vocab_size]
+    if bad or not 1 <= len(tokens) <= cfg.n_ctx:
+        raise UsageError(
+            f"tokens must be 1..{cfg.n_ctx} ids in [0, {cfg.vocab_size}), "
+            f"got {len(tokens)} tokens" + (f" with out-of-range ids {bad[:5]}" if bad else "")
+        )
+    return torch.as_tensor(list(tokens), dtype=torch.long)
 
-    scores = head_scores(model, task.analysis_tokens(), batch=batch, seed=seed)
-    write_json(out_dir / "head_scores.json", scores)
-    plot_score_tables(scores, out_dir / "head_scores.png", f"head scores: {name}")
 
+def write_patterns(analysis: Analysis, model: Transformer, x: torch.Tensor, name: str) -> bool:
+    """Save and draw every head's pattern on `x`, and a MixiT model's fixed matrices; whether it has them."""
     patterns = attention_patterns(model, x)
-    np.savez(out_dir / "attention.npz", patterns=patterns, tokens=x.numpy())
+    analysis.write_arrays("attention", patterns=patterns, tokens=x.numpy())
     plot_pattern_grid(
-        patterns, out_dir / "attention.png", f"attention patterns: {name}", labels=[str(t) for t in x.tolist()]
+        patterns,
+        analysis.figure_path("attention"),
+        f"attention patterns: {name}",
+        labels=[str(t) for t in x.tolist()],
     )
     fixed = fixed_patterns(model)
-    if fixed is not None:
-        np.savez(out_dir / "fixed_patterns.npz", patterns=fixed)
-        plot_pattern_grid(fixed, out_dir / "fixed_patterns.png", f"fixed mixing matrices: {name}")
+    if fixed is None:
+        return False
+    analysis.write_arrays("fixed_patterns", patterns=fixed)
+    plot_pattern_grid(fixed, analysis.figure_path("fixed_patterns"), f"fixed mixing matrices: {name}")
+    return True
 
-    probe = test_inputs[: min(len(test_inputs), batch)].to(next(model.parameters()).device)
-    fresh, _ = build_model(cfg)
-    signal = {"trained": token_similarity(model, probe), "init": token_similarity(fresh.to(probe.device), probe)}
-    write_json(out_dir / "signal.json", signal)
 
-    files = []
-    if cfg.task == "retrieval":  # the only task whose examples vary in how much they store
-        by_pairs = retrieval_by_pairs(model, task.test_batch(), batch)
-        write_json(out_dir / BY_PAIRS, by_pairs)
-        files.append(BY_PAIRS)
-
-    findings = summarize(scores, signal)
-    text = render_summary(name, findings, fixed is not None, files)
-    write_text(out_dir / "summary.md", text)
-    return {**findings, "summary": text, "out_dir": str(out_dir)}
+def write_signal(analysis: Analysis, loaded: Loaded, inputs: torch.Tensor) -> dict[str, Any]:
+    """Token similarity after each layer on `inputs` (N, T), trained and at initialisation; written."""
+    probe = inputs.to(next(loaded.model.parameters()).device)
+    fresh, _ = build_model(loaded.cfg)
+    signal = {
+        "trained": token_similarity(loaded.model, probe),
+        "init": token_similarity(fresh.to(probe.device), probe),
+    }
+    analysis.write_signal(signal)
+    return signal
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,13 +25,22 @@ import torch
 from mixit.config import check
 from mixit.experiment import RunConfig
 from mixit.resources import model_numel
-from mixit.study.executors import execute
+from mixit.study.executors import Executor, Pool, execute
 from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
 from mixit.study.search import apply, plan_study
 from mixit.study.spec import PlannedRun, Study, load_study_file, merge_planned, plan
 
-__all__ = ["Study", "estimate_seconds", "list_studies", "load_study_file", "paper_study", "reproduce", "write_report"]
+__all__ = [
+    "ReproduceOptions",
+    "Study",
+    "estimate_seconds",
+    "list_studies",
+    "load_study_file",
+    "paper_study",
+    "reproduce",
+    "write_report",
+]
 
 # What a training step reaches of a matmul's speed on the small models of the quick preset. With the
 # fastest of seven matmul samples (334 GFLOP/s on the idle 2-core machine) and every run at its step cap,
@@ -100,62 +110,68 @@ def list_studies(seeds: int = 1) -> str:
     return "\n".join(lines)
 
 
-def reproduce(
-    preset: Literal["smoke", "quick", "gpu", "paper"] = "quick",
-    study: Path | None = None,
-    seeds: int = 1,
-    out: Path | None = None,
-    executor: Literal["local", "sequential", "slurm", "submitit-local"] = "local",
-    workers: int = 0,
-    threads: int = 0,
-    retry_failed: bool = False,
-    list: bool = False,
-    slurm_partition: str = "",
-    slurm_time_min: int = 240,
-    slurm_gpus_per_node: int = 0,
-    slurm_cpus_per_task: int = 2,
-    progress: bool = True,
-    search: bool = True,
-) -> dict[str, Any]:
-    """Run the paper's comparison (or a study file), resuming what an earlier call left, then write the report.
+@dataclass
+class ReproduceOptions:
+    """The options of `reproduce` and of ``mixit reproduce``: which study to run, where to write it, and
+    how its runs execute."""
 
-    Args:
-        preset: smoke (every code path in minutes), quick (the comparison in 30 minutes on 2 CPU cores), gpu
-            (one GPU in about an hour) or paper (the paper's scales and the reference recipes, for clusters).
-        study: a TOML study file of your own instead of the paper's comparison.
-        seeds: seeds per cell (seed s sets the model's seed and the data seed).
-        out: the study directory (default runs/study-<preset or study name>, with -nosearch without search).
-        executor: local (a process pool), sequential, slurm (an array job through submitit) or submitit-local.
-        workers: processes of the local pool (0: one per core).
-        threads: torch threads per worker (0: one).
-        retry_failed: run again the runs that failed before (otherwise they are skipped).
-        list: list the presets with their run counts and estimated time here, and run nothing.
-        slurm_partition: Slurm partition (slurm executor).
-        slurm_time_min: time limit of each Slurm job, minutes.
-        slurm_gpus_per_node: GPUs per Slurm job.
-        slurm_cpus_per_task: CPU cores per Slurm job.
-        progress: show a progress bar.
-        search: choose each cell's settings on validation among the candidates the preset declares (screening
-            runs, then the winner in full); false (--no-search) trains every cell with the preset's fixed settings.
-    """
-    if list:
-        return {"listing": list_studies(seeds)}
+    preset: Literal["smoke", "quick", "gpu", "paper"] = "quick"
+    """smoke (every code path in minutes), quick (the comparison in 30 minutes on 2 CPU cores), gpu (one GPU in
+    about an hour) or paper (the paper's scales and the reference recipes, for clusters)."""
+    study: Path | None = None
+    """A TOML study file of your own instead of the paper's comparison."""
+    seeds: int = 1
+    """Seeds per cell (seed s sets the model's seed and the data seed)."""
+    out: Path | None = None
+    """The study directory (default runs/study-<preset or study name>, with -nosearch without search)."""
+    executor: Executor = "local"
+    """local (a process pool), sequential, slurm (an array job through submitit) or submitit-local."""
+    workers: int = 0
+    """Processes of the local pool (0: one per core)."""
+    threads: int = 0
+    """Torch threads per worker (0: one)."""
+    retry_failed: bool = False
+    """Run again the runs that failed before (otherwise they are skipped)."""
+    list: bool = False
+    """List the presets with their run counts and estimated time here, and run nothing."""
+    slurm_partition: str = ""
+    """Slurm partition (slurm executor)."""
+    slurm_time_min: int = 240
+    """Time limit of each Slurm job, minutes."""
+    slurm_gpus_per_node: int = 0
+    """GPUs per Slurm job."""
+    slurm_cpus_per_task: int = 2
+    """CPU cores per Slurm job."""
+    progress: bool = True
+    """Show a progress bar."""
+    search: bool = True
+    """Choose each cell's settings on validation among the candidates the preset declares (screening runs, then
+    the winner in full); false (--no-search) trains every cell with the preset's fixed settings."""
+
+    def pool(self) -> Pool:
+        """Where the runs execute: the executor, the local pool, and the Slurm parameters that are set."""
+        slurm: dict[str, Any] = {}
+        if self.executor == "slurm":
+            slurm = {
+                "partition": self.slurm_partition,
+                "timeout_min": self.slurm_time_min,
+                "gpus_per_node": self.slurm_gpus_per_node,
+                "cpus_per_task": self.slurm_cpus_per_task,
+            }
+        return Pool(self.executor, self.workers, self.threads, {k: v for k, v in slurm.items() if v != ""})
+
+
+def reproduce(options: ReproduceOptions) -> dict[str, Any]:
+    """Run the paper's comparison (or a study file), resuming what an earlier call left, then write the report:
+    ``reproduce(ReproduceOptions(preset="smoke", out=Path("runs/smoke")))``."""
+    if options.list:
+        return {"listing": list_studies(options.seeds)}
+    seeds = options.seeds
     check(isinstance(seeds, int) and seeds >= 1, f"seeds must be a positive integer, got {seeds}")
-    chosen = _study(preset, study, seeds)
-    out = out or Path("runs") / f"study-{chosen.name}{'' if search else '-nosearch'}"
-    slurm = (
-        {
-            "partition": slurm_partition,
-            "timeout_min": slurm_time_min,
-            "gpus_per_node": slurm_gpus_per_node,
-            "cpus_per_task": slurm_cpus_per_task,
-        }
-        if executor == "slurm"
-        else {}
-    )
-    slurm = {k: v for k, v in slurm.items() if v != ""}
+    chosen = _study(options.preset, options.study, seeds)
+    out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
     start = time.perf_counter()
-    tally = execute(chosen, out, executor, workers, threads, retry_failed, progress, slurm, search=search)
+    tally = execute(chosen, out, options.pool(), options.retry_failed, options.progress, options.search)
     report = write_report(out)
     return {"tally": tally, "report": report, "seconds": time.perf_counter() - start, "text": format_checks(report)}
 

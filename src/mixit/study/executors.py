@@ -9,15 +9,16 @@
       slurm/           submitit's logs, with the Slurm executor
       report.md, results.csv, figures/   written by `mixit report`
 
-A run is *done* when its summary.json is there, *interrupted* when it has a
-config.json but no summary (it is resumed from its last checkpoint), *failed*
-when failed/<id>.json records an error, and *new* otherwise. Running a study
+A run is *done* when it has written its summary (`mixit.run.Run.state`),
+*failed* when failed/<id>.json records an error, *interrupted* when it has
+started but not finished (it is resumed from its last checkpoint), and *new*
+otherwise. Running a study
 again skips what is done and what failed (``retry_failed`` reruns the
 failed ones), resumes what was interrupted and starts the rest, so a killed
 study loses at most the steps since each in-flight run's last checkpoint. A
 run that fails is recorded and does not stop the others.
 
-Executors: ``local`` (a process pool: `workers` processes of `threads` torch
+Executors (`Pool`): ``local`` (a process pool: `workers` processes of `threads` torch
 threads each), ``sequential`` (one after another, in this process),
 ``slurm`` (an array job through submitit) and ``submitit-local`` (the same
 code path on this machine, for tests).
@@ -31,7 +32,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +40,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mixit.analysis.report import analyze_run
-from mixit.analysis.signal import signal_command
+from mixit.analysis.signal import SignalOptions, signal_command
 from mixit.config import check
 from mixit.distributed import env_world
 from mixit.errors import UsageError
@@ -61,14 +62,17 @@ def run_dir(study_dir: Path, run_id: str) -> Path:
 
 def state(study_dir: Path, run_id: str) -> str:
     """done, failed, interrupted or new (module docstring)."""
-    path = run_dir(study_dir, run_id)
-    if (path / "summary.json").exists():
+    run = Run(run_dir(study_dir, run_id)).state()
+    if run == "done":
         return "done"
     if (Path(study_dir) / "failed" / f"{run_id}.json").exists():
         return "failed"
-    if (path / "config.json").exists():
-        return "interrupted"
-    return "new"
+    return "interrupted" if run == "started" else "new"
+
+
+def extra_result(study_dir: Path, name: str) -> Path:
+    """The result file of the study's extra `name`: a signal sweep, written by `signal_command`."""
+    return Path(study_dir) / name / "signal.json"
 
 
 def write_study(
@@ -116,21 +120,23 @@ def load_study_record(study_dir: Path) -> dict[str, Any]:
 def run_one(study_dir: str, run_id: str, config: dict[str, Any], analyze: bool, threads: int = 0) -> dict[str, Any]:
     """Train (or resume) one run of a study, analyse it if asked, and record a failure instead of raising.
 
-    Runs in a worker process (or a Slurm job): everything it needs comes as plain data."""
+    Runs in a worker process (or a Slurm job): everything it needs comes as plain data, `config` as
+    {"config": the resolved config, "request": the request it was resolved from}."""
     if threads:
         torch.set_num_threads(threads)
     _distributed_job()
     main = env_world().main
     start = time.perf_counter()
     failed = Path(study_dir) / "failed" / f"{run_id}.json"
-    path = run_dir(Path(study_dir), run_id)
+    run = Run(run_dir(Path(study_dir), run_id))
     try:
-        cfg = RunConfig.from_dict(config)
-        resume = (path / "config.json").exists()
-        if not (path / "summary.json").exists():
-            train(cfg, path, device="auto", resume=resume, progress=False)
-        if analyze and not (path / "analysis" / "summary.md").exists():
-            analyze_run(path, batch=32)
+        cfg = RunConfig.from_dict(config["config"])
+        cfg.request = config["request"]
+        got = run.state()
+        if got != "done":
+            train(cfg, run.path, device="auto", resume=got == "started", progress=False)
+        if analyze and not run.analysed:
+            analyze_run(run.path, batch=32)
         if main:
             failed.unlink(missing_ok=True)
         return {"id": run_id, "state": "done", "seconds": time.perf_counter() - start}
@@ -175,55 +181,70 @@ def default_pool(cores: int | None = None) -> tuple[int, int]:
     return cores, 1
 
 
+@dataclass
+class Pool:
+    """Where a study's runs execute (module docstring, "Executors")."""
+
+    executor: Executor = "local"
+    """local (a process pool), sequential (one after another, here), slurm (an array job through
+    submitit) or submitit-local (the same code path on this machine)."""
+    workers: int = 0
+    """Processes of the local pool (0: `default_pool`)."""
+    threads: int = 0
+    """Torch threads per worker of the local pool (0: `default_pool`)."""
+    slurm: dict[str, Any] = field(default_factory=dict)
+    """submitit parameters for the Slurm executor: partition, timeout_min, gpus_per_node, cpus_per_task, ..."""
+
+    def __post_init__(self) -> None:
+        check(self.executor in EXECUTORS, f"unknown executor {self.executor!r}; allowed: {', '.join(EXECUTORS)}")
+        check(
+            self.workers >= 0 and self.threads >= 0,
+            f"workers and threads must be >= 0 (0: chosen), got {self.workers}, {self.threads}",
+        )
+
+    def sized(self) -> Pool:
+        """This pool with workers and threads left at 0 chosen by `default_pool`."""
+        workers, threads = default_pool()
+        return replace(self, workers=self.workers or workers, threads=self.threads or threads)
+
+
 def execute(
     study: Study,
     study_dir: Path,
-    executor: Executor = "local",
-    workers: int = 0,
-    threads: int = 0,
+    pool: Pool | None = None,
     retry_failed: bool = False,
     progress: bool = True,
-    slurm: dict[str, Any] | None = None,
-    on_result: Callable[[dict[str, Any]], None] | None = None,
     search: bool = True,
 ) -> dict[str, Any]:
-    """Run every run of `study` not yet done into `study_dir`, then its extras; return a tally.
+    """Run every run of `study` not yet done into `study_dir` on `pool` (default: a local pool sized by
+    `default_pool`), then its extras; return a tally.
 
     With `search`, the runs that declare candidates are searched first (`mixit.study.search`): their
     screening runs train beside the runs that need no search, then each searched cell trains with the
     values chosen on validation. Without it, every run trains its request as it is.
-    workers, threads: the local pool (0: `default_pool`). slurm: submitit parameters
-    (``partition``, ``timeout_min``, ``gpus_per_node``, ``cpus_per_task``, ...) for the Slurm executor.
     """
-    check(executor in EXECUTORS, f"unknown executor {executor!r}; allowed: {', '.join(EXECUTORS)}")
-    check(workers >= 0 and threads >= 0, f"workers and threads must be >= 0 (0: chosen), got {workers}, {threads}")
+    pool = (pool or Pool()).sized()
     study_dir = Path(study_dir)
     check_output_dir(study_dir)
     planned = plan_study(study, search)
-    searches = planned.groups
     first = merge_planned(planned.plain, list(planned.screens.values()))
     # The searched cells with each of their candidates resolved too, so a bad one is refused at once.
-    plan(apply(spec, combination) for g in searches for spec in g.specs for combination in g.combinations)
+    plan(apply(spec, combination) for g in planned.groups for spec in g.specs for combination in g.combinations)
     study_dir.mkdir(parents=True, exist_ok=True)
     lock = DirectoryLock(study_dir, "mixit study")
     lock.acquire()
     try:
-        write_study(study, study_dir, first, search, searches)
-        default_workers, default_threads = default_pool()
-        pool = Pool(executor, workers or default_workers, threads or default_threads, slurm or {}, study_dir)
+        write_study(study, study_dir, first, search, planned.groups)
         tally = {"done": 0, "failed": 0, "skipped_failed": 0}
-        bar = tqdm(total=0, disable=not progress, desc=study.name, unit="run", dynamic_ncols=True)
-        try:
-            _run_phase(first, study_dir, pool, retry_failed, tally, bar, on_result)
-            if searches:
+        with tqdm(total=0, disable=not progress, desc=study.name, unit="run", dynamic_ncols=True) as bar:
+            _run_phase(first, study_dir, pool, retry_failed, tally, bar)
+            if planned.groups:
                 finals = _searched_finals(planned, study_dir)
-                write_study(study, study_dir, merge_planned(first, finals), search, searches)
-                _run_phase(finals, study_dir, pool, retry_failed, tally, bar, on_result)
-        finally:
-            bar.close()
+                write_study(study, study_dir, merge_planned(first, finals), search, planned.groups)
+                _run_phase(finals, study_dir, pool, retry_failed, tally, bar)
         for name, options in study.extras.items():
-            if not (study_dir / name / "signal.json").exists():
-                signal_command(study_dir / name, **options)
+            if not extra_result(study_dir, name).exists():
+                signal_command(SignalOptions(study_dir / name, **options))
         return tally
     finally:
         lock.release()
@@ -253,17 +274,6 @@ def _screen_score(run_id: str, study_dir: Path) -> tuple[float, bool] | None:
     return float(summary["val"][metric]), bool(convergence.get("higher_is_better", True))
 
 
-@dataclass
-class Pool:
-    """Where a study's runs execute (`execute`'s executor, workers, threads and Slurm parameters)."""
-
-    executor: str
-    workers: int
-    threads: int
-    slurm: dict[str, Any]
-    study_dir: Path
-
-
 def _run_phase(
     planned: Sequence[PlannedRun],
     study_dir: Path,
@@ -271,14 +281,13 @@ def _run_phase(
     retry_failed: bool,
     tally: dict[str, int],
     bar: Any,
-    on_result: Callable[[dict[str, Any]], None] | None,
 ) -> None:
     """Run what of `planned` is not done (and, with `retry_failed`, what failed), counting into `tally`."""
     states = {p.id: state(study_dir, p.id) for p in planned}
     todo = [p for p in planned if states[p.id] in ("new", "interrupted") or (retry_failed and states[p.id] == "failed")]
     tally["done"] += sum(s == "done" for s in states.values())
     tally["skipped_failed"] += 0 if retry_failed else sum(s == "failed" for s in states.values())
-    jobs = [(str(study_dir), p.id, p.cfg.to_dict(), p.analyze) for p in todo]
+    jobs = [(str(study_dir), p.id, {"config": p.cfg.to_dict(), "request": p.cfg.request}, p.analyze) for p in todo]
     bar.total += len(jobs)
     bar.refresh()
     parallel = 1 if pool.executor == "sequential" else pool.workers if pool.executor == "local" else len(jobs)
@@ -289,8 +298,6 @@ def _run_phase(
         bar.update(1)
         left[0] -= 1
         bar.set_postfix(done=tally["done"], running=min(parallel, left[0]), failed=tally["failed"], left=left[0])
-        if on_result is not None:
-            on_result(result)
 
     if pool.executor == "sequential" or (pool.executor == "local" and (pool.workers == 1 or len(jobs) <= 1)):
         for job in jobs:
@@ -349,8 +356,3 @@ def _submitit(
             except Exception as e:  # the job itself died (killed, out of time): the run is interrupted
                 record({"id": "?", "state": "failed", "error": " ".join(str(e).split())[:300]})
         time.sleep(1.0)
-
-
-def run_study(study: Study, study_dir: Path, **options: Any) -> dict[str, Any]:
-    """`execute` (a convenience for Python users)."""
-    return execute(study, study_dir, **options)

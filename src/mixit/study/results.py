@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from mixit.analysis.report import summarize
+from mixit.errors import UsageError
 from mixit.files import read_json
 from mixit.run import Run
-from mixit.study.executors import load_study_record, run_dir, state
+from mixit.study.executors import extra_result, load_study_record, run_dir, state
 
 HEADLINE = {  # task -> (column name, metric key, scale): the accuracy a task is judged by
     "addition": ("accuracy", "token_acc", 100),
@@ -74,8 +75,8 @@ class Result:
     """final (a cell of a table) or screen (a screening run of the per-architecture search)."""
     chosen: dict[str, Any] = field(default_factory=dict)
     """For a final run that was searched, the chosen settings: dotted request path -> value."""
-    path: Path | None = None
-    """The run directory (its analysis/ holds the figures and files the sections show)."""
+    run: Run | None = None
+    """The run (its analysis holds the figures and files the sections show)."""
 
 
 @dataclass
@@ -109,39 +110,50 @@ def collect(study_dir: Path) -> StudyResults:
     """The study's record, every run's results (what exists of them) and the extras' signal.json files."""
     study_dir = Path(study_dir)
     record = load_study_record(study_dir)
-    results = []
-    for entry in record["runs"]:
-        path = run_dir(study_dir, entry["id"])
-        r = Result(
-            entry["id"],
-            entry["labels"],
-            entry["config"],
-            state(study_dir, entry["id"]),
-            {},
-            role=entry.get("role", "final"),
-            chosen=entry.get("chosen") or {},
-            path=path,
-        )
-        if r.state == "done":
-            run = Run.open(path)
-            summary = run.summary() or {}
-            r.test, r.val = summary.get("test", {}), summary.get("val", {})
-            r.convergence, r.seconds = summary.get("convergence"), summary.get("train_seconds_this_session")
-            _, key, scale = headline(entry["config"]["task"])
-            r.curve = [(e["step"], scale * e[key]) for e in run.metrics() if e.get("event") == "eval" and key in e]
-            scores = path / "analysis" / "head_scores.json"
-            if scores.exists():
-                signal = read_json(path / "analysis" / "signal.json", "analysis signal.json")
-                r.heads = summarize(read_json(scores, "head_scores.json"), signal)
-        elif r.state == "failed":
-            r.error = read_json(study_dir / "failed" / f"{entry['id']}.json", "a failure record").get("error")
-        results.append(r)
+    results = [_result(study_dir, entry) for entry in record["runs"]]
     signals = {}
     for name in record.get("extras", {}):
-        path = study_dir / name / "signal.json"
+        path = extra_result(study_dir, name)
         if path.exists():
-            signals[name] = read_json(path, f"{name}/signal.json")
+            signals[name] = read_json(path, f"{name}/{path.name}")
     return StudyResults(results, signals, record, study_dir)
+
+
+def _result(study_dir: Path, entry: dict[str, Any]) -> Result:
+    """The run of study.json's `entry`, with what it has written so far."""
+    run = Run(run_dir(study_dir, entry["id"]))
+    r = Result(
+        entry["id"],
+        entry["labels"],
+        entry["config"],
+        state(study_dir, entry["id"]),
+        {},
+        role=entry.get("role", "final"),
+        chosen=entry.get("chosen") or {},
+        run=run,
+    )
+    if r.state == "done":
+        run = Run.open(run.path)
+        summary = run.summary() or {}
+        r.test, r.val = summary.get("test", {}), summary.get("val", {})
+        r.convergence, r.seconds = summary.get("convergence"), summary.get("train_seconds_this_session")
+        _, key, scale = headline(entry["config"]["task"])
+        r.curve = [(e["step"], scale * e[key]) for e in run.metrics() if e.get("event") == "eval" and key in e]
+        r.heads = _heads(run)
+    elif r.state == "failed":
+        r.error = read_json(study_dir / "failed" / f"{entry['id']}.json", "a failure record").get("error")
+    return r
+
+
+def _heads(run: Run) -> dict[str, Any] | None:
+    """`analyze_run`'s findings on `run`, or None if it has not been analysed."""
+    scores = run.analysis.head_scores()
+    if scores is None:
+        return None
+    signal = run.analysis.signal()
+    if signal is None:
+        raise UsageError(f"{run.analysis.path} holds head scores but no signal result: run `mixit analyze` again")
+    return summarize(scores, signal)
 
 
 # -- selection and aggregation ---------------------------------------------------------------------
@@ -435,7 +447,37 @@ def judge(
     finding presupposes, described by `requirement`) is false in some seed; otherwise PASS when it
     holds in every seed and FAIL when not.
     """
-    results = [r for r in results if r.role == "final"]
+    by_cell, seeds, missing = _inputs(name, [r for r in results if r.role == "final"], cells)
+    if missing or not seeds:
+        return Check(name, "n/a", "missing: " + ("; ".join(missing) or "no runs"), len(seeds))
+    numbers = {s: {cell.name: _number(cell, by_cell[cell.name][s]) for cell in cells} for s in seeds}
+    held = sum(bool(holds(numbers[s])) for s in seeds)
+    evidence = "; ".join(f"{c.name} {fmt([numbers[s][c.name] for s in seeds], c.digits)}{c.unit}" for c in cells)
+    tally = f"holds in {held} of {len(seeds)} seeds"
+    would = "PASS" if held == len(seeds) else "FAIL"
+    unconverged = [
+        text
+        for cell in cells
+        for s in seeds
+        if (text := not_converged(by_cell[cell.name][s], f"{cell.name} seed {s}")) is not None
+    ]
+    unmet = [s for s in seeds if requires is not None and not requires(numbers[s])]
+    doubts = []
+    if unconverged:
+        doubts.append(f"{len(unconverged)} input run(s) had not converged")
+    if unmet:
+        doubts.append(f"not met in seed(s) {', '.join(map(str, unmet))}: {requirement}")
+    if doubts:
+        evidence = f"{'; '.join(doubts)}: would {would} ({tally}); {evidence}"
+        return Check(name, "UNDECIDED", evidence, len(seeds), held, unconverged)
+    return Check(name, would, f"{evidence}; {tally}", len(seeds), held)
+
+
+def _inputs(
+    name: str, results: Sequence[Result], cells: Sequence[Cell]
+) -> tuple[dict[str, dict[int, Result]], list[int], list[str]]:
+    """The inputs of the check `name`: each cell's runs by seed, the seeds, and what is missing of them (a run
+    that is absent, failed or unfinished, or lacks its number)."""
     missing: list[str] = []
     by_cell: dict[str, dict[int, Result]] = {}
     for cell in cells:
@@ -457,36 +499,14 @@ def judge(
     missing += [
         f"{c.name} seed {s}: no run" for c in cells if by_cell[c.name] for s in seeds if s not in by_cell[c.name]
     ]
-    if missing or not seeds:
-        return Check(name, "n/a", "missing: " + ("; ".join(missing) or "no runs"), len(seeds))
+    return by_cell, seeds, missing
 
-    numbers: dict[int, dict[str, float]] = {}
-    for s in seeds:
-        numbers[s] = {}
-        for cell in cells:
-            x = cell.read(by_cell[cell.name][s])
-            assert x is not None  # checked above
-            numbers[s][cell.name] = x
-    held = sum(bool(holds(numbers[s])) for s in seeds)
-    evidence = "; ".join(f"{c.name} {fmt([numbers[s][c.name] for s in seeds], c.digits)}{c.unit}" for c in cells)
-    tally = f"holds in {held} of {len(seeds)} seeds"
-    would = "PASS" if held == len(seeds) else "FAIL"
-    unconverged = [
-        text
-        for cell in cells
-        for s in seeds
-        if (text := not_converged(by_cell[cell.name][s], f"{cell.name} seed {s}")) is not None
-    ]
-    unmet = [s for s in seeds if requires is not None and not requires(numbers[s])]
-    doubts = []
-    if unconverged:
-        doubts.append(f"{len(unconverged)} input run(s) had not converged")
-    if unmet:
-        doubts.append(f"not met in seed(s) {', '.join(map(str, unmet))}: {requirement}")
-    if doubts:
-        evidence = f"{'; '.join(doubts)}: would {would} ({tally}); {evidence}"
-        return Check(name, "UNDECIDED", evidence, len(seeds), held, unconverged)
-    return Check(name, would, f"{evidence}; {tally}", len(seeds), held)
+
+def _number(cell: Cell, r: Result) -> float:
+    """The number `cell` reads from the run `r`, which `_inputs` found to have it."""
+    x = cell.read(r)
+    assert x is not None  # checked by _inputs
+    return x
 
 
 # -- results.csv -----------------------------------------------------------------------------------

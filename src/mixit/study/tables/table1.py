@@ -12,8 +12,6 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
-from mixit.analysis.report import BY_PAIRS
-from mixit.files import read_json
 from mixit.study.presets import Scale, variant_runs
 from mixit.study.results import (
     Cell,
@@ -71,18 +69,17 @@ def section(study: StudyResults) -> list[str]:
         if plot_curves(results, "table1", task, figures / f"curves-{task}.png"):
             body.append(f"![{task} curves](figures/curves-{task}.png)")
         for r, labels in rows(results, table="table1", task=task, seed=0):
-            for name in ("attention.png", "head_scores.png"):
-                src = r.path / "analysis" / name if r.path else None
-                if src is not None and src.exists():
-                    dst = figures / f"{task}-{labels['variant']}-{name}"
+            for figure in ("attention", "head_scores"):
+                src = r.run.analysis.figure(figure) if r.run else None
+                if src is not None:
+                    dst = figures / f"{task}-{labels['variant']}-{src.name}"
                     shutil.copy(src, dst)
-                    body.append(f"![{task} {labels['variant']} {name}](figures/{dst.name})")
+                    body.append(f"![{task} {labels['variant']} {src.name}](figures/{dst.name})")
         body.append("")
     pairs: dict[str, dict[Any, float]] = {}
     for r, labels in rows(results, table="table1", task="retrieval", seed=0):
-        path = r.path / "analysis" / BY_PAIRS if r.path else None
-        if r.state == "done" and path is not None and path.exists():
-            by_pairs = read_json(path, BY_PAIRS)
+        by_pairs = r.run.analysis.retrieval_by_pairs() if r.state == "done" and r.run else None
+        if by_pairs is not None:
             pairs[labels["variant"]] = {int(k): 100 * v["accuracy"] for k, v in by_pairs.items()}
     if plot_lines(
         pairs,

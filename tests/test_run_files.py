@@ -1,0 +1,132 @@
+"""`Run` owns its directory: no other module names a run directory's files, and the questions others
+ask of a run (its state, its summary, its analysis) are answered by `Run`."""
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mixit import Run, run_config
+from mixit.errors import UsageError
+from mixit.run import FIGURES
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "mixit"
+
+RUN_FILES = {
+    "config.json",
+    "metrics.jsonl",
+    "summary.json",
+    "tokenizer.json",
+    "checkpoints",
+    "latest",
+    "state.json",
+    "model.safetensors",
+    "optimizer.safetensors",
+    ".lock",
+    "analysis",
+    "head_scores.json",
+    "head_scores.png",
+    "attention.npz",
+    "attention.png",
+    "fixed_patterns.npz",
+    "fixed_patterns.png",
+    "signal.json",
+    "retrieval_by_pairs.json",
+    "summary.md",
+}
+"""The names in a run directory (`mixit.run`'s docstring)."""
+
+ELSEWHERE = {
+    ("files.py", ".lock"): "DirectoryLock's own file: it locks study directories too, and files.py sits below run.py",
+    ("text/tokenizer.py", "tokenizer.json"): "a task's own artifact, named by the task (tasks sit below run.py)",
+    ("analysis/signal.py", "signal.json"): "the output of `mixit signal`, a directory of its own, not a run's",
+    ("study/executors.py", "signal.json"): "a study's signal sweeps are `mixit signal` outputs (`extra_result`)",
+}
+"""(module, name) pairs that name something else that happens to share a run file's name, and why."""
+
+
+def named_files(path: Path) -> set[str]:
+    """The run directory's names that `path` spells as a string literal (an f-string's parts included)."""
+    tree = ast.parse(path.read_text())
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in RUN_FILES}
+
+
+def test_no_module_but_run_names_a_run_directorys_files():
+    offenders = []
+    for path in sorted(SRC.rglob("*.py")):
+        module = path.relative_to(SRC).as_posix()
+        if module == "run.py":
+            continue
+        for name in sorted(named_files(path)):
+            if (module, name) not in ELSEWHERE:
+                offenders.append(f"src/mixit/{module} names {name!r}: ask `mixit.run.Run` instead")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_check_sees_names_in_fstrings_and_calls(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text('p = run_dir / "summary.json"\nq = f"{run_dir}/analysis/{x}"\nr = open("analysis")\n')
+    assert named_files(source) == {"summary.json", "analysis"}
+
+
+def tiny_cfg():
+    return run_config("addition", "standard", {"n_digits": 2}, d_model=16, n_heads=2, n_layers=1, steps=2)
+
+
+def test_state_goes_absent_started_done(tmp_path):
+    run = Run(tmp_path / "r")
+    assert run.state() == "absent" and run.summary() is None
+    created = Run.create(tmp_path / "r", tiny_cfg())
+    created.release()
+    assert run.state() == "started"
+    created.write_summary({"test": {"token_acc": 0.5}})
+    assert run.state() == "done"
+    assert Run.open(tmp_path / "r").summary() == {"test": {"token_acc": 0.5}}
+
+
+def test_analysis_reads_what_it_wrote(tmp_path):
+    run = Run(tmp_path)
+    analysis = run.analysis
+    assert not run.analysed
+    assert analysis.head_scores() is None and analysis.signal() is None
+    assert analysis.retrieval_by_pairs() is None and analysis.summary() is None
+    assert all(analysis.figure(f) is None for f in FIGURES)
+    analysis.prepare()
+    analysis.prepare()  # an analysis again rewrites the files
+    scores = {"induction": [[0.25, 0.5]], "icl": None}
+    assert analysis.write_head_scores(scores).parent == run.analysis_dir
+    analysis.write_signal({"trained": {"cosine": [0.1]}, "init": {"cosine": [0.2]}})
+    analysis.write_retrieval_by_pairs({"3": {"accuracy": 1.0, "examples": 4}})
+    assert analysis.head_scores() == scores
+    assert analysis.signal() == {"trained": {"cosine": [0.1]}, "init": {"cosine": [0.2]}}
+    assert analysis.retrieval_by_pairs() == {"3": {"accuracy": 1.0, "examples": 4}}
+    assert not run.analysed  # the summary, written last, marks the analysis complete
+    analysis.write_summary("# Analysis\n")
+    assert run.analysed and analysis.summary() == "# Analysis\n"
+
+
+def test_figures_and_their_arrays(tmp_path):
+    analysis = Run(tmp_path).analysis
+    analysis.prepare()
+    drawn = analysis.figure_path("attention")
+    assert analysis.figure("attention") is None
+    drawn.write_bytes(b"png")
+    assert analysis.figure("attention") == drawn and analysis.figure("head_scores") is None
+    saved = analysis.write_arrays("attention", patterns=np.eye(3), tokens=np.arange(3))
+    with np.load(saved) as arrays:
+        assert arrays["patterns"].tolist() == np.eye(3).tolist() and arrays["tokens"].tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="unknown analysis figure 'loss'"):
+        analysis.figure_path("loss")
+
+
+def test_analysis_refuses_a_file_in_its_place_and_a_corrupt_file(tmp_path):
+    run = Run(tmp_path)
+    run.analysis_dir.write_text("not a directory")
+    with pytest.raises(UsageError, match="exists and is not a directory"):
+        run.analysis.prepare()
+    run.analysis_dir.unlink()
+    run.analysis.prepare()
+    (run.analysis.path / "signal.json").write_text("[1, 2]")
+    with pytest.raises(UsageError, match="not a JSON object"):
+        run.analysis.signal()
