@@ -9,11 +9,12 @@ from typing import Literal, get_args, get_origin
 
 import pytest
 
-from mixit import ModelConfig, RunConfig, TrainConfig, as_request, resolve, run_config, train
+from mixit import ModelConfig, RunConfig, TrainConfig, resolve, run_config, train
 from mixit.cli import main, train_parser
 from mixit.config import field_docs, field_hints
 from mixit.errors import UsageError
-from mixit.experiment import DERIVED, FLAT_NAMES, load_request, nest
+from mixit.experiment import TASK_DECIDES, flat_options, nest
+from mixit.run import load_request
 from mixit.tasks import TASKS
 
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "steps": 4, "batch_size": 8, "test_size": 20}
@@ -66,10 +67,10 @@ def test_an_integer_is_a_float_and_derived_defaults_are_resolved():
 
 
 def test_flat_names_are_unique_and_cover_every_option():
-    model = {f.name for f in dataclasses.fields(ModelConfig)} - set(DERIVED["model"])
+    model = {f.name for f in dataclasses.fields(ModelConfig)} - set(TASK_DECIDES)
     train_ = {f.name for f in dataclasses.fields(TrainConfig)}
     assert not model & train_
-    assert set(FLAT_NAMES) == model | train_ | {"data_seed", "test_size", "val_size"}
+    assert set(flat_options()) == model | train_ | {"data_seed", "test_size", "val_size"}
     assert nest({"d_model": 8, "lr": 0.1, "data_seed": 3}) == {
         "model": {"d_model": 8},
         "train": {"lr": 0.1},
@@ -84,7 +85,7 @@ def test_every_option_is_a_flag_with_its_docstring_in_help():
     text = train_parser().format_help()
     for group, cls in (("model", ModelConfig), ("train", TrainConfig)):
         for name, doc in field_docs(cls).items():
-            if name in DERIVED.get(group, ()):
+            if group == "model" and name in TASK_DECIDES:
                 assert f"--{group}.{name}" not in text
                 continue
             assert f"--{group}.{name}" in text and f"--{name.replace('_', '-')}" in text, name
@@ -161,7 +162,7 @@ def test_every_option_parses_from_both_of_its_flags(group, cls):
     """Generated from the dataclasses: an option added tomorrow is covered too."""
     parser = train_parser()
     for f in dataclasses.fields(cls):
-        if f.name in DERIVED.get(group, ()):
+        if group == "model" and f.name in TASK_DECIDES:
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
         text, value = sample_value(field_hints(cls)[f.name], default)
@@ -172,14 +173,15 @@ def test_every_option_parses_from_both_of_its_flags(group, cls):
 
 @pytest.mark.parametrize("spelling", ["dotted", "short"])
 def test_options_reach_the_resolved_config(spelling, capsys):
-    assert set(NON_DEFAULT) <= set(FLAT_NAMES)
+    names = flat_options()
+    assert set(NON_DEFAULT) <= set(names)
     args = ["--task", "addition", "-p", "n_digits=3", "--data-seed", "4", "--test-size", "30"]
     for name, (text, _) in NON_DEFAULT.items():
-        flag = f"--{FLAT_NAMES[name]}.{name}" if spelling == "dotted" else f"--{name.replace('_', '-')}"
+        flag = f"--{names[name]}.{name}" if spelling == "dotted" else f"--{name.replace('_', '-')}"
         args += [flag, text]
     cfg = printed_config(capsys, *args)
     for name, (_, value) in NON_DEFAULT.items():
-        assert cfg[FLAT_NAMES[name]][name] == value, name
+        assert cfg[names[name]][name] == value, name
     assert (cfg["data_seed"], cfg["test_size"], cfg["task_params"]["n_digits"]) == (4, 30, 3)
 
 
@@ -237,16 +239,26 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)
-def test_as_request_is_small_and_resolves_back(cfg):
-    request = as_request(cfg)
-    assert resolve(request) == cfg
+def test_a_config_keeps_its_request_which_resolves_back(cfg):
+    assert resolve(cfg.request) == cfg
     assert RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    built = RunConfig.from_dict(cfg.to_dict())  # field by field: its request spells every option out
+    assert built.request["model"]["n_ctx"] == cfg.model.n_ctx and "vocab_size" not in built.request["model"]
+    assert resolve(built.request) == cfg
 
 
-def test_as_request_keeps_changes_and_lets_defaults_follow():
+def test_the_request_is_what_was_asked_for_and_lets_defaults_follow():
     cfg = run_config("addition", "mixit", {"n_digits": 3}, d_model=64, lr=0.01)
-    request = as_request(cfg)
-    assert request["model"] == {"d_model": 64} and request["train"] == {"lr": 0.01}
+    request = cfg.request
+    assert request == {
+        "task": "addition",
+        "variant": "mixit",
+        "recipe": "laptop",
+        "task_params": {"n_digits": 3},
+        "model": {"d_model": 64},
+        "train": {"lr": 0.01},
+    }
+    assert json.loads(json.dumps(request)) == request
     # Another task: n_ctx and the task's own steps follow it; the changed d_model and lr stay.
     other = resolve({**request, "task": "retrieval", "task_params": {"max_pairs": 4, "vocab": 32}})
     assert (other.model.n_ctx, other.model.vocab_size, other.model.d_model) == (11, 32, 64)

@@ -3,6 +3,7 @@ and dispatches, library code leaves global state alone, and nothing points
 outside the repository."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,17 @@ def mixit_imports(path):
             yield node.module
         elif isinstance(node, ast.Import):
             yield from (a.name for a in node.names if a.name.split(".")[0] == "mixit")
+
+
+def test_the_design_notes_show_these_layers():
+    """docs/design.md's module table is this test's LAYERS, row by row."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    table = text[text.index("| layer | modules |") :].split("\n\n")[0]
+    documented = {}
+    for row in table.splitlines()[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        documented[int(cells[0])] = re.findall(r"`(\w+)`", cells[1])
+    assert documented == LAYERS
 
 
 def test_every_module_has_a_layer():
@@ -93,12 +105,13 @@ state = torch.random.get_rng_state()
 import numpy as np
 import mixit
 from mixit.analysis.attention_maps import plot_pattern_grid, plot_score_tables
-from mixit.analysis.signal import plot_signal, signal_propagation
+from mixit.analysis.signal import Probe, plot_signal, signal_propagation
 from mixit.bench import hf_llama, Shape
 plot_pattern_grid(np.random.default_rng(0).random((1, 2, 4, 4)), r"{tmp_path}/a.png", "t")
 scores = {{k: [[0.1, 0.2]] for k in ("previous_token", "induction", "duplicate_token")}}
 plot_score_tables(scores, r"{tmp_path}/b.png", "t")
-plot_signal(signal_propagation(["standard"], [1, 2], d_model=16, n_heads=2, n_ctx=8, seeds=[0]), r"{tmp_path}/c.png")
+probe = Probe(d_model=16, n_heads=2, n_ctx=8, seeds=[0])
+plot_signal(signal_propagation(["standard"], [1, 2], probe), r"{tmp_path}/c.png")
 hf_llama(Shape(d_model=16, n_layers=1, n_heads=2, vocab_size=8, seq_len=8, batch_size=2))
 assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
 assert torch.get_num_threads() == threads

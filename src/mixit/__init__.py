@@ -11,7 +11,7 @@ algorithmic tasks, language modelling and sentiment classification.
 
 from mixit.config import ModelConfig, TaskConfig, TrainConfig
 from mixit.errors import UsageError
-from mixit.experiment import RunConfig, as_request, build, resolve, run_config
+from mixit.experiment import RunConfig, build, resolve, run_config
 from mixit.freezing import VARIANTS, FreezeReport, apply_variant
 from mixit.models import Transformer, capture_patterns
 from mixit.run import Run
@@ -32,7 +32,6 @@ __all__ = [
     "UsageError",
     "__version__",
     "apply_variant",
-    "as_request",
     "build",
     "capture_patterns",
     "make_task",

@@ -20,10 +20,18 @@ one before:
     reference builds its model for, unless requested) and the settings a task
     needs (a classifier head for sentiment).
 
+Resolving reads only the task's parameters and the shape facts a task states
+from them (vocab_size, lengths): constructing a task is cheap, and no corpus
+is loaded nor tokenizer trained until a run needs data.
+
 The command line (flags and ``--config`` files) and `run_config` build
-requests; `as_request` turns a resolved config back into the smallest request
-that resolves to it, which is how ``mixit train --config RUN_DIR/config.json``
-replays a run and lets flags change it.
+requests. The request is data: `resolve` keeps it on the config
+(`RunConfig.request`), a run records it in config.json beside the resolved
+config (`record`), and ``mixit train --config RUN_DIR`` and ``--resume``
+start from it, so flags change what was asked for and every value that was a
+default follows (another task's n_ctx, another step count's cadences).
+Reading a config.json written by another mixit version fills in options
+added since from today's defaults and says so in one line (`read_record`).
 """
 
 from __future__ import annotations
@@ -31,8 +39,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +56,7 @@ from mixit.models.attention import ATTENTION
 from mixit.recipes import RECIPES
 from mixit.resources import check_memory
 from mixit.tasks import TASKS, Task
+from mixit.version import __version__, git_commit
 
 DEFAULT_TASK = "addition"
 DEFAULT_VARIANT = "standard"
@@ -101,6 +111,22 @@ class RunConfig:
         check(self.test_size > 0, f"test_size must be a positive integer, got {self.test_size}")
         check(self.val_size > 0, f"val_size must be a positive integer, got {self.val_size}")
         check(0 <= self.data_seed < 2**63, f"data_seed must be an integer in [0, 2^63), got {self.data_seed}")
+        self._request: dict[str, Any] | None = None
+
+    @property
+    def request(self) -> dict[str, Any]:
+        """The request this config was resolved from (what the user and the recipe asked for), which a run
+        records and a replay starts from; for a config built field by field, every option spelled out
+        (so it resolves back to this config, though nothing in it follows a changed task any more)."""
+        if self._request is not None:
+            return self._request
+        explicit = self.to_dict()
+        explicit["model"] = {k: v for k, v in explicit["model"].items() if k not in TASK_DECIDES}
+        return explicit
+
+    @request.setter
+    def request(self, request: dict[str, Any]) -> None:
+        self._request = request
 
     @property
     def params(self) -> TaskConfig:
@@ -147,42 +173,36 @@ class RunConfig:
 
 # -- requests --------------------------------------------------------------------------
 
-GROUPS: dict[str, type[Any]] = {"model": ModelConfig, "train": TrainConfig}
-"""The nested sections of a request and the config class each is checked by."""
-TOP_LEVEL = ("task", "variant", "recipe", "task_params", "data_seed", "test_size", "val_size")
-DERIVED = {"model": ("vocab_size",)}
-"""Options a request may not choose: the task decides them."""
-SOURCES = {"model": ("d_model", "n_layers", "depth_alpha", "base_n_layers"), "train": ("steps",)}
-"""Options whose value other defaults are computed from (d_mlp from d_model, the residual scales
-from the depth, the cadences from steps)."""
+TASK_DECIDES = ("vocab_size",)
+"""Model options that the task decides; a request may not choose them."""
+SECTIONS = ("model", "train", "task_params")
+"""The keys of a request whose value is a mapping of options (merged key by key)."""
 
 
-def _flat_names() -> dict[str, str]:
-    """Option name -> its group ('model', 'train' or '' for the top level), for flat overrides."""
+def flat_options() -> dict[str, str]:
+    """Every option a flat keyword override (`run_config(..., d_model=64)`) may name -> the request section it
+    belongs to ("model", "train", or "" for the top level), read off the config dataclasses."""
     names: dict[str, str] = {}
-    for group, cls in GROUPS.items():
+    for group, cls in (("model", ModelConfig), ("train", TrainConfig)):
         for f in dataclasses.fields(cls):
-            if f.name not in DERIVED.get(group, ()):
+            if f.name not in TASK_DECIDES:
                 assert f.name not in names, f"option {f.name} is declared twice"
                 names[f.name] = group
-    for name in ("data_seed", "test_size", "val_size"):
-        names[name] = ""
+    for f in dataclasses.fields(RunConfig):
+        if f.name not in (*SECTIONS, "task", "variant", "recipe"):
+            names[f.name] = ""
     return names
-
-
-FLAT_NAMES = _flat_names()
-"""Every option that a flat keyword override (`run_config(..., d_model=64)`) may name, with its group."""
 
 
 def nest(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Flat option overrides as a nested request: {"d_model": 64} -> {"model": {"d_model": 64}}."""
-    unknown = sorted(set(overrides) - set(FLAT_NAMES))
-    check(not unknown, f"unknown option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(FLAT_NAMES))}")
+    names = flat_options()
+    unknown = sorted(set(overrides) - set(names))
+    check(not unknown, f"unknown option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
     request: dict[str, Any] = {}
     for name, value in overrides.items():
-        group = FLAT_NAMES[name]
-        if group:
-            request.setdefault(group, {})[name] = value
+        if names[name]:
+            request.setdefault(names[name], {})[name] = value
         else:
             request[name] = value
     return request
@@ -193,7 +213,7 @@ def merge(*requests: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for request in requests:
         for key, value in request.items():
-            if key in (*GROUPS, "task_params") and isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            if key in SECTIONS and isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
                 out[key] = {**out[key], **value}
             else:
                 out[key] = value
@@ -208,54 +228,63 @@ def _section(request: Mapping[str, Any], key: str) -> dict[str, Any]:
     return dict(value)
 
 
-def resolve(request: Mapping[str, Any]) -> RunConfig:
-    """The complete, validated RunConfig that `request` asks for (module docstring)."""
-    check(isinstance(request, Mapping), f"a request must be a mapping, got {type(request).__name__}")
-    unknown = sorted(set(request) - set(TOP_LEVEL) - set(GROUPS))
-    check(not unknown, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join((*TOP_LEVEL, *GROUPS))}")
-    task_name = request.get("task", DEFAULT_TASK)
-    check(isinstance(task_name, str), f"task must be a string, got {task_name!r}")
-    variant_name = request.get("variant", DEFAULT_VARIANT)
-    check(isinstance(variant_name, str), f"variant must be a string, got {variant_name!r}")
-    recipe_name = request.get("recipe", DEFAULT_RECIPE)
-    check(isinstance(recipe_name, str), f"recipe must be a string, got {recipe_name!r}")
-    task_cls = TASKS.get(task_name)
-    variant = get_variant(variant_name)
-    requested_model = _section(request, "model")
-    attention = requested_model.setdefault("attention", variant.attention)
-    check(isinstance(attention, str), f"attention must be a string, got {attention!r}")
-    check_attention(variant, attention)
-    recipe_request = nest_request(RECIPES.get(recipe_name).settings(task_name, attention))
-    params = task_cls.Config.from_dict({**recipe_request.get("task_params", {}), **_section(request, "task_params")})
+def _name(request: Mapping[str, Any], key: str, default: str) -> str:
+    value = request.get(key, default)
+    check(isinstance(value, str), f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _seeds(request: Mapping[str, Any]) -> dict[str, int]:
+    """The request's data_seed, test_size and val_size, checked here as well as by RunConfig because the
+    task is constructed before the RunConfig."""
     seeds = {k: request[k] for k in ("data_seed", "test_size", "val_size") if k in request}
-    # Checked here as well as by RunConfig, because the task is built first.
     for name, value in seeds.items():
         check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
     check(
         0 <= seeds.get("data_seed", 0) < 2**63,
         f"data_seed must be an integer in [0, 2^63), got {seeds.get('data_seed')}",
     )
+    return seeds
+
+
+def as_data(request: Mapping[str, Any]) -> dict[str, Any]:
+    """`request` as plain JSON data (a task parameter object becomes its mapping), for config.json."""
+    out = dict(request)
+    if "task_params" in out:
+        out["task_params"] = _section(out, "task_params")
+    return json.loads(json.dumps(out, default=str))
+
+
+def resolve(request: Mapping[str, Any]) -> RunConfig:
+    """The complete, validated RunConfig that `request` asks for (module docstring); it keeps the request
+    (`RunConfig.request`), which a run records beside the config.
+
+    Only the task's parameters and shape are read (`Task` construction is cheap): no corpus is loaded and
+    no tokenizer trained here."""
+    check(isinstance(request, Mapping), f"a request must be a mapping, got {type(request).__name__}")
+    allowed = [f.name for f in dataclasses.fields(RunConfig)]
+    unknown = sorted(set(request) - set(allowed))
+    check(not unknown, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+    task_name = _name(request, "task", DEFAULT_TASK)
+    variant = get_variant(_name(request, "variant", DEFAULT_VARIANT))
+    recipe_name = _name(request, "recipe", DEFAULT_RECIPE)
+    task_cls = TASKS.get(task_name)
+    requested_model = _section(request, "model")
+    attention = requested_model.setdefault("attention", variant.attention)
+    check(isinstance(attention, str), f"attention must be a string, got {attention!r}")
+    check_attention(variant, attention)
+    recipe = nest_request(RECIPES.get(recipe_name).settings(task_name, attention))
+    params = task_cls.Config.from_dict({**recipe.get("task_params", {}), **_section(request, "task_params")})
+    seeds = _seeds(request)
     check_memory(
         f"task {task_name}", {"its table of examples": params.memory_bytes()}, "cpu", "choose smaller task parameters"
     )
     task = task_cls(
-        params,
-        seed=seeds.get("data_seed", 0),
-        test_size=seeds.get("test_size", 4000),
-        val_size=seeds.get("val_size"),
+        params, seed=seeds.get("data_seed", 0), test_size=seeds.get("test_size", 4000), val_size=seeds.get("val_size")
     )
-
     defaults = nest(task_cls.defaults)
-    model = {**defaults.get("model", {}), **recipe_request.get("model", {}), **requested_model}
-    train = {**defaults.get("train", {}), **recipe_request.get("train", {}), **_section(request, "train")}
-    if "vocab_size" in model:
-        check(
-            model["vocab_size"] == task.vocab_size,
-            f"vocab_size comes from the task: {task.describe()} has {task.vocab_size} tokens, "
-            f"not {model['vocab_size']!r}",
-        )
-    model = {**task.model_defaults(attention), **coupling(model), **model, "vocab_size": task.vocab_size}
-    model.setdefault("n_ctx", task.reference_len)
+    model = _model_options(task, attention, [defaults.get("model", {}), recipe.get("model", {}), requested_model])
+    train = {**defaults.get("train", {}), **recipe.get("train", {}), **_section(request, "train")}
     cfg = RunConfig(
         task=task_name,
         variant=variant.name,
@@ -266,7 +295,24 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
         **seeds,
     )
     check_fits(cfg, task)
+    cfg.request = as_data(request)
     return cfg
+
+
+def _model_options(task: Task, attention: str, layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The model options of a run: `layers` (task defaults, recipe, request) merged in order, over what
+    follows from them (`coupling`) and what the task needs (`Task.model_defaults`), with the task's
+    vocabulary and, unless requested, the length the reference builds its model for."""
+    model = {k: v for layer in layers for k, v in layer.items()}
+    if "vocab_size" in model:
+        check(
+            model["vocab_size"] == task.vocab_size,
+            f"vocab_size comes from the task: {task.describe()} has {task.vocab_size} tokens, "
+            f"not {model['vocab_size']!r}",
+        )
+    model = {**task.model_defaults(attention), **coupling(model), **model, "vocab_size": task.vocab_size}
+    model.setdefault("n_ctx", task.reference_len)
+    return model
 
 
 def coupling(model: Mapping[str, Any]) -> dict[str, Any]:
@@ -314,44 +360,6 @@ def run_config(
     return resolve(merge(base, nest(overrides)))
 
 
-def as_request(cfg: RunConfig) -> dict[str, Any]:
-    """The smallest request that resolves to `cfg` with this version of mixit.
-
-    It holds the task, variant, task parameters and seeds, and each model and
-    training option whose value differs from the default it would get. So
-    ``resolve(as_request(cfg)) == cfg``, and a request built from it with, say,
-    another task lets the values that were defaults (n_ctx, the task's steps)
-    follow the new task, while every value that had been changed stays.
-    """
-    base: dict[str, Any] = {
-        "task": cfg.task,
-        "variant": cfg.variant,
-        "recipe": cfg.recipe,
-        "task_params": cfg.params.to_dict(),
-        "data_seed": cfg.data_seed,
-        "test_size": cfg.test_size,
-        "val_size": cfg.val_size,
-    }
-    plain = resolve(base)
-    # Defaults computed from the run's own source values (d_mlp from its d_model, ...).
-    sources = {group: {name: getattr(getattr(cfg, group), name) for name in names} for group, names in SOURCES.items()}
-    derived = resolve(merge(base, sources))
-    request = dict(base)
-    for group in GROUPS:
-        mine, default, plain_default = getattr(cfg, group), getattr(derived, group), getattr(plain, group)
-        section = {
-            f.name: getattr(mine, f.name)
-            for f in dataclasses.fields(mine)
-            if f.name not in DERIVED.get(group, ()) and getattr(mine, f.name) != getattr(default, f.name)
-        }
-        for name in SOURCES.get(group, ()):
-            if getattr(mine, name) != getattr(plain_default, name):
-                section[name] = getattr(mine, name)
-        if section:
-            request[group] = section
-    return request
-
-
 def model_config(variant: str, **options: Any) -> ModelConfig:
     """The model config `variant` gets with these model options: its attention
     kind and the settings coupled to it (`coupling`), unless given. For models
@@ -363,17 +371,65 @@ def model_config(variant: str, **options: Any) -> ModelConfig:
 
 
 def is_record(data: Any) -> bool:
-    """Whether `data` is a run's config.json: {"config": ..., "mixit_version": ..., "git_commit": ...}."""
+    """Whether `data` is a run's config.json: {"config": ..., "request": ..., "mixit_version": ..., ...}."""
     return isinstance(data, dict) and isinstance(data.get("config"), dict) and "mixit_version" in data
 
 
-def load_request(path: Path) -> dict[str, Any]:
-    """The request in a config file: a user's YAML, TOML or JSON file, or a
-    run's config.json (or its directory), which becomes the smallest request
-    that replays that run (`as_request`)."""
+def record(cfg: RunConfig) -> dict[str, Any]:
+    """What a run's config.json holds: the resolved config, the request it was resolved from, and the
+    mixit version and git commit that wrote it."""
+    return {"config": cfg.to_dict(), "request": cfg.request, "mixit_version": __version__, "git_commit": git_commit()}
+
+
+_NOTED: set[str] = set()
+
+
+def read_record(data: Any, source: str) -> RunConfig:
+    """The RunConfig of a run's config.json `data` (read from `source`), with its recorded request.
+
+    A config written by another mixit version may lack options added since: they are filled in from this
+    version's defaults, and a one-line note on stderr names each (once per source and process). One this
+    version cannot read (an option it does not know, a value it does not accept) is refused in one line
+    naming both versions."""
+    if not is_record(data):
+        raise UsageError(f"{source} is corrupt: no 'config' entry")
+    written = data["mixit_version"]
+    try:
+        cfg = RunConfig.from_dict(data["config"])
+    except UsageError as e:
+        if written == __version__:
+            raise
+        raise UsageError(
+            f"{source} was written by mixit {written} and cannot be read by mixit {__version__}: {e}"
+        ) from None
+    filled = _filled(data["config"], cfg.to_dict())
+    if filled and source not in _NOTED:
+        _NOTED.add(source)
+        print(
+            f"mixit: note: {source} was written by mixit {written}; filled in from mixit {__version__}'s defaults: "
+            + ", ".join(filled),
+            file=sys.stderr,
+        )
+    if isinstance(data.get("request"), dict):
+        cfg.request = data["request"]
+    return cfg
+
+
+def _filled(saved: Mapping[str, Any], full: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """'key=value' for each key of `full` (recursively) that `saved` does not hold."""
+    out = []
+    for key, value in full.items():
+        if key not in saved:
+            out.append(f"{prefix}{key}={json.dumps(value)}")
+        elif isinstance(value, Mapping) and isinstance(saved[key], Mapping):
+            out += _filled(saved[key], value, f"{prefix}{key}.")
+    return out
+
+
+def read_request_file(path: Path) -> dict[str, Any]:
+    """The request in a config file: a user's YAML, TOML or JSON file, or a run's config.json, whose
+    recorded request then replays that run (`RunConfig.request`; a run's directory: `mixit.run.load_request`)."""
     path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
     if not path.is_file():
         raise UsageError(f"config file {path} does not exist")
     try:
@@ -387,7 +443,7 @@ def load_request(path: Path) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise UsageError(f"config file {path} cannot be parsed: {' '.join(str(e).split())}") from None
     if is_record(data):
-        return as_request(RunConfig.from_dict(data["config"]))
+        return read_record(data, str(path)).request
     if not isinstance(data, dict):
         raise UsageError(f"config file {path} must hold a mapping of keys to values, got {type(data).__name__}")
     return data

@@ -80,10 +80,61 @@ class PlannedRun:
         }
 
 
+ID_OPTIONS = {
+    "": ("task", "model", "variant", "recipe", "train", "task_params", "data_seed", "test_size", "val_size"),
+    "model": (
+        "vocab_size", "n_ctx", "d_model", "n_layers", "n_heads", "d_mlp", "attention", "bias", "rope_base",
+        "init_std", "qk_init", "mixing_alpha", "mixing_sink", "mixing_centring", "skip_scale", "branch_scale",
+        "depth_alpha", "base_n_layers", "activation", "leaky_c", "width_scaling", "base_width", "down_base_width",
+        "width_scale_head", "width_init", "seed", "causal", "head", "n_classes", "pooling", "pad_id",
+    ),
+    "train": (
+        "steps", "batch_size", "lr", "weight_decay", "beta1", "beta2", "warmup_steps", "schedule", "min_lr_ratio",
+        "grad_clip", "grad_accum", "dtype", "eval_every", "log_every", "checkpoint_every", "eval_batch_size",
+        "early_stop", "stop_at", "patience", "min_delta",
+    ),
+    "task_params.addition": ("n_digits", "reference_mask"),
+    "task_params.dyck": ("max_pairs",),
+    "task_params.induction": ("k", "alphabet", "length"),
+    "task_params.memorization": ("n", "fraction"),
+    "task_params.modular_addition": ("p", "train_fraction"),
+    "task_params.retrieval": ("max_pairs", "vocab"),
+    "task_params.lm": ("tokenizer", "data_dir", "max_documents", "corpus", "length", "vocab", "held_out", "packing"),
+    "task_params.sentiment": ("tokenizer", "data_dir", "max_documents", "dataset", "length", "vocab", "held_out"),
+}  # fmt: skip
+"""The options of mixit 0.2.0, by section: a run id always hashes these. Frozen: never edit it when an option
+is added (see `run_id`)."""
+
+
 def run_id(cfg: RunConfig) -> str:
-    """A stable id of a resolved configuration: the first 12 hex digits of the sha256 of its canonical JSON."""
-    text = json.dumps(cfg.to_dict(), sort_keys=True, separators=(",", ":"))
+    """A stable id of a resolved configuration: the first 12 hex digits of the sha256 of its canonical JSON.
+
+    The JSON holds every option of `ID_OPTIONS` and each option added since only where its value differs
+    from its declared default. So a new option whose default keeps the old behaviour leaves every existing
+    run id, and every finished run of a study, as it was; a run that uses it gets a new id. (An option added
+    with a default of None that is resolved to a value at construction would enter every id: give it its
+    plain default instead.)"""
+    data = cfg.to_dict()
+    sections = {
+        "": (data, RunConfig),
+        "model": (data["model"], type(cfg.model)),
+        "train": (data["train"], type(cfg.train)),
+    }
+    sections[f"task_params.{cfg.task}"] = (data["task_params"], type(cfg.params))
+    for section, (values, cls) in sections.items():
+        known = ID_OPTIONS.get(section, ())
+        for f in dataclasses.fields(cls):
+            if f.name not in known and values.get(f.name) == _declared_default(f):
+                del values[f.name]
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _declared_default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    value = f.default
+    return list(value) if isinstance(value, tuple) else value
 
 
 def plan(specs: Iterable[RunSpec], role: str = "final") -> list[PlannedRun]:
