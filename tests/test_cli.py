@@ -1,13 +1,19 @@
-"""The command line: train, eval, list, and one-line refusals of bad input with exit status 2."""
+"""The command line: train, eval, list, the generic rules that make a command's flags from its library
+function, and one-line refusals of bad input with exit status 2."""
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from mixit.cli import main
+from mixit.cli import call, command_parser, main
+from mixit.errors import UsageError
 
 TINY = [
     "--task",
@@ -87,10 +93,13 @@ def test_list_names_every_task_and_variant(capsys):
         (["train", "--d-model", "30", "--n-heads", "4"], "n_heads must divide d_model"),
         (["train", "--n-ctx", "10"], "longer than n_ctx=10"),
         (["train", "--steps", "-5"], "steps must be a positive integer, got -5"),
-        (["train", "--steps", "ten"], "train.steps: expected int, got 'ten'"),
+        (["train", "--steps", "ten"], "train.steps: expected an integer, got 'ten'"),
         (["train", "-p", "n_digits"], "-p expects KEY=VALUE"),
         (["train", "-p", "digits=3"], "unknown parameter 'digits' for task addition; allowed: n_digits=10"),
-        (["train", "-p", "n_digits=many"], "task parameter n_digits: expected int, got 'many'"),
+        (
+            ["train", "-p", "n_digits=many"],
+            "task parameter n_digits: expected an integer, got 'many'",
+        ),
         (["train", "--variant", "frozen_qk", "--attention", "mixing"], "variant 'frozen_qk' uses softmax attention"),
         (["train", "--device", "tpu"], "unknown device 'tpu'; allowed: auto, cpu, cuda, cuda:N"),
         (["train", "--resume"], "--resume needs --out RUN_DIR"),
@@ -152,3 +161,75 @@ def test_real_process_exit_status_and_no_traceback(tmp_path):
         "mixit train: error: n_heads must divide d_model: d_model=128 is not a multiple of n_heads=3"
     )
     assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
+# -- the generic rules -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyOptions:
+    """What a toy command does."""
+
+    task: str | None = None
+    """a task."""
+    task_params: dict[str, Any] | None = None
+    """its parameters."""
+    depths: Sequence[int] = (2, 4)
+    """depths (comma-separated)."""
+    shaped: bool = False
+    """a bool."""
+
+
+def toy(run_dir: Path, options: ToyOptions, progress: Callable[[str], None] | None = None, seed: int = 0):
+    """A toy command.
+
+    Args:
+        run_dir: a required parameter, so positional.
+        options: its options.
+        progress: a library hook.
+        seed: a plain parameter.
+    """
+    return run_dir, options, progress, seed
+
+
+def toy_args(*argv):
+    return command_parser(toy).parse_args(list(argv), defaults=False).as_dict()
+
+
+def command_help(command, capsys):
+    assert main([command, "--help"]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_dataclass_parameter_gives_its_fields_as_flags_and_is_built_from_them(capsys):
+    text = command_parser(toy).format_help()
+    assert "--depths" in text and "--shaped" in text and "--no-shaped" in text and "--seed" in text
+    assert "--options" not in text and "a bool." in text  # flat, by field name, with the field's docstring
+
+    def hook(message):
+        return None
+
+    args = toy_args("r", "--depths", "3,5", "--shaped", "--seed", "2")
+    assert call(toy, args, progress=hook) == (Path("r"), ToyOptions(depths=[3, 5], shaped=True), hook, 2)
+    assert call(toy, toy_args("r", "--depths", "8", "--shaped", "false"))[1] == ToyOptions(depths=[8])
+    assert call(toy, toy_args("r"))[1] == ToyOptions()  # what is not given keeps the dataclass's default
+    assert "--mixing-sink" in command_help("signal", capsys)  # a field of SignalOptions
+
+
+def test_a_callable_parameter_is_a_hook_not_a_flag(capsys):
+    assert "--progress" not in command_parser(toy).format_help()
+    with pytest.raises(Exception, match="unrecognized arguments: --progress"):
+        toy_args("r", "--progress", "x")
+    assert "--progress" not in command_help("bench", capsys)  # bench_command's progress callback
+
+
+def test_options_with_task_and_task_params_take_dash_p(capsys):
+    text = command_parser(toy).format_help()
+    assert "-p KEY=VALUE" in text and "--task_params" not in text and "--task-params" not in text
+    args = toy_args("r", "--task", "addition", "-p", "n_digits=3", "-p", "reference_mask=true")
+    assert call(toy, args)[1].task_params == {"n_digits": 3, "reference_mask": True}  # typed by the task's Config
+    with pytest.raises(UsageError, match="-p/--task-param needs --task"):
+        call(toy, toy_args("r", "-p", "n_digits=3"))
+    for command in ("train", "bench"):  # RunConfig's fields, BenchOptions' fields
+        text = command_help(command, capsys)
+        assert "-p KEY=VALUE" in text and "--task_params" not in text

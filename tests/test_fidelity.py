@@ -246,13 +246,29 @@ def test_non_causal_reference_centring_pads_to_n_ctx_and_differs_from_ours():
 @pytest.mark.parametrize(
     "flag, value, message",
     [
-        ("--mixing-sink", "yes", "model.mixing_sink: expected one of 'reference', 'normalised', 'off', got 'yes'"),
-        ("--qk-init", "gaussian", "model.qk_init: expected one of 'reference', 'paper', got 'gaussian'"),
-        ("--depth-alpha", "nan", "model.depth_alpha: expected float, got 'nan'"),
+        (
+            "--mixing-sink",
+            "yes",
+            "model.mixing_sink: expected one of 'reference', 'normalised', 'off', got 'yes'",
+        ),
+        (
+            "--qk-init",
+            "gaussian",
+            "model.qk_init: expected one of 'reference', 'paper', got 'gaussian'",
+        ),
+        ("--depth-alpha", "nan", "model.depth_alpha: expected a finite number, got 'nan'"),
         ("--base-n-layers", "0", "base_n_layers must be a positive integer, got 0"),
         ("--down-base-width", "-1", "down_base_width must be a positive integer, got -1"),
-        ("--width-init", "xavier", "model.width_init: expected one of 'reference', 'fan_in', got 'xavier'"),
-        ("--mixing-centring", "mean", "model.mixing_centring: expected one of 'real_tokens', 'reference'"),
+        (
+            "--width-init",
+            "xavier",
+            "model.width_init: expected one of 'reference', 'fan_in', got 'xavier'",
+        ),
+        (
+            "--mixing-centring",
+            "mean",
+            "model.mixing_centring: expected one of 'real_tokens', 'reference'",
+        ),
         ("--recipe", "paper", "unknown recipe 'paper'; allowed: laptop, reference"),
     ],
 )

@@ -1,21 +1,35 @@
 """`mixit <command>`: train, eval, sample, analyze, signal, bench, reproduce, report, list.
 
-This module only parses and dispatches. Every option is generated from the
-one place it is declared: a field of `ModelConfig`, `TrainConfig`,
-`RunConfig` or a task's Config (``mixit train``), or a parameter of the
-library function a command calls (the others), with its type, default and
-docstring. jsonargparse parses the values by their type hints (it is
-argparse underneath, so a bad value is an exception we can print on one
-line; see docs/design.md, "Configuration", for why it was chosen over tyro).
+This module only parses and dispatches. jsonargparse generates every option
+from the one place it is declared, with its type, default and docstring: the
+parameters of the library function a command calls, and for ``mixit train``
+the fields of `RunConfig`, `ModelConfig` and `TrainConfig` and a task's Config.
+It parses each value by its type hint (it is argparse underneath, so a bad
+value is an exception we print on one line; see docs/design.md,
+"Configuration", for why it was chosen over tyro). Three generic rules:
 
-Spelling: a model option is ``--model.d_model`` (its path in config.json)
-or ``--d-model``; a training option ``--train.lr`` or ``--lr``; other options
-``--data-seed`` or ``--data_seed``. A bool option given alone means true
-(``--compile``), ``--no-compile`` false. Lists are comma-separated.
+- a parameter whose type is a dataclass (`BenchOptions`, say) contributes that
+  dataclass's fields as the command's flags, by field name, and `call` builds
+  the dataclass from them;
+- a parameter typed as a Callable is a library hook (a progress callback), not
+  a flag; the command's ``cmd_*`` function supplies it;
+- options with both ``task`` and ``task_params`` take ``-p KEY=VALUE``
+  (repeatable) instead of ``--task_params``, each value parsed by the type of
+  its field in the chosen task's Config (`task_params`).
+
+Spellings: jsonargparse names an option by its path (``--model.d_model``,
+``--data_seed``) and reads a bool or a list only as a value (``--compile
+true``, ``--depths [2,4]``). `Parser.add_spellings` adds, to each option it
+generated, its name alone with dashes (``--d-model``, ``--data-seed``); for a
+bool, the option alone for true (``--compile``) and ``--no-compile`` for
+false; for a list, comma-separated values (``--depths 2,4``, or one: ``--depths
+8``).
 
 Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
-stderr naming the problem and what is allowed, and exit status 2.
+stderr naming the problem and what is allowed, and exit status 2; a value of
+the wrong type is said from the option's declared type, in the words of
+mixit's own checks (``train.steps: expected an integer, got 'ten'``: `describe`).
 """
 
 from __future__ import annotations
@@ -25,28 +39,27 @@ import collections.abc
 import dataclasses
 import inspect
 import json
-import re
 import sys
 import time
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn, get_args, get_origin
 
-import docstring_parser
-from jsonargparse import ArgumentParser, DefaultHelpFormatter
+from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
 
 from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import format_signal, signal_command
 from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
-from mixit.config import ModelConfig, TrainConfig, field_docs, field_hints
+from mixit.config import ModelConfig, TrainConfig, field_hints, type_name
 from mixit.distributed import env_world
 from mixit.errors import UsageError
-from mixit.experiment import DERIVED, RunConfig, as_request, load_request, merge, resolve
+from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
 from mixit.generate import sample_run
-from mixit.run import Run
+from mixit.run import Run, load_request
 from mixit.runtime import tune_allocator
 from mixit.study import report, reproduce
 from mixit.tasks import TASKS
@@ -54,128 +67,192 @@ from mixit.training.evaluate import evaluate_run
 from mixit.training.loop import train
 from mixit.version import __version__
 
+# The docstring under each dataclass field is its --help text.
+set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
 # -- generating options ----------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Option:
-    name: str
-    hint: Any
-    default: Any  # inspect.Parameter.empty: required
-    doc: str
-
-
-def options_of(target: Any, skip: Sequence[str] = ()) -> list[Option]:
-    """The options a dataclass (its fields) or a function (its parameters) declares, with their docs."""
+def hints_of(target: Any) -> dict[str, Any]:
+    """The type of each field of dataclass `target`, or of each parameter of function `target`."""
     if dataclasses.is_dataclass(target):
-        hints, docs = field_hints(target), field_docs(target)  # type: ignore[arg-type]
-        out = []
-        for f in dataclasses.fields(target):
-            default = (
-                f.default
-                if f.default is not dataclasses.MISSING
-                else f.default_factory()
-                if f.default_factory is not dataclasses.MISSING
-                else inspect.Parameter.empty
-            )
-            out.append(Option(f.name, hints[f.name], default, docs.get(f.name, "")))
-        return [o for o in out if o.name not in skip]
-    hints = typing.get_type_hints(target)
-    docs = {
-        p.arg_name: " ".join((p.description or "").split()) for p in docstring_parser.parse_from_object(target).params
-    }
-    return [
-        Option(name, hints[name], param.default, docs.get(name, ""))
-        for name, param in inspect.signature(target).parameters.items()
-        if name not in skip
-    ]
+        return field_hints(target)  # type: ignore[arg-type]
+    return {k: v for k, v in typing.get_type_hints(target).items() if k != "return"}
 
 
+def _alternatives(hint: Any) -> tuple[Any, ...]:
+    """The types a hint allows besides None: (int,) for `int | None`."""
+    if get_origin(hint) in (typing.Union, types.UnionType):
+        return tuple(a for a in get_args(hint) if a is not type(None))
+    return (hint,)
+
+
+def is_hook(hint: Any) -> bool:
+    """Whether a parameter of type `hint` is a library hook (a Callable), which is no flag."""
+    return any(get_origin(a) is collections.abc.Callable for a in _alternatives(hint))
+
+
+def is_list(hint: Any) -> bool:
+    """Whether an option of type `hint` takes a list (comma-separated on the command line)."""
+    return any(get_origin(a) in (list, tuple, collections.abc.Sequence) for a in _alternatives(hint))
+
+
+@dataclasses.dataclass(frozen=True)
 class CommaList:
-    """argparse type: comma-separated values of one item type -> tuple."""
+    """The argparse type of a list option: ``2,4`` becomes ``[2,4]``, which jsonargparse then parses and checks
+    against the option's type hint (it reads a list only in brackets)."""
 
-    def __init__(self, item: type):
-        self.item = item
+    item: str
+    """The type of the items, for --help."""
 
-    def __call__(self, text: Any) -> tuple[Any, ...]:
-        if isinstance(text, (list, tuple)):  # jsonargparse re-checks a parsed value
-            return tuple(self.item(v) for v in text)
-        try:
-            return tuple(self.item(v.strip()) for v in str(text).strip("()[] ").split(",") if v.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {self!r}, got {text!r}") from None
+    def __call__(self, text: str) -> str:
+        return text if text.lstrip().startswith("[") else f"[{text}]"
 
-    def __repr__(self) -> str:
-        return {int: "comma-separated integers", str: "comma-separated names"}.get(
-            self.item, f"comma-separated {self.item.__name__}s"
-        )
+    def __str__(self) -> str:  # its name in --help
+        return f"comma-separated list of {self.item}"
 
 
-def _arg_type(hint: Any) -> Any:
-    """The argparse type of a hint: comma lists for sequences, else the hint itself (jsonargparse parses it)."""
-    options = (
-        [a for a in get_args(hint) if a is not type(None)]
-        if get_origin(hint) in (typing.Union, types.UnionType)
-        else [hint]
-    )
-    if len(options) == 1 and get_origin(options[0]) in (tuple, list, collections.abc.Sequence):
-        return CommaList(get_args(options[0])[0])
-    return hint
-
-
-def _is_bool(hint: Any) -> bool:
-    return hint is bool
-
-
-def add_options(parser: ArgumentParser, options: list[Option], prefix: str = "", show_defaults: bool = True) -> None:
-    """Add `options` to `parser`: ``--{prefix}{name}`` plus its short spellings (module docstring)."""
-    for opt in options:
-        dashed = opt.name.replace("_", "-")
-        required_positional = opt.default is inspect.Parameter.empty and not prefix
-        if required_positional:
-            parser.add_argument(opt.name, type=_arg_type(opt.hint), help=opt.doc)
-            continue
-        flags = [f"--{dashed}", f"--{opt.name}"] if not prefix else [f"--{prefix}{opt.name}", f"--{dashed}"]
-        flags = list(dict.fromkeys(flags))
-        kwargs: dict[str, Any] = {"type": _arg_type(opt.hint), "help": opt.doc, "dest": prefix + opt.name}
-        if show_defaults and opt.default is not inspect.Parameter.empty:
-            kwargs["default"] = list(opt.default) if isinstance(opt.default, tuple) else opt.default
-        if _is_bool(opt.hint):
-            kwargs.update(nargs="?", const=True)
-        parser.add_argument(*flags, **kwargs)
-        if _is_bool(opt.hint):
-            parser.add_argument(
-                f"--no-{dashed}",
-                dest=prefix + opt.name,
-                action="store_const",
-                const=False,
-                help=f"same as --{dashed} false",
-            )
-
-
-class RawEpilogFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
     """jsonargparse's help layout, with the description and epilog kept as written."""
+
+    def _get_type_str(self, action: argparse.Action) -> str | None:
+        text = super()._get_type_str(action)
+        # jsonargparse names its own Path class but prints pathlib's as "<class 'Path'>".
+        return "Path" if text == "<class 'Path'>" else text
 
 
 class Parser(ArgumentParser):
-    """jsonargparse's parser, raising on errors (printed on one line by `main`)."""
+    """jsonargparse's parser, raising on errors (printed on one line by `main`), with the generic rules and the
+    short spellings of the module docstring."""
 
     def __init__(self, **kwargs: Any):
-        super().__init__(exit_on_error=False, print_config=None, formatter_class=RawEpilogFormatter, **kwargs)
+        super().__init__(exit_on_error=False, print_config=None, formatter_class=HelpFormatter, **kwargs)
+
+    def add_options(
+        self, target: Any, nested_key: str | None = None, skip: Sequence[str] = (), partial: bool = False
+    ) -> None:
+        """Flags for the parameters of function `target` or the fields of dataclass `target`, generated by
+        jsonargparse under `nested_key`, with the generic rules and spellings of the module docstring. A
+        required parameter is positional, unless `partial` (every option may be left out: a request)."""
+        hints = hints_of(target)
+        skipped: set[str | int] = {*skip, *(name for name, hint in hints.items() if is_hook(hint))}
+        if {"task", "task_params"} <= hints.keys():
+            skipped.add("task_params")
+            self.add_argument(
+                "-p",
+                "--task-param",
+                action="append",
+                metavar="KEY=VALUE",
+                help="a task parameter, typed by the task's own parameter class (repeatable; see `mixit list`)",
+            )
+        if not dataclasses.is_dataclass(target):
+            for name, hint in hints.items():
+                if name not in skipped and dataclasses.is_dataclass(hint):
+                    self.add_options(hint)
+                    skipped.add(name)
+        add = self.add_class_arguments if dataclasses.is_dataclass(target) else self.add_function_arguments
+        for dest in add(target, nested_key, as_group=nested_key is not None, as_positional=not partial, skip=skipped):
+            self.add_spellings(dest, hints[dest.rpartition(".")[2]], required=not partial)
+
+    def add_spellings(self, dest: str, hint: Any, required: bool = True) -> None:
+        """Give the option at `dest` (``--model.d_model``) the spellings of the module docstring. An alias is
+        registered as argparse registers the names of an option declared with several (`_option_string_actions`);
+        argparse applies a `type` to the string before the action (jsonargparse's) checks the value."""
+        action = self._option_string_actions.get(f"--{dest}")
+        if action is None:  # a positional argument
+            return
+        action.required = action.required and required
+        group, _, name = dest.rpartition(".")
+        dashed = name.replace("_", "-")
+        if f"--{dashed}" not in self._option_string_actions:  # a name in two groups keeps its long form only
+            action.option_strings = [*action.option_strings, f"--{dashed}"]
+            self._option_string_actions[f"--{dashed}"] = action
+        if hint is bool:
+            action.nargs, action.const = "?", True
+            (self.groups or {}).get(group, self).add_argument(
+                f"--no-{dashed}",
+                dest=dest,
+                action="store_const",
+                const=False,
+                default=argparse.SUPPRESS,
+                help=f"same as --{dashed} false",
+            )
+        elif is_list(hint):
+            item = get_args(_alternatives(hint)[0])[0]
+            action.type = CommaList(getattr(item, "__name__", str(item)))
+
+
+def call(function: Callable[..., Any], args: Mapping[str, Any], **hooks: Any) -> Any:
+    """`function` called with the parsed flags `args` (module docstring): each dataclass parameter built from the
+    flags of its fields, the others as given; `hooks` are its Callable parameters."""
+    kwargs = arguments(function, args)
+    for name, hint in hints_of(function).items():
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = hint(**arguments(hint, args))  # type: ignore[operator]
+    return function(**kwargs, **hooks)
+
+
+def arguments(target: Any, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The values given in `args` for the parameters or fields of `target`, task_params from ``-p``."""
+    names = hints_of(target)
+    values = {k: args[k] for k in names if k in args}
+    if "task_params" in names and "task_param" in args:
+        values["task_params"] = task_params(values.get("task"), args["task_param"])
+    return values
+
+
+def task_params(task: Any, items: Sequence[str]) -> dict[str, Any]:
+    """``-p KEY=VALUE`` items, each value parsed by the type of its field in the task's Config."""
+    if task is None:
+        raise UsageError("-p/--task-param needs --task")
+    if not isinstance(task, str):
+        raise UsageError(f"task must be a string, got {task!r}")
+    config = TASKS.get(task).Config
+    argv = []
+    for item in items:
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key:
+            raise UsageError(f"-p expects KEY=VALUE (e.g. n_digits=5), got {item!r}")
+        if key not in field_hints(config):
+            allowed = ", ".join(f"{k}={v}" for k, v in config().to_dict().items())
+            raise UsageError(f"unknown parameter {key!r} for task {task}; allowed: {allowed}")
+        argv.append(f"--{key}={value}")
+    parser = Parser()
+    parser.add_options(config, partial=True)
+    try:
+        return dict(parser.parse_args(argv, defaults=False).as_dict())
+    except ArgumentError as e:
+        raise UsageError(f"task parameter {describe(e, parser)}") from None
+
+
+def one_line(error: BaseException) -> str:
+    """An argparse/jsonargparse message (which may span lines) on one line."""
+    return " ".join(str(error).split())
+
+
+def describe(error: BaseException, parser: argparse.ArgumentParser) -> str:
+    """A parse error of `parser` on one line. A value of the wrong type is said in the words of mixit's own
+    checks, from the option's declared type (``train.steps: expected an integer, got 'ten'``): jsonargparse names
+    the option and ends with the value, but spells the type as Python does (``<class 'int'>``, a list of a
+    union's subtypes)."""
+    text = str(error)
+    key = text.partition('Parser key "')[2].partition('"')[0]
+    action = parser._option_string_actions.get(f"--{key}") if key else None
+    hint = getattr(action, "_typehint", None)
+    if hint is None or "value: " not in text:
+        return one_line(error)
+    return f"{key}: expected {type_name(hint)}, got {text.rpartition('value: ')[2].strip()!r}"
 
 
 # -- mixit train ------------------------------------------------------------------------
 
-TRAIN_OPTIONS = [o for o in options_of(train, skip=("cfg", "run_dir", "on_step"))]
-RUN_OPTIONS = options_of(RunConfig, skip=("model", "train", "task_params"))
-
-
-def add_task_param(parser: ArgumentParser, help: str) -> None:
-    """``-p KEY=VALUE``, repeatable: task parameters, parsed by `task_params` once the task is known."""
-    parser.add_argument("-p", "--task-param", action="append", type=str, metavar="KEY=VALUE", help=help)
+REQUEST_KEYS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "task_params"]
+"""The keys of a request that flags set directly (task_params comes from -p)."""
 
 
 def train_parser() -> Parser:
+    """The flags of ``mixit train``: a request (`RunConfig`'s fields, the model and training options under
+    ``model.`` and ``train.``), how to run it (`train`'s own parameters), and --config, --out, --print-config."""
     epilog = "task parameters (-p KEY=VALUE):\n" + "\n".join(
         f"  {name}: " + ", ".join(f"{k}={v}" for k, v in cls.Config().to_dict().items()) for name, cls in TASKS.items()
     )
@@ -191,70 +268,33 @@ def train_parser() -> Parser:
         help="a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
         "data_seed, test_size, val_size), or a run's config.json or directory, replayed; flags override it",
     )
-    run_options = [dataclasses.replace(o, default="addition") if o.name == "task" else o for o in RUN_OPTIONS]
-    add_options(p, run_options, show_defaults=True)
-    add_task_param(p, "a task parameter, typed by the task's own parameter class (repeatable; see `mixit list`)")
-    add_options(p, [o for o in options_of(ModelConfig) if o.name not in DERIVED["model"]], prefix="model.")
-    add_options(p, options_of(TrainConfig), prefix="train.")
+    p.add_options(RunConfig, skip=("model", "train"), partial=True)
+    p.set_defaults(task=DEFAULT_TASK)  # shown in --help; a request without a task gets it from `resolve`
+    p.add_options(ModelConfig, "model", skip=TASK_DECIDES, partial=True)
+    p.add_options(TrainConfig, "train", partial=True)
     p.add_argument("--out", type=Path, help="run directory (default: runs/<task>-<variant>-<time>)")
-    add_options(p, TRAIN_OPTIONS)
-    p.add_argument(
-        "--print-config", action="store_true", help="print the resolved config as JSON and exit without training"
-    )
+    p.add_options(train, skip=("cfg", "run_dir"))
+    p.add_argument("--print_config", type=bool, help="print the resolved config as JSON and exit without training")
+    p.add_spellings("print_config", bool)
     return p
-
-
-def _given(ns: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    return {k: ns[k] for k in names if k in ns}
 
 
 def train_request(args: Mapping[str, Any]) -> dict[str, Any]:
     """The request that the flags (and --config file) of `mixit train` make."""
     base = load_request(args["config"]) if "config" in args else {}
-    flags: dict[str, Any] = _given(args, [o.name for o in RUN_OPTIONS])
-    for group in ("model", "train"):
-        if group in args:
-            flags[group] = dict(args[group])
-    request = merge(base, flags)
-    if args.get("task_param"):
-        request = merge(request, {"task_params": task_params(request.get("task", "addition"), args["task_param"])})
+    request = merge(base, {k: args[k] for k in REQUEST_KEYS if k in args})
+    if "task_param" in args:
+        request = merge(request, {"task_params": task_params(request.get("task", DEFAULT_TASK), args["task_param"])})
     return request
-
-
-def task_params(task: str, items: Sequence[str]) -> dict[str, Any]:
-    """`-p KEY=VALUE` items, each value parsed by the type of its field in the task's Config."""
-    if not isinstance(task, str):
-        raise UsageError(f"task must be a string, got {task!r}")
-    pairs = []
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"-p expects KEY=VALUE (e.g. n_digits=5), got {item!r}")
-        pairs.append((key.strip(), value.strip()))
-    config = TASKS.get(task).Config
-    options = options_of(config)
-    names = [o.name for o in options]
-    unknown = [k for k, _ in pairs if k not in names]
-    if unknown:
-        allowed = ", ".join(f"{k}={v}" for k, v in config().to_dict().items())
-        raise UsageError(f"unknown parameter {unknown[0]!r} for task {task}; allowed: {allowed}")
-    parser = Parser(prog=f"-p (task {task})")
-    add_options(parser, options, show_defaults=False)
-    try:
-        parsed = parser.parse_args([item for k, v in pairs for item in (f"--{k}", v)], defaults=False)
-    except argparse.ArgumentError as e:
-        raise UsageError(f"task parameter {_one_line(e)}") from None
-    return dict(parsed.as_dict())
 
 
 def cmd_train(args: Mapping[str, Any]) -> int:
     request = train_request(args)
-    session = _given(args, [o.name for o in TRAIN_OPTIONS])
+    session = arguments(train, args)
     if session.get("resume"):
         if "out" not in args:
             raise UsageError("--resume needs --out RUN_DIR, the run to continue")
-        saved = Run.open(args["out"]).config
-        request = merge(as_request(saved), request)
+        request = merge(Run.open(args["out"]).request, request)
     cfg = resolve(request)
     if args.get("print_config"):
         print(json.dumps(cfg.to_dict(), indent=2))
@@ -274,13 +314,21 @@ def cmd_train(args: Mapping[str, Any]) -> int:
 # -- the other commands -------------------------------------------------------------------
 
 
+def command_parser(function: Callable[..., Any]) -> Parser:
+    """The flags of a command that calls `function`: its parameters (`Parser.add_options`); its description, the
+    first paragraph of the function's docstring."""
+    parser = Parser(description=(inspect.getdoc(function) or "").split("\n\n")[0])
+    parser.add_options(function)
+    return parser
+
+
 def cmd_eval(args: Mapping[str, Any]) -> int:
-    print(json.dumps(evaluate_run(**args), indent=2))
+    print(json.dumps(call(evaluate_run, args), indent=2))
     return 0
 
 
 def cmd_sample(args: Mapping[str, Any]) -> int:
-    texts = sample_run(**args)
+    texts = call(sample_run, args)
     prompt = args.get("prompt", "")
     for i, text in enumerate(texts):
         if len(texts) > 1:
@@ -290,26 +338,23 @@ def cmd_sample(args: Mapping[str, Any]) -> int:
 
 
 def cmd_analyze(args: Mapping[str, Any]) -> int:
-    result = analyze_run(**args)
+    result = call(analyze_run, args)
     print(result["summary"].strip())
     print(f"\nwritten to {result['out_dir']}")
     return 0
 
 
 def cmd_signal(args: Mapping[str, Any]) -> int:
-    result, written = signal_command(**args)
+    result, written = call(signal_command, args)
     print(format_signal(result))
     print("written to " + " and ".join(str(p) for p in written))
     return 0
 
 
 def cmd_bench(args: Mapping[str, Any]) -> int:
-    args = dict(args)
-    if "task_param" in args:
-        if "task" not in args:
-            raise UsageError("-p/--task-param needs --task")
-        args["task_params"] = task_params(args["task"], args.pop("task_param"))
-    result, out = bench_command(progress=lambda message: print(f"... {message}", file=sys.stderr, flush=True), **args)
+    result, out = call(
+        bench_command, args, progress=lambda message: print(f"... {message}", file=sys.stderr, flush=True)
+    )
     print(format_table(result))
     if args.get("profile"):
         print(format_profiles(result))
@@ -318,32 +363,67 @@ def cmd_bench(args: Mapping[str, Any]) -> int:
 
 
 def cmd_reproduce(args: Mapping[str, Any]) -> int:
-    result = reproduce(**args)
+    result = call(reproduce, args)
     print(result.get("listing") or result["text"])
     return 0
 
 
 def cmd_report(args: Mapping[str, Any]) -> int:
-    print(report(**args)["text"])
+    print(call(report, args)["text"])
     return 0
 
 
 def cmd_list(args: Mapping[str, Any]) -> int:
-    print(catalogue_text(**args))
+    print(call(catalogue_text, args))
     return 0
 
 
-Command = tuple[Callable[[Mapping[str, Any]], int], Callable[..., Any] | None, str]
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A subcommand of ``mixit``."""
+
+    run: Callable[[Mapping[str, Any]], int]
+    """Its cmd_* function: calls the library with the parsed flags and prints the result."""
+    parser: Callable[[], Parser]
+    """Makes its parser."""
+    summary: str
+    """Its line in ``mixit --help``."""
+
+
 COMMANDS: dict[str, Command] = {
-    "train": (cmd_train, None, "train a model on a task under a variant (see --help; `mixit list` for the choices)"),
-    "eval": (cmd_eval, evaluate_run, "re-evaluate a run's latest checkpoint on its test set"),
-    "sample": (cmd_sample, sample_run, "sample text from a trained language model (task lm)"),
-    "analyze": (cmd_analyze, analyze_run, "head scores, attention maps and signal propagation of a trained run"),
-    "signal": (cmd_signal, signal_command, "token similarity against depth at initialisation (rank collapse)"),
-    "bench": (cmd_bench, bench_command, "training throughput, memory and MFU per variant, beside HF Llama"),
-    "reproduce": (cmd_reproduce, reproduce, "run the paper's comparison (or a study file) and write its report"),
-    "report": (cmd_report, report, "write the report of a study from what has finished"),
-    "list": (cmd_list, catalogue_text, "list tasks, variants and their parameters"),
+    "train": Command(
+        cmd_train, train_parser, "train a model on a task under a variant (see --help; `mixit list` for the choices)"
+    ),
+    "eval": Command(
+        cmd_eval, partial(command_parser, evaluate_run), "re-evaluate a run's latest checkpoint on its test set"
+    ),
+    "sample": Command(
+        cmd_sample, partial(command_parser, sample_run), "sample text from a trained language model (task lm)"
+    ),
+    "analyze": Command(
+        cmd_analyze,
+        partial(command_parser, analyze_run),
+        "head scores, attention maps and signal propagation of a trained run",
+    ),
+    "signal": Command(
+        cmd_signal,
+        partial(command_parser, signal_command),
+        "token similarity against depth at initialisation (rank collapse)",
+    ),
+    "bench": Command(
+        cmd_bench,
+        partial(command_parser, bench_command),
+        "training throughput, memory and MFU per variant, beside HF Llama",
+    ),
+    "reproduce": Command(
+        cmd_reproduce,
+        partial(command_parser, reproduce),
+        "run the paper's comparison (or a study file) and write its report",
+    ),
+    "report": Command(
+        cmd_report, partial(command_parser, report), "write the report of a study from what has finished"
+    ),
+    "list": Command(cmd_list, partial(command_parser, catalogue_text), "list tasks, variants and their parameters"),
 }
 
 
@@ -355,48 +435,27 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--version", action="version", version=f"mixit {__version__}")
     sub = parser.add_subcommands(dest="command")
-    for name, (_, function, summary) in COMMANDS.items():
-        if function is None:
-            sub.add_subcommand(name, train_parser(), help=summary)
-            continue
-        p = Parser(description=docstring_parser.parse_from_object(function).short_description)
-        skip = ("progress", "task_params") if name == "bench" else ()
-        add_options(p, options_of(function, skip=skip))
-        if name == "bench":
-            add_task_param(p, "task parameter, repeatable (with --task)")
-        sub.add_subcommand(name, p, help=summary)
+    for name, command in COMMANDS.items():
+        sub.add_subcommand(name, command.parser(), help=command.summary)
     return parser
-
-
-def _one_line(error: BaseException) -> str:
-    """An argparse/jsonargparse message on one line, in plain words rather than Python type reprs."""
-    text = " ".join(str(error).split())
-    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text)
-    text = re.sub(r"typing\.Literal\[(.*?)\]", r"one of \1", text)
-    text = re.sub(
-        r"Does not validate against any of the Union subtypes Subtypes: \[(.*?)\].*Given value: (.*)$",
-        lambda m: f"Expected a {m[1].replace('NoneType', 'null').replace(', ', ' or ')}. Got value: {m[2]}",
-        text,
-    )
-    text = re.sub(r'Parser key "([^"]+)": Expected a (.+?)\. Got value: (.*)$', r"\1: expected \2, got '\3'", text)
-    return re.sub(r'Parser key "([^"]+)":', r"\1:", text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
-        parsed = parser.parse_args(args, defaults=False).as_dict()
+        parsed = parser.parse_args(args, defaults=False).clone(with_meta=False).as_dict()  # no --model FILE path
     except SystemExit as e:  # --help and --version
         return int(e.code or 0)
-    except argparse.ArgumentError as e:
+    except ArgumentError as e:
         command = args[0] if args and args[0] in COMMANDS else None
-        print(f"mixit{' ' + command if command else ''}: error: {_one_line(e)}", file=sys.stderr)
+        where = parser._subcommands_action._name_parser_map[command] if command else parser  # type: ignore[union-attr]
+        print(f"mixit{' ' + command if command else ''}: error: {describe(e, where)}", file=sys.stderr)
         return 2
     command = parsed["command"]
     tune_allocator()
     try:
-        return COMMANDS[command][0](dict(parsed.get(command) or {}))
+        return COMMANDS[command].run(dict(parsed.get(command) or {}))
     except UsageError as e:
         if env_world().main:  # under torchrun every process refuses, and one says why
             print(f"mixit {command}: error: {e}", file=sys.stderr)

@@ -20,6 +20,7 @@ vocab_size (docs/model.md).
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import types
@@ -43,15 +44,16 @@ def check(ok: bool, message: str) -> None:
         raise UsageError(message)
 
 
-def _type_name(hint: Any) -> str:
+def type_name(hint: Any) -> str:
+    """A type hint in the words of mixit's messages: "an integer", "one of 'a', 'b'", "a list of ..."."""
     if get_origin(hint) is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(hint))
     if get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in get_args(hint))
+        return " or ".join(type_name(a) for a in get_args(hint))
     if hint is type(None):
         return "null"
-    if get_origin(hint) is tuple:
-        return f"a list of {_type_name(get_args(hint)[0])}"
+    if get_origin(hint) in (tuple, list, collections.abc.Sequence):
+        return f"a list ({type_name(get_args(hint)[0])} each)"
     return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(
         hint, getattr(hint, "__name__", str(hint))
     )
@@ -132,7 +134,7 @@ class Config:
         for name, hint in field_hints(type(self)).items():
             value = getattr(self, name)
             ok, converted = _coerce(hint, value)
-            check(ok, f"{name} must be {_type_name(hint)}, got {value!r}")
+            check(ok, f"{name} must be {type_name(hint)}, got {value!r}")
             setattr(self, name, converted)
         self.validate()
 
