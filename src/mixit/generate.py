@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 
 from mixit.errors import UsageError
 from mixit.models import Transformer
-from mixit.resources import activation_bytes, check_memory, model_bytes
+from mixit.resources import check_memory, inference_parts
 from mixit.run import Run
 from mixit.runtime import resolve_device
 
@@ -131,12 +131,5 @@ def check_sampling_memory(run: Run, num_samples: int, device: str) -> None:
     """Refuse to sample `num_samples` rows from `run` on `device` if they cannot fit in its memory."""
     # The model reads at most n_ctx tokens at a time: num_samples rows of n_ctx, without gradients.
     model = run.config.model
-    check_memory(
-        "sampling",
-        {
-            "the model": model_bytes(model),
-            f"{num_samples} rows of activations": activation_bytes(model, num_samples, model.n_ctx, backward=False),
-        },
-        resolve_device(device),
-        "lower num_samples",
-    )
+    parts = inference_parts(model, num_samples, f"{num_samples} rows of activations")
+    check_memory("sampling", parts, resolve_device(device), "lower num_samples")

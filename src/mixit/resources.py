@@ -75,3 +75,9 @@ def check_memory(what: str, parts: Mapping[str, int], device: torch.device | str
         f"{what} needs about {need / GIB:.1f} GiB ({detail}) but {free / GIB:.1f} GiB of memory is "
         f"available on {device}; the largest part is {largest}" + (f"; {hint}" if hint else "")
     )
+
+
+def inference_parts(cfg: ModelConfig, rows: int, label: str) -> dict[str, int]:
+    """The memory a forward pass without gradients over `rows` sequences of n_ctx tokens needs, by part
+    (`label` names the rows in a refusal), for `check_memory`."""
+    return {"the model": model_bytes(cfg), label: activation_bytes(cfg, rows, cfg.n_ctx, backward=False)}

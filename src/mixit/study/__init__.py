@@ -162,8 +162,9 @@ class ReproduceOptions:
 
 
 def reproduce(options: ReproduceOptions) -> dict[str, Any]:
-    """Run the paper's comparison (or a study file), resuming what an earlier call left, then write the report:
-    ``reproduce(ReproduceOptions(preset="smoke", out=Path("runs/smoke")))``."""
+    """Run the paper's comparison (or a study file), resuming what an earlier call left, then write the report.
+
+    From Python: ``reproduce(ReproduceOptions(preset="smoke", out=Path("runs/smoke")))``."""
     if options.list:
         return {"listing": list_studies(options.seeds)}
     seeds = options.seeds

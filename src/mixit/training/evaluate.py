@@ -12,7 +12,7 @@ from torch import nn
 from mixit.config import check
 from mixit.distributed import Dist, all_sum, gather
 from mixit.precision import Precision
-from mixit.resources import activation_bytes, check_memory, model_bytes
+from mixit.resources import check_memory, inference_parts
 from mixit.run import Run
 from mixit.runtime import resolve_device
 from mixit.tasks import Batch, ParamCounts, Task
@@ -74,15 +74,8 @@ def evaluate_run(run_dir: Path, device: str = "auto", batch_size: int = 1000) ->
     check(batch_size > 0, f"batch_size must be a positive integer, got {batch_size}")
     run = Run.open(run_dir)
     model_cfg = run.config.model
-    check_memory(
-        "evaluating",
-        {
-            "the model": model_bytes(model_cfg),
-            f"a batch of {batch_size}": activation_bytes(model_cfg, batch_size, model_cfg.n_ctx, backward=False),
-        },
-        resolve_device(device),
-        "lower --batch-size",
-    )
+    parts = inference_parts(model_cfg, batch_size, f"a batch of {batch_size}")
+    check_memory("evaluating", parts, resolve_device(device), "lower --batch-size")
     loaded = run.load(device)
     # The frozen parts are frozen again, so bits per trainable parameter count what training could change.
     metrics = evaluate(loaded.model, loaded.task, next(loaded.model.parameters()).device, batch_size)
