@@ -5,6 +5,7 @@ writes; bad distributed settings are refused with one line."""
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,8 +39,11 @@ ARGS = [
     "--no-progress",
 ]
 
+JOB = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}
+"""The environment torchrun gives rank 0 of a two-process job."""
 
-def torchrun(nproc, *args, **popen):
+
+def torchrun(nproc, *args, cwd=None, **popen):
     cmd = [
         sys.executable,
         "-m",
@@ -51,8 +55,10 @@ def torchrun(nproc, *args, **popen):
         *args,
     ]
     if popen:
-        return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+        return subprocess.Popen(
+            cmd, env=ENV, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+        )
+    return subprocess.run(cmd, env=ENV, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def cmdline(pid):
@@ -165,8 +171,9 @@ def test_killed_on_two_ranks_and_resumed_on_one(tmp_path):
 
 def test_distributed_settings_are_refused_with_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    for name, value in JOB.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("WORLD_SIZE", "3")
-    monkeypatch.setenv("RANK", "0")
     assert main([*ARGS, "--steps", "5", "--out", "x"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == ("mixit train: error: batch_size 32 must be divisible by the world size 3 x grad_accum 1 = 3")
@@ -194,3 +201,65 @@ def test_mixed_precision_trains_and_resumes(tmp_path):
     assert state["scaler"] and "scale" in state["scaler"]  # the gradient scale is checkpointed
     summary = json.loads((tmp_path / "fp16" / "summary.json").read_text())
     assert 0 < summary["test"]["loss"] < 10
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [(["--bogus", "1"], "unrecognized arguments: --bogus 1"), (["--n-heads", "3"], "n_heads must divide d_model")],
+)
+def test_under_torchrun_bad_input_is_refused_by_every_rank_and_said_once(tmp_path, bad, message):
+    proc = torchrun(2, *ARGS, "--steps", "5", *bad, cwd=tmp_path)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("mixit train: error:")]
+    assert len(said) == 1 and message in said[0], proc.stderr[-3000:]
+    # No traceback from mixit: the one in the output is torchrun's own report of the failed ranks.
+    assert not re.search(r'File ".*/mixit/', proc.stderr), proc.stderr[-3000:]
+    # torchrun's report: every rank exited with status 2 (rank 0 first, the other once torchrun stopped it).
+    assert re.findall(r"rank\s*: (\d) \(local_rank: \d\)\s*exitcode\s*: (-?\d+)", proc.stderr) in (
+        [("0", "2"), ("1", "2")],
+        [("1", "2"), ("0", "2")],
+    ), proc.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+ENVIRONMENTS = [
+    # (the variables set, the message), for `mixit train` with valid options unless the case adds some
+    ({"WORLD_SIZE": "abc"}, "environment variable WORLD_SIZE must be an integer >= 1, got 'abc'"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "variables LOCAL_RANK, MASTER_ADDR and MASTER_PORT not set, but RANK and"),
+    ({"RANK": "1", "WORLD_SIZE": "2"}, "variables LOCAL_RANK, MASTER_ADDR and MASTER_PORT not set"),
+    ({"LOCAL_RANK": "0"}, "variables RANK and WORLD_SIZE not set, but LOCAL_RANK is"),
+    ({**JOB, "RANK": "2"}, "environment variable RANK must be an integer in [0, 1], got '2'"),
+    ({**JOB, "RANK": "1", "LOCAL_RANK": "x"}, "environment variable LOCAL_RANK must be an integer >= 0, got 'x'"),
+    ({**JOB, "WORLD_SIZE": "0"}, "environment variable WORLD_SIZE must be an integer >= 1, got '0'"),
+    ({**JOB, "MASTER_PORT": "70000"}, "environment variable MASTER_PORT must be an integer in [1, 65535]"),
+    ({**JOB, "MASTER_ADDR": " "}, "environment variable MASTER_ADDR not set"),
+]
+
+
+@pytest.mark.parametrize("extra", [[], ["--n-heads", "3"], ["--bogus", "1"]])
+@pytest.mark.parametrize("variables, message", ENVIRONMENTS)
+def test_a_bad_distributed_environment_is_said_by_every_rank(variables, message, extra, tmp_path, monkeypatch, capsys):
+    """Before any option is looked at, and even by a rank other than 0: there may be no rank 0 to say it."""
+    monkeypatch.chdir(tmp_path)
+    for name in JOB:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert main([*ARGS, "--steps", "5", *extra]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("mixit train: error: ") and message in err and "(torchrun sets RANK, WORLD_SIZE" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("extra", [["--n-heads", "3"], ["--bogus", "1"], ["--steps", "0"]])
+def test_in_a_sound_environment_a_rank_other_than_0_refuses_silently(extra, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name, value in {**JOB, "RANK": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert main([*ARGS, *extra]) == 2
+    assert capsys.readouterr().err == ""  # rank 0 says it
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert main([*ARGS, *extra]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []

@@ -44,8 +44,13 @@ TINY = [
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+def snapshot(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every file's bytes, and every file's and directory's modification time, under `root` (itself included):
+    a refused command changes none of them, lock files included."""
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+        for p in [root, *sorted(root.rglob("*"))]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +120,17 @@ def tampered(trained, tmp_path, how):
         shutil.rmtree(run / "checkpoints")
     elif how == "analysis_file":
         (run / "analysis").write_text("mine")
+    elif how == "state_garbage":
+        (ckpt / "state.json").write_text("{not json")
+    elif how in ("state_step_text", "state_step_other"):
+        data = json.loads((ckpt / "state.json").read_text())
+        data["step"] = "6" if how == "state_step_text" else 1000000000000
+        (ckpt / "state.json").write_text(json.dumps(data))
+    elif how == "metrics_step_text":
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        lines[1] = json.dumps({**json.loads(lines[1]), "step": "x"})
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        (run / "summary.json").unlink()
     elif how == "metrics_middle_garbage":
         lines = (run / "metrics.jsonl").read_text().splitlines()
         lines.insert(2, "garbage{")
@@ -289,6 +305,11 @@ RUN_CASES = [
     (["train", "--resume", "--out", "{run}", "--lr", "0.5"], None, "holds a different run"),
     (["train", "--resume", "--out", "{run}"], "config_bad_type", "bias must be true or false"),
     (["train", "--resume", "--out", "{run}"], "metrics_middle_garbage", "metrics.jsonl is corrupt at line 3"),
+    (["train", "--resume", "--out", "{run}"], "metrics_step_text", "metrics.jsonl is corrupt at line 2"),
+    (["train", "--resume", "--out", "{run}"], "state_garbage", "state.json is corrupt"),
+    (["train", "--resume", "--out", "{run}"], "state_step_text", "corrupt state.json (step '6'"),
+    (["train", "--resume", "--out", "{run}"], "state_step_other", "corrupt state.json (step 1000000000000"),
+    (["train", "--resume", "--out", "{run}"], "weights_truncated", "corrupt or unreadable"),
     (["train", "--out", "{run}", *TINY], None, "already holds a run"),
     (["train", "--config", "{run}/config.json", "--out", "{run}"], None, "already holds a run"),
     (["train", "--config", "{run}"], "config_bad_type", "bias must be true or false"),
@@ -370,6 +391,39 @@ def test_labels_must_be_integers_and_empty_texts_are_skipped_and_counted(tmp_pat
     csv_path.write_text("text,label\nfine,1\nalso fine,1.0\n" + "".join(f"text {i},0\n" for i in range(200)))
     data = load_labelled(str(csv_path))
     assert sorted(set(data.train.labels + data.test.labels)) == [0, 1]
+
+
+LABEL_BOUND = "'label' must hold integers in [0, 100,000)"
+
+
+@pytest.mark.parametrize(
+    "name, label",
+    [("huge.csv", "1000000000000"), ("huge.jsonl", 10**23), ("text.jsonl", "1e12"), ("negative.jsonl", -1)],
+)
+def test_labels_are_bounded_before_anything_is_allocated(name, label, tmp_path, monkeypatch, capsys):
+    """A label sizes the label counts and the classifier head: one of 10^12 once asked numpy for 7.28 TiB."""
+    monkeypatch.chdir(tmp_path)
+    rows = [*sentiment_rows(60), {"text": "odd one out", "label": label}]
+    if name.endswith(".csv"):
+        (tmp_path / name).write_text("text,label\n" + "".join(f"{r['text']},{r['label']}\n" for r in rows))
+    else:
+        write_jsonl(tmp_path / name, rows)
+    check_refused(
+        ["train", "--task", "sentiment", "-p", f"dataset={name}", "--steps", "1"], tmp_path, LABEL_BOUND, capsys
+    )
+
+
+def test_a_tokenizer_whose_ids_pass_its_size_is_refused(tmp_path, monkeypatch, capsys):
+    """Token ids index the embedding and size the token counts: an id past the vocabulary is refused on loading."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    monkeypatch.chdir(tmp_path)
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "the": 1, "cat": 4_000_000_000}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    (tmp_path / "tok.json").write_text(tok.to_str())
+    write_text_corpus(tmp_path / "corpus.txt", n_docs=40)
+    args = ["train", "--task", "lm", "-p", "corpus=corpus.txt", "-p", "tokenizer=tok.json", "--steps", "1"]
+    check_refused(args, tmp_path, "is corrupt: it holds token id 4,000,000,000", capsys)
 
 
 def test_local_files_leave_no_cache_behind_and_hub_copies_cache_under_mixit_cache(tmp_path, monkeypatch):
@@ -545,6 +599,7 @@ def test_killed_at_random_points_and_inside_checkpoint_writes_a_run_resumes_to_t
     for x, y in zip(a, b):
         assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
     assert metric_events(out) == metric_events(reference)
+    assert not [p for p in [*out.iterdir(), *(out / "checkpoints").iterdir()] if p.name.endswith(".tmp")]
     assert (
         json.loads((out / "summary.json").read_text())["test"]
         == json.loads((reference / "summary.json").read_text())["test"]
@@ -581,6 +636,47 @@ def test_a_torn_last_metrics_line_is_tolerated_on_resume(tmp_path, capsys):
     steps = [e["step"] for e in Run.open(tmp_path / "run").metrics() if e["event"] == "train"]
     assert steps == sorted(set(steps))
     assert sum(e["event"] == "freeze" for e in Run.open(tmp_path / "run").metrics()) == 1
+
+
+def test_a_resume_removes_what_killed_writes_left_and_a_refused_one_changes_nothing(tmp_path, monkeypatch, capsys):
+    cfg = run_config(
+        "addition",
+        "standard",
+        {"n_digits": 2},
+        d_model=16,
+        n_heads=2,
+        n_layers=1,
+        steps=10,
+        batch_size=8,
+        test_size=20,
+        checkpoint_every=5,
+    )
+
+    class Stop(Exception):
+        pass
+
+    def stop(step, loss):
+        if step == 7:
+            raise Stop
+
+    run = tmp_path / "run"
+    with pytest.raises(Stop):
+        train(cfg, run, progress=False, on_step=stop)
+    # What processes killed inside write_text and save_checkpoint leave, and a file of a live `mixit analyze`.
+    leftovers = [run / ".metrics.jsonl.4242.tmp", run / ".summary.json.4242.tmp", run / "checkpoints/.latest.4242.tmp"]
+    for path in leftovers:
+        path.write_text("half")
+    (run / "checkpoints" / "step_0000010.tmp").mkdir()
+    (run / "checkpoints" / "step_0000010.tmp" / "model.safetensors").write_bytes(b"half")
+    (run / "analysis").mkdir()
+    (run / "analysis" / ".head_scores.json.4343.tmp").write_text("being written")
+    monkeypatch.chdir(tmp_path)
+    check_refused(["train", "--resume", "--out", "run", "--lr", "0.5"], tmp_path, "holds a different run", capsys)
+    assert train(cfg, run, resume=True, progress=False)["steps"] == 10
+    assert not any(path.exists() for path in leftovers)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_0000010"]
+    assert (run / "analysis" / ".head_scores.json.4343.tmp").exists()
+    assert (run / ".lock").read_text() == f"{os.getpid()}\n"
 
 
 def test_checkpoint_pruning_keeps_what_is_not_mixits(tmp_path):

@@ -55,7 +55,7 @@ from mixit.analysis.signal import format_signal, signal_command
 from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
 from mixit.config import ModelConfig, TrainConfig, field_hints, type_name
-from mixit.distributed import env_world
+from mixit.distributed import BadEnvironment, Dist, env_world, refusal_said
 from mixit.errors import UsageError
 from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
 from mixit.generate import sample_run
@@ -388,6 +388,8 @@ class Command:
     """Makes its parser."""
     summary: str
     """Its line in ``mixit --help``."""
+    interrupted: str = "a run continues from its last checkpoint with --resume --out RUN_DIR"
+    """What its user can do after a Ctrl-C."""
 
 
 COMMANDS: dict[str, Command] = {
@@ -419,6 +421,7 @@ COMMANDS: dict[str, Command] = {
         cmd_reproduce,
         partial(command_parser, reproduce),
         "run the paper's comparison (or a study file) and write its report",
+        "the same command again resumes the study, each run from its last checkpoint",
     ),
     "report": Command(
         cmd_report, partial(command_parser, report), "write the report of a study from what has finished"
@@ -442,29 +445,43 @@ def build_parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    command = args[0] if args and args[0] in COMMANDS else None
+    try:
+        world = env_world()
+    except BadEnvironment as e:
+        if command == "train":  # said by every process: there may be no rank 0 to say it
+            print(f"mixit train: error: {e}", file=sys.stderr)
+            return 2
+        world = Dist()  # the other commands run in one process, which reads no distributed variables
     parser = build_parser()
     try:
         parsed = parser.parse_args(args, defaults=False).clone(with_meta=False).as_dict()  # no --model FILE path
     except SystemExit as e:  # --help and --version
         return int(e.code or 0)
     except ArgumentError as e:
-        command = args[0] if args and args[0] in COMMANDS else None
         where = parser._subcommands_action._name_parser_map[command] if command else parser  # type: ignore[union-attr]
-        print(f"mixit{' ' + command if command else ''}: error: {describe(e, where)}", file=sys.stderr)
-        return 2
+        return refuse(f"mixit{' ' + command if command else ''}: error: {describe(e, where)}", world)
     command = parsed["command"]
     tune_allocator()
     try:
         return COMMANDS[command].run(dict(parsed.get(command) or {}))
-    except UsageError as e:
-        if env_world().main:  # under torchrun every process refuses, and one says why
-            print(f"mixit {command}: error: {e}", file=sys.stderr)
+    except BadEnvironment as e:  # this process's own environment (its LOCAL_RANK names no GPU, say)
+        print(f"mixit {command}: error: {e}", file=sys.stderr)
         return 2
+    except UsageError as e:
+        return refuse(f"mixit {command}: error: {e}", world)
     except KeyboardInterrupt:
-        print(
-            "mixit: interrupted; a run continues from its last checkpoint with --resume --out RUN_DIR", file=sys.stderr
-        )
+        print(f"mixit {command}: interrupted; {COMMANDS[command].interrupted}", file=sys.stderr)
         return 130
+
+
+def refuse(message: str, world: Dist) -> int:
+    """Exit status 2 for a refusal, `message` printed by rank 0 alone: under torchrun every process refuses, one
+    says why, and the others exit once it has (`refusal_said`)."""
+    if world.main:
+        print(message, file=sys.stderr, flush=True)
+    refusal_said(world)
+    return 2
 
 
 def _entry() -> NoReturn:

@@ -6,14 +6,25 @@ picks the backend (nccl on GPUs, gloo on CPUs), binds each process to its
 GPU, and returns a `Dist`. Without those variables it returns the trivial
 single-process `Dist`, and every helper below is a no-op, so the training
 loop has one code path (docs/scaling.md).
+
+The environment is checked before anything else (`env_world`): RANK,
+WORLD_SIZE and LOCAL_RANK come together, as integers in range, and with more
+than one process MASTER_ADDR and MASTER_PORT too, or `BadEnvironment` says
+which variable is wrong; every process says it, since there may be no rank 0
+to. A refusal otherwise is said by rank 0 alone, and `refusal_said` keeps the
+other ranks alive until it has been said and rank 0 has exited: torchrun
+stops every process when the first one exits.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
+import signal
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as td
@@ -39,15 +50,59 @@ class Dist:
         return self.world_size > 1
 
 
-def env_world() -> Dist:
-    """The job as torchrun (or Slurm through submitit) describes it in the environment."""
+class BadEnvironment(UsageError):
+    """The distributed environment variables are malformed or incomplete: every process says so."""
+
+
+TORCHRUN_SETS = "torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for each process"
+MAX_PORT = 65535
+
+
+def _env_int(name: str, low: int, high: int | None = None) -> int:
+    """The integer in environment variable `name`, in [low, high] (no upper bound if `high` is None)."""
+    text = os.environ[name]
+    value: int | None
     try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
-        local = int(os.environ.get("LOCAL_RANK", "0"))
+        value = int(text)
     except ValueError:
-        raise UsageError("RANK, WORLD_SIZE and LOCAL_RANK must be integers (torchrun sets them)") from None
-    return Dist(rank, world, local)
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise BadEnvironment(
+            f"environment variable {name} must be an integer {allowed}, got {text!r} ({TORCHRUN_SETS})"
+        )
+    return value
+
+
+def _listed(names: list[str]) -> str:
+    """``A``, ``A and B``, ``A, B and C``."""
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+def env_world() -> Dist:
+    """The job as torchrun (or Slurm through submitit) describes it in the environment: one process when none
+    of RANK, WORLD_SIZE and LOCAL_RANK is set; else all three, integers in range, and with more than one
+    process also MASTER_ADDR and MASTER_PORT, where the processes meet. BadEnvironment names the first
+    variable that is wrong."""
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    given = [name for name in names if name in os.environ]
+    if not given:
+        return Dist()
+    for name in given:
+        _env_int(name, 1 if name == "WORLD_SIZE" else 0)
+    missing = [name for name in names if name not in given]
+    if "WORLD_SIZE" in given and int(os.environ["WORLD_SIZE"]) > 1:
+        missing += [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
+    if missing:
+        raise BadEnvironment(
+            f"environment variable{'s' * (len(missing) > 1)} {_listed(missing)} not set, "
+            f"but {_listed(given)} {'is' if len(given) == 1 else 'are'} ({TORCHRUN_SETS})"
+        )
+    world = _env_int("WORLD_SIZE", 1)
+    dist = Dist(_env_int("RANK", 0, world - 1), world, _env_int("LOCAL_RANK", 0, world - 1))
+    if dist.active:
+        _env_int("MASTER_PORT", 1, MAX_PORT)
+    return dist
 
 
 def setup(device: torch.device) -> tuple[Dist, torch.device]:
@@ -56,11 +111,54 @@ def setup(device: torch.device) -> tuple[Dist, torch.device]:
     if not dist.active:
         return dist, device
     if device.type == "cuda":
+        if dist.local_rank >= torch.cuda.device_count():
+            raise BadEnvironment(
+                f"environment variable LOCAL_RANK is {dist.local_rank}, but this machine has "
+                f"{torch.cuda.device_count()} GPU(s); start at most one process per GPU ({TORCHRUN_SETS})"
+            )
         device = torch.device("cuda", dist.local_rank)
         torch.cuda.set_device(device)
     if not td.is_initialized():
         td.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return dist, device
+
+
+REFUSAL_KEY = "mixit/refusal-said"
+REFUSAL_WAIT = datetime.timedelta(seconds=60)
+"""How long a rank other than 0 waits for rank 0 to say why the job is refused (rank 0 exiting ends it sooner)."""
+
+
+def refusal_said(dist: Dist) -> None:
+    """After a refusal, before exiting under torchrun: rank 0 has printed why, and posts that in torchrun's store;
+    another rank waits for the post, then for torchrun to stop it, and leaves with exit status 2 either way
+    (`_stopped_as_refused`). torchrun stops every process as soon as one exits, so rank 0 must exit first: else a
+    rank exiting before it could stop it before its line is out, or torchrun's SIGTERM end it with -15. Needs no
+    process group: the store is torchrun's own (TORCHELASTIC_USE_AGENT_STORE); elsewhere this does nothing."""
+    if not dist.active or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    key = f"{REFUSAL_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    try:
+        store = td.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=REFUSAL_WAIT
+        )
+        if dist.main:
+            store.set(key, "1")
+            return
+        store.wait([key])
+    except RuntimeError:  # the store is gone (torchrun is stopping the job) or rank 0 never refused: exit anyway
+        return
+    _stopped_as_refused()
+
+
+def _stopped_as_refused() -> None:
+    """Wait (at most REFUSAL_WAIT) for torchrun, which stops the job once rank 0 has exited, and exit with status
+    2 when its SIGTERM comes: the status of a refusal, which torchrun then reports for every rank."""
+
+    def refused(signum: int, frame: object) -> NoReturn:
+        raise SystemExit(2)
+
+    signal.signal(signal.SIGTERM, refused)
+    time.sleep(REFUSAL_WAIT.total_seconds())
 
 
 def teardown(dist: Dist) -> None:

@@ -3,17 +3,22 @@ and text writes, and JSON reads that fail with one clear line."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import re
 from pathlib import Path
 from typing import IO, Any
 
 from mixit.errors import UsageError
 
+TEMPORARY = re.compile(r"\..+\.[0-9]+\.tmp")
+"""The name of `write_text`'s temporary file, ``.NAME.PID.tmp``: one left behind was a killed write's."""
+
 
 def write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically: a temporary file beside it, flushed
+    """Write `text` to `path` atomically: a temporary file beside it (`TEMPORARY`), flushed
     to disk, then renamed over `path`, so a reader (or a crash) sees the old
     file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -41,6 +46,14 @@ def read_json(path: Path, what: str) -> Any:
         raise UsageError(f"{path} is corrupt ({what} is not valid JSON: {e})") from None
 
 
+def remove_temporary(directory: Path) -> None:
+    """Remove the temporary files that killed `write_text` calls left in `directory` (not below it). Only a
+    process holding the directory's lock may call this: another process's write may be under way."""
+    for path in Path(directory).iterdir():
+        if TEMPORARY.fullmatch(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
+
+
 def check_output_dir(path: Path, names: tuple[str, ...] = ()) -> None:
     """Refuse `path` as a directory to write `names` into, before any work: it
     must be a directory (or creatable as one), writable, and not already hold
@@ -56,19 +69,25 @@ def check_output_dir(path: Path, names: tuple[str, ...] = ()) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise UsageError(f"cannot create {path}: {existing} is not a directory")
-    # Try it: permission bits say nothing to root, and some filesystems refuse every write.
+    # Try it: permission bits say nothing to root, and some filesystems refuse every write. The directory's
+    # times are put back, so that a command refused later has changed nothing.
+    before = existing.stat()
     probe = existing / f".mixit-probe-{os.getpid()}"
     try:
         probe.touch()
         probe.unlink()
     except OSError as e:
         raise UsageError(f"cannot write to {path}: {existing} is not writable ({e.strerror})") from None
+    with contextlib.suppress(OSError):  # not this directory's owner: its times stay changed
+        os.utime(existing, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
 class DirectoryLock:
     """An exclusive lock on a directory: ``DIR/.lock``, an advisory ``flock`` that the
     kernel releases when the process ends, however it ends (no stale locks). The file
-    holds the holder's pid, which a refused process names."""
+    holds the pid of the holder that last changed the directory (`stamp`), which a
+    refused process names; taking the lock changes nothing, so a holder that finds
+    it must refuse (to resume a different run, say) leaves the directory as it was."""
 
     NAME = ".lock"
 
@@ -81,8 +100,10 @@ class DirectoryLock:
     def held(self) -> bool:
         return self._handle is not None
 
-    def acquire(self) -> None:
-        """Take the lock, or refuse with one line naming the holder's pid."""
+    def acquire(self, stamp: bool = True) -> None:
+        """Take the lock, or refuse with one line naming the holder's pid; `stamp` records this process's pid at
+        once (else `stamp` does, when the holder starts to change the directory). The lock file is created if
+        missing."""
         handle = open(self.path, "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -93,11 +114,18 @@ class DirectoryLock:
             raise UsageError(
                 f"{self.path.parent} is in use by another {self.what} (pid {holder}); wait for it to finish or stop it"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
         self._handle = handle
+        if stamp:
+            self.stamp()
+
+    def stamp(self) -> None:
+        """Record this process, which holds the lock, as the holder a refused process names."""
+        if self._handle is None:
+            raise RuntimeError(f"{self.path} is not held by this process")
+        self._handle.seek(0)
+        self._handle.truncate()
+        self._handle.write(f"{os.getpid()}\n")
+        self._handle.flush()
 
     def release(self) -> None:
         """Give the lock back (the file stays; it holds no state)."""

@@ -2,6 +2,7 @@
 
     RUN_DIR/
       .lock                held (flock) by the process training or resuming the run; holds its pid
+                           (written once the checks pass: a refused command changes nothing here)
       config.json          {"config": the RunConfig, "request" it was resolved from, "mixit_version", "git_commit"}
       metrics.jsonl        one JSON object per event: the freeze report, training losses, evaluations
       summary.json         final metrics (written when the run completes)
@@ -48,7 +49,7 @@ from torch import nn
 
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build, read_record, read_request_file, record
-from mixit.files import DirectoryLock, check_output_dir, read_json, write_json, write_text
+from mixit.files import DirectoryLock, check_output_dir, read_json, remove_temporary, write_json, write_text
 from mixit.models import Transformer
 from mixit.precision import Precision
 from mixit.runtime import resolve_device
@@ -206,9 +207,23 @@ class Run:
         return run
 
     # -- the lock ---------------------------------------------------------------------
-    def acquire(self) -> None:
-        """Take the run directory's exclusive lock (`mixit.files.DirectoryLock`), or refuse naming the holder."""
-        self._lock.acquire()
+    def acquire(self, stamp: bool = True) -> None:
+        """Take the run directory's exclusive lock (`mixit.files.DirectoryLock`), or refuse naming the holder.
+        Without `stamp` nothing is written until `begin`, so that checks that refuse leave the run as it was."""
+        self._lock.acquire(stamp)
+
+    def begin(self) -> None:
+        """The lock's holder starts to change the run (a resume whose checks passed): record its pid in the lock
+        file, and remove what killed writes left behind (`write_text`'s temporary files, a half-written
+        checkpoint directory). Their writers are gone: this process holds the lock, and `mixit analyze`,
+        which does not take it, writes under analysis/ only."""
+        self._lock.stamp()
+        for directory in (self.path, self.checkpoints_dir):
+            if directory.is_dir():
+                remove_temporary(directory)
+        if self.checkpoints_dir.is_dir():
+            for partial in self.checkpoints_dir.glob(f"{STEP_PREFIX}*.tmp"):
+                shutil.rmtree(partial, ignore_errors=True)
 
     def release(self) -> None:
         self._lock.release()
@@ -271,12 +286,15 @@ class Run:
             if not line.strip():
                 continue
             try:
-                events.append(json.loads(line))
+                event = json.loads(line)
             except json.JSONDecodeError:
                 if i == len(lines) - 1:
                     print(f"mixit: warning: {self.metrics_path}: ignoring a torn last line", file=sys.stderr)
                     continue
                 raise UsageError(f"{self.metrics_path} is corrupt at line {i + 1}") from None
+            if not isinstance(event, dict) or not _is_count(event.get("step")):
+                raise UsageError(f"{self.metrics_path} is corrupt at line {i + 1} (no integer step >= 0)")
+            events.append(event)
         return events
 
     def open_metrics(self, resume_step: int | None = None) -> MetricsLog:
@@ -355,9 +373,12 @@ class Run:
             optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optimizer"]))
             if precision is not None:
                 precision.load_state_dict(meta.get("scaler", {}))
-            return int(meta["step"])
+            step = meta["step"]
         except (KeyError, ValueError, TypeError) as e:
             raise UsageError(f"checkpoint {ckpt} has a corrupt optimizer state ({e})") from None
+        if not _is_count(step) or ckpt.name != f"{STEP_PREFIX}{step:07d}":
+            raise UsageError(f"checkpoint {ckpt} has a corrupt state.json (step {step!r}, not its own step)")
+        return step
 
     # -- summary ----------------------------------------------------------------------
     def write_summary(self, summary: dict[str, Any]) -> None:
@@ -485,6 +506,11 @@ class Analysis:
     def _write_json(self, name: str, data: dict[str, Any]) -> Path:
         write_json(self.path / name, data)
         return self.path / name
+
+
+def _is_count(value: Any) -> bool:
+    """Whether `value`, read from a run's file, is an integer >= 0 (a step)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -41,6 +41,7 @@ import os
 import re
 import socket
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -234,7 +235,7 @@ def _rows(table, spec: HubSpec, max_documents: int) -> TextSplit:
             raise UsageError(
                 f"{spec.repo}: expected a {spec.label_column!r} column, found {', '.join(table.column_names)}"
             )
-        labels = [int(v) for v in table[spec.label_column]]
+        labels = labels_of(table[spec.label_column], spec.repo)
     return _limit(TextSplit(texts, labels), max_documents)
 
 
@@ -363,22 +364,37 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
 
 
+MAX_CLASSES = 100_000
+"""Labels are class ids in [0, MAX_CLASSES): a label sizes the classifier head and the label counts, so a
+stray huge one is refused before anything is allocated."""
+
+
 def _label(value: Any) -> int:
-    """A class label: an integer, or a number or string that is exactly one; anything else raises ValueError."""
+    """A class label: an integer in [0, MAX_CLASSES), or a number or string that is exactly one; anything else
+    raises ValueError."""
     if isinstance(value, bool):
         raise ValueError(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
+    number: Any = value
     if isinstance(value, str):
         try:
             number = float(value)
         except ValueError:
             raise ValueError(value) from None
-        if number.is_integer():
-            return int(number)
+    if isinstance(number, float) and number.is_integer():
+        number = int(number)
+    if isinstance(number, int) and 0 <= number < MAX_CLASSES:
+        return number
     raise ValueError(value)
+
+
+def labels_of(values: Iterable[Any], where: str) -> list[int]:
+    """The class labels `values` (`_label`), or UsageError naming `where` and the first bad one."""
+    try:
+        return [_label(v) for v in values]
+    except ValueError as e:
+        raise UsageError(
+            f"{where}: 'label' must hold integers in [0, {MAX_CLASSES:,}) (class ids 0, 1, ...), found {e.args[0]!r}"
+        ) from None
 
 
 def _read_local(path: Path, labelled: bool) -> TextSplit:
@@ -413,10 +429,7 @@ def _read_local(path: Path, labelled: bool) -> TextSplit:
     texts = [r["text"] for r in kept]
     labels = None
     if labelled:
-        try:
-            labels = [_label(r["label"]) for r in kept]
-        except ValueError as e:
-            raise UsageError(f"{path}: 'label' must hold integers (0, 1, ...), found {e.args[0]!r}") from None
+        labels = labels_of((r["label"] for r in kept), str(path))
     return TextSplit(texts, labels, skipped=len(records) - len(kept))
 
 

@@ -88,9 +88,17 @@ class TextTokenizer:
                 f"a tokenizer.json file, or a directory holding one"
             )
         try:
-            return cls(Tokenizer.from_file(str(path)))
+            tok = cls(Tokenizer.from_file(str(path)))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
             raise UsageError(f"tokenizer {path} could not be read ({str(e).splitlines()[0][:200]})") from None
+        # Token ids index the embedding and the token counts: one beyond the vocabulary would size them.
+        top = max(tok._tok.get_vocab(with_added_tokens=True).values(), default=-1)
+        if top >= tok.vocab_size:
+            raise UsageError(
+                f"tokenizer {path} is corrupt: it holds token id {top:,} but has {tok.vocab_size:,} entries "
+                f"(ids must be 0 .. {tok.vocab_size - 1:,})"
+            )
+        return tok
 
 
 def check_bpe_vocab(vocab_size: int) -> None:

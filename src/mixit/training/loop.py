@@ -124,7 +124,7 @@ def _checked(
         if dist.main:
             run = Run.open(launch.run_dir) if launch.resume else None
             if run is not None:
-                run.acquire()  # before anything is read or rewritten: one process per run directory
+                run.acquire(stamp=False)  # before anything is read: one process per run; nothing written yet
                 run.check_same(cfg)
             else:
                 Run.check_new(launch.run_dir)
@@ -232,6 +232,7 @@ class Session:
         )
         if run is not None and self.launch.resume:
             self.conv.extend(run.metrics(), up_to=self.start)
+            run.begin()  # every check has passed: the first change to the resumed run
         if run is not None:
             self.log = run.open_metrics(resume_step=self.start if self.launch.resume else None)
             if not any(e.get("event") == "freeze" for e in run.metrics()):
