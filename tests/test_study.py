@@ -15,7 +15,7 @@ from mixit.cli import main
 from mixit.errors import UsageError
 from mixit.study import ReproduceOptions, paper_study, reproduce
 from mixit.study import executors as execute_module
-from mixit.study.executors import Pool, execute, state
+from mixit.study.executors import Pool, execute, state, write_study
 from mixit.study.report import write_report
 from mixit.study.spec import Study, grid, load_study_file, plan, run_id
 from mixit.study.tables import TABLES
@@ -116,7 +116,10 @@ def test_done_runs_are_skipped_and_interrupted_ones_resumed(tmp_path):
     study = tiny_study()
     out = tmp_path / "study"
     (first, second) = plan(study.specs)
-    # An interrupted run: trained to step 4 (checkpointed), then stopped.
+    # A study killed while its first run trained: its study.json written, the run trained to step 4
+    # (checkpointed), then stopped. (A directory with runs but no study.json is not a study: refused.)
+    out.mkdir()
+    write_study(study, out, [first, second], search=True)
 
     class Stop(Exception):
         pass

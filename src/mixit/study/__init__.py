@@ -6,7 +6,8 @@
     mixit report STUDY_DIR                    # the report again, from whatever has finished
 
 `spec` (studies as data), `presets` (the scales), `search` (the search per
-architecture per task), `executors` (the study directory and the executors),
+architecture per task), `directory` (what a study directory may hold, and
+study.json's schema), `executors` (the study directory and the executors),
 `results` (what the report reads, and the verdicts), `tables` (one module per
 paper table), `paper` (the paper study from the tables), `report` (report.md,
 results.csv, checks.json, figures).

@@ -21,14 +21,22 @@ run that fails is recorded and does not stop the others.
 Executors (`Pool`): ``local`` (a process pool: `workers` processes of `threads` torch
 threads each), ``sequential`` (one after another, in this process),
 ``slurm`` (an array job through submitit) and ``submitit-local`` (the same
-code path on this machine, for tests).
+code path on this machine, for tests). A local pool's workers end with the
+study's process, however it ends (`die_with`), and a SIGINT to the study
+stops them (`_stop_pool`). What the study directory may hold before a study
+starts is `mixit.study.directory`'s.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import multiprocessing
 import os
+import shutil
+import signal
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -47,6 +55,7 @@ from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
 from mixit.run import Run
+from mixit.study.directory import check_out, check_same_study
 from mixit.study.search import Group, SearchPlan, apply, choose, plan_study
 from mixit.study.spec import PlannedRun, Study, merge_planned, plan
 from mixit.training.loop import train
@@ -97,24 +106,9 @@ def write_study(
         ],
         "runs": [p.to_dict() for p in planned],
     }
-    if path.exists():
-        old = read_json(path, "study.json")
-        if not isinstance(old, dict) or old.get("name") != study.name or old.get("fingerprint") != fingerprint:
-            raise UsageError(
-                f"{study_dir} holds another study ({old.get('name') if isinstance(old, dict) else '?'}, "
-                f"or the same one with other runs or another search); choose another output directory"
-            )
+    if path.exists():  # checked before the study started (`check_out`); again here, under the lock
+        check_same_study(study_dir, read_json(path, "study.json"), study.name, fingerprint)
     write_json(path, record)
-
-
-def load_study_record(study_dir: Path) -> dict[str, Any]:
-    path = Path(study_dir) / "study.json"
-    if not path.exists():
-        raise UsageError(f"{study_dir} holds no study (no study.json)")
-    data = read_json(path, "study.json")
-    if not isinstance(data, dict) or "runs" not in data:
-        raise UsageError(f"{path} is corrupt: no 'runs' entry")
-    return data
 
 
 def run_one(study_dir: str, run_id: str, config: dict[str, Any], analyze: bool, threads: int = 0) -> dict[str, Any]:
@@ -125,11 +119,12 @@ def run_one(study_dir: str, run_id: str, config: dict[str, Any], analyze: bool, 
     if threads:
         torch.set_num_threads(threads)
     _distributed_job()
-    main = env_world().main
     start = time.perf_counter()
     failed = Path(study_dir) / "failed" / f"{run_id}.json"
     run = Run(run_dir(Path(study_dir), run_id))
+    main = True  # until the environment says otherwise: a malformed one is this run's failure, recorded
     try:
+        main = env_world().main
         cfg = RunConfig.from_dict(config["config"])
         cfg.request = config["request"]
         got = run.state()
@@ -170,8 +165,61 @@ def _distributed_job() -> None:
         submitit.helpers.TorchDistributedEnvironment().export()
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, study_pid: int) -> None:
+    """Set up a worker of the local pool: its torch threads, how it is interrupted, and its end with the
+    study's process.
+
+    A Ctrl-C reaches every process of the terminal's group; a worker ignores it and is stopped by the
+    study instead (`_stop_pool`), so a SIGINT to the study alone stops its workers too, and a worker
+    is never interrupted twice."""
     torch.set_num_threads(threads)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _interrupt_worker)
+    die_with(study_pid)
+
+
+def _interrupt_worker(signum: int, frame: Any) -> None:
+    """A worker's SIGTERM: interrupt its run (once; a second SIGTERM ends it outright)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2)'s option: the signal the kernel sends this process when its parent ends (<linux/prctl.h>)."""
+
+
+def die_with(parent: int, interval: float = 1.0) -> None:
+    """End this process when `parent`, the study's process, ends, however it ends (a SIGKILL included),
+    so a worker never outlives its study: idle, holding its memory, and locking its run directory
+    against the study's resume.
+
+    On Linux the kernel kills it at once (prctl PR_SET_PDEATHSIG, SIGKILL: a run is safe to kill at
+    any moment, and resumes from its last checkpoint). Elsewhere a daemon thread polls the parent pid
+    every `interval` seconds and ends the process when it has changed (the orphan was re-parented)."""
+    if _parent_death_signal(signal.SIGKILL):
+        if os.getppid() != parent:  # the parent ended before the kernel was asked
+            os._exit(1)
+        return
+    watch = threading.Thread(target=_watch_parent, args=(parent, interval), name="mixit-parent-watch", daemon=True)
+    watch.start()
+
+
+def _parent_death_signal(sig: int) -> bool:
+    """Ask the Linux kernel to send `sig` to this process when its parent ends; False where it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int, interval: float) -> None:
+    """`die_with`'s portable fallback: end this process once its parent is no longer `parent`."""
+    while os.getppid() == parent:
+        time.sleep(interval)
+    os._exit(1)
 
 
 def default_pool(cores: int | None = None) -> tuple[int, int]:
@@ -202,6 +250,22 @@ class Pool:
             f"workers and threads must be >= 0 (0: chosen), got {self.workers}, {self.threads}",
         )
 
+    def check_available(self) -> None:
+        """Refuse an executor this machine cannot run, before the study writes anything: the submitit
+        executors without submitit, and slurm without Slurm (no sbatch, or no srun, which is what
+        submitit's own check looks for; submitit would otherwise run the study here, unasked)."""
+        if self.executor not in ("slurm", "submitit-local"):
+            return
+        try:
+            import submitit
+        except ImportError:
+            raise UsageError(f"--executor {self.executor} needs submitit: pip install 'mixit[slurm]'") from None
+        if self.executor == "slurm" and (shutil.which("sbatch") is None or submitit.SlurmExecutor.affinity() <= 0):
+            raise UsageError(
+                "--executor slurm needs Slurm, and this machine has none (no sbatch or srun on PATH); "
+                "use --executor local (a process pool here) or --executor submitit-local"
+            )
+
     def sized(self) -> Pool:
         """This pool with workers and threads left at 0 chosen by `default_pool`."""
         workers, threads = default_pool()
@@ -225,11 +289,14 @@ def execute(
     """
     pool = (pool or Pool()).sized()
     study_dir = Path(study_dir)
-    check_output_dir(study_dir)
     planned = plan_study(study, search)
     first = merge_planned(planned.plain, list(planned.screens.values()))
     # The searched cells with each of their candidates resolved too, so a bad one is refused at once.
     plan(apply(spec, combination) for g in planned.groups for spec in g.specs for combination in g.combinations)
+    # Everything that can refuse reads only, and comes before the first write (the probe of writability).
+    check_out(study_dir, study.name, study.fingerprint(search))
+    pool.check_available()
+    check_output_dir(study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)
     lock = DirectoryLock(study_dir, "mixit study")
     lock.acquire()
@@ -303,15 +370,42 @@ def _run_phase(
         for job in jobs:
             record(run_one(*job, threads=pool.threads if pool.executor == "local" else 0))
     elif pool.executor == "local":
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(
-            pool.workers, mp_context=context, initializer=_init_worker, initargs=(pool.threads,)
-        ) as executor:
-            futures = [executor.submit(run_one, *job) for job in jobs]
-            for future in concurrent.futures.as_completed(futures):
-                record(future.result())
+        _local_pool(jobs, pool, record)
     else:
         _submitit(pool.executor, study_dir, jobs, pool.slurm, record)
+
+
+def _local_pool(jobs: list[tuple[Any, ...]], pool: Pool, record: Callable[[dict[str, Any]], None]) -> None:
+    """Run `jobs` on a process pool of `pool.workers` workers, each of which ends with this process (`die_with`).
+
+    Interrupted (Ctrl-C, or a SIGINT to this process alone), it stops its workers (`_stop_pool`) and drops
+    the runs not started, rather than waiting for them: each run resumes from its last checkpoint next time."""
+    context = multiprocessing.get_context("spawn")
+    executor = concurrent.futures.ProcessPoolExecutor(
+        pool.workers, mp_context=context, initializer=_init_worker, initargs=(pool.threads, os.getpid())
+    )
+    try:
+        futures = [executor.submit(run_one, *job) for job in jobs]
+        for future in concurrent.futures.as_completed(futures):
+            record(future.result())
+    except BaseException:
+        _stop_pool(executor)
+        raise
+    executor.shutdown(wait=True)
+
+
+def _stop_pool(executor: concurrent.futures.ProcessPoolExecutor, grace: float = 30.0) -> None:
+    """Stop `executor`'s workers: SIGTERM, which each turns into a KeyboardInterrupt of its run so it exits
+    as after a Ctrl-C (its files closed, nothing leaked), then SIGKILL for one still there after `grace` s."""
+    workers = list((getattr(executor, "_processes", None) or {}).values())
+    for worker in workers:
+        worker.terminate()
+    executor.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        worker.join(grace)
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
 
 
 def _submitit(
@@ -322,12 +416,14 @@ def _submitit(
     record: Callable[[dict[str, Any]], None],
 ) -> None:
     """Run `jobs` as one submitit array job: on Slurm, or with submitit's local executor."""
-    try:
-        import submitit
-    except ImportError:
-        raise UsageError("the slurm executors need submitit: pip install 'mixit[slurm]'") from None
+    import submitit  # there: `Pool.check_available`
+
     folder = study_dir / "slurm"
-    ex: Any = submitit.LocalExecutor(folder) if executor == "submitit-local" else submitit.AutoExecutor(folder)
+    ex: Any = (
+        submitit.LocalExecutor(folder)
+        if executor == "submitit-local"
+        else submitit.AutoExecutor(folder, cluster="slurm")  # never its silent fallback to this machine
+    )
     if executor == "slurm":
         # One task per GPU: a run with several GPUs trains data-parallel across them (docs/scaling.md).
         slurm = {**slurm, "tasks_per_node": max(1, int(slurm.get("gpus_per_node", 0) or 1))}

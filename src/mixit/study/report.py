@@ -15,7 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from mixit.files import write_text
+from mixit.files import check_output_dir, write_text
+from mixit.study.directory import check_report_paths
 from mixit.study.results import (
     Check,
     Result,
@@ -29,6 +30,9 @@ from mixit.study.results import (
 )
 from mixit.study.tables import TABLES
 from mixit.version import __version__, git_commit
+
+STATES = ("done", "failed", "damaged", "interrupted", "new")
+"""The states of a run in the report (`mixit.study.results.Result.state`)."""
 
 SEARCH_LABELS = ("table", "task", "variant", "cell", "group", "seed")
 """The labels of a screening run that are not its candidate settings."""
@@ -99,6 +103,39 @@ def selection(r: Result) -> str:
     return f"{name} {100 * value:.1f}%" if "acc" in name else f"{name} {value:.3f}"
 
 
+def damaged_runs(results: list[Result]) -> list[str]:
+    """The report's section on runs that finished but whose files cannot be read (empty: none)."""
+    damaged = [r for r in results if r.state == "damaged"]
+    if not damaged:
+        return []
+    return [
+        "These runs finished, but a file of theirs cannot be read, so the checks that need them read n/a. "
+        "Remove such a run's directory (runs/<id>) and run the study again to train it anew.",
+        "",
+        *[f"- `{r.id}`: {r.error}" for r in damaged],
+    ]
+
+
+def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
+    """The report's title and its first paragraph: the preset, the runs and their states, and how to read it."""
+    record, screened = study.record, len(study.screens)
+    damaged = f"{counts['damaged']} damaged, " if counts["damaged"] else ""
+    return [
+        f"# {record['name']}: the paper's comparison",
+        "",
+        f"Preset `{record.get('preset')}`, {record.get('seeds')} seed(s) per cell (mean ± sample standard "
+        f"deviation over seeds where there are several); {len(study.results)} runs"
+        + (f" ({screened} of them screening runs of the search)" if screened else "")
+        + f": {counts['done']} done, {counts['failed']} failed, {damaged}{counts['interrupted'] + counts['new']} not "
+        f"finished. Made by mixit {__version__} at commit {git_commit()}; each run's config.json names its own. "
+        "The paper's numbers are from arXiv 2506.01115 v3, at the paper's scales; ours are at the preset's. "
+        "A finding is judged in each seed: PASS if it holds in every one, FAIL if not, UNDECIDED if an input "
+        "run had not converged (or what the finding presupposes did not happen), n/a if an input run is "
+        "missing, failed or damaged.",
+        "",
+    ]
+
+
 def write_report(study_dir: Path) -> dict[str, Any]:
     """Write report.md, results.csv, checks.json and figures/ for the study in `study_dir`; return the
     checks and counts.
@@ -108,24 +145,12 @@ def write_report(study_dir: Path) -> dict[str, Any]:
     """
     study_dir = Path(study_dir)
     study = collect(study_dir)
+    check_report_paths(study_dir)
+    check_output_dir(study_dir)
     study.figures.mkdir(exist_ok=True)
-    record, results = study.record, study.results
-    counts = {s: sum(r.state == s for r in results) for s in ("done", "failed", "interrupted", "new")}
-    screened = len(study.screens)
-    lines = [
-        f"# {record['name']}: the paper's comparison",
-        "",
-        f"Preset `{record.get('preset')}`, {record.get('seeds')} seed(s) per cell (mean ± sample standard "
-        f"deviation over seeds where there are several); {len(results)} runs"
-        + (f" ({screened} of them screening runs of the search)" if screened else "")
-        + f": {counts['done']} done, {counts['failed']} failed, {counts['interrupted'] + counts['new']} not "
-        f"finished. Made by mixit {__version__} at commit {git_commit()}; each run's config.json names its own. "
-        "The paper's numbers are from arXiv 2506.01115 v3, at the paper's scales; ours are at the preset's. "
-        "A finding is judged in each seed: PASS if it holds in every one, FAIL if not, UNDECIDED if an input "
-        "run had not converged (or what the finding presupposes did not happen), n/a if an input run is "
-        "missing or failed.",
-        "",
-    ]
+    results = study.results
+    counts = {s: sum(r.state == s for r in results) for s in STATES}
+    lines = header(study, counts)
     checks = [check(study) for table in TABLES for check in table.checks]
     lines += ["## The paper's findings, checked", "", *checks_table(checks)]
 
@@ -143,6 +168,7 @@ def write_report(study_dir: Path) -> dict[str, Any]:
         "Failed runs",
         [f"- `{r.id}` ({', '.join(f'{k}={v}' for k, v in r.labels[0].items())}): {r.error}" for r in failed],
     )
+    section("Damaged runs", damaged_runs(results))
     lines.append("")
     write_text(study_dir / "report.md", "\n".join(lines))
     write_text(study_dir / "results.csv", results_csv(results))
@@ -156,6 +182,7 @@ def format_checks(result: dict[str, Any]) -> str:
     counts = result["counts"]
     lines.append(
         f"runs: {counts['done']} done, {counts['failed']} failed, "
-        f"{counts['interrupted'] + counts['new']} not finished; report: {result['report']}"
+        + (f"{counts['damaged']} damaged (see the report), " if counts.get("damaged") else "")
+        + f"{counts['interrupted'] + counts['new']} not finished; report: {result['report']}"
     )
     return "\n".join(lines)

@@ -26,7 +26,8 @@ from mixit.analysis.report import summarize
 from mixit.errors import UsageError
 from mixit.files import read_json
 from mixit.run import Run
-from mixit.study.executors import extra_result, load_study_record, run_dir, state
+from mixit.study.directory import failure_record, load_study_record
+from mixit.study.executors import extra_result, run_dir, state
 
 HEADLINE = {  # task -> (column name, metric key, scale): the accuracy a task is judged by
     "addition": ("accuracy", "token_acc", 100),
@@ -61,7 +62,9 @@ class Result:
     id: str
     labels: list[dict[str, Any]]
     config: dict[str, Any]
-    state: str  # done, failed, interrupted or new (`mixit.study.executors.state`)
+    state: str
+    """done, failed, interrupted or new (`mixit.study.executors.state`), or damaged: finished, but a file
+    of it cannot be read (`error` says which and why)."""
     test: dict[str, float]
     val: dict[str, float] = field(default_factory=dict)
     """Validation metrics at the end of training (summary.json "val")."""
@@ -107,7 +110,10 @@ class StudyResults:
 
 
 def collect(study_dir: Path) -> StudyResults:
-    """The study's record, every run's results (what exists of them) and the extras' signal.json files."""
+    """The study's record, every run's results (what exists of them) and the extras' signal.json files.
+
+    A damaged study (study.json, a failure record, an extra's result) is refused in one line; a damaged
+    run is a result of its own, in state "damaged" (`_result`)."""
     study_dir = Path(study_dir)
     record = load_study_record(study_dir)
     results = [_result(study_dir, entry) for entry in record["runs"]]
@@ -116,11 +122,17 @@ def collect(study_dir: Path) -> StudyResults:
         path = extra_result(study_dir, name)
         if path.exists():
             signals[name] = read_json(path, f"{name}/{path.name}")
+            if not isinstance(signals[name], dict):
+                raise UsageError(f"{path} is damaged: not a JSON object")
     return StudyResults(results, signals, record, study_dir)
 
 
 def _result(study_dir: Path, entry: dict[str, Any]) -> Result:
-    """The run of study.json's `entry`, with what it has written so far."""
+    """The run of study.json's `entry`, with what it has written so far.
+
+    A finished run whose files cannot be read (a corrupt summary.json, metrics.jsonl or analysis) is
+    "damaged", its error saying which file and why: the report shows it beside the others rather than
+    refusing the study for one run (docs/reliability.md, "Studies and reports")."""
     run = Run(run_dir(study_dir, entry["id"]))
     r = Result(
         entry["id"],
@@ -133,16 +145,43 @@ def _result(study_dir: Path, entry: dict[str, Any]) -> Result:
         run=run,
     )
     if r.state == "done":
-        run = Run.open(run.path)
-        summary = run.summary() or {}
-        r.test, r.val = summary.get("test", {}), summary.get("val", {})
-        r.convergence, r.seconds = summary.get("convergence"), summary.get("train_seconds_this_session")
-        _, key, scale = headline(entry["config"]["task"])
-        r.curve = [(e["step"], scale * e[key]) for e in run.metrics() if e.get("event") == "eval" and key in e]
-        r.heads = _heads(run)
+        try:
+            _read_finished(r, entry["config"]["task"])
+        except UsageError as e:
+            r.state, r.error = "damaged", str(e)
+            r.test, r.val, r.convergence, r.seconds, r.curve, r.heads = {}, {}, None, None, [], None
     elif r.state == "failed":
-        r.error = read_json(study_dir / "failed" / f"{entry['id']}.json", "a failure record").get("error")
+        r.error = failure_record(study_dir, entry["id"])["error"]
     return r
+
+
+def _read_finished(r: Result, task: str) -> None:
+    """Fill `r` from its finished run's summary, metrics and analysis; UsageError if one is damaged."""
+    assert r.run is not None
+    run = Run.open(r.run.path)
+    summary = run.summary() or {}
+    r.test, r.val = _metrics(summary, "test", run), _metrics(summary, "val", run)
+    r.convergence, r.seconds = summary.get("convergence"), summary.get("train_seconds_this_session")
+    if r.convergence is not None and not isinstance(r.convergence, dict):
+        raise UsageError(f"{run.summary_path} is damaged: its 'convergence' is not an object")
+    _, key, scale = headline(task)
+    evals = [e for e in run.metrics() if isinstance(e, dict) and e.get("event") == "eval" and key in e]
+    if not all(isinstance(e.get("step"), int) and _is_number(e[key]) for e in evals):
+        raise UsageError(f"{run.metrics_path} is damaged: an eval event without a step or a number for {key}")
+    r.curve = [(e["step"], scale * e[key]) for e in evals]
+    r.heads = _heads(run)
+
+
+def _metrics(summary: dict[str, Any], split: str, run: Run) -> dict[str, float]:
+    """summary.json's metrics of `split` (test or val); UsageError unless an object of names to numbers."""
+    found = summary.get(split, {})
+    if not isinstance(found, dict) or not all(_is_number(v) for v in found.values()):
+        raise UsageError(f"{run.summary_path} is damaged: its {split!r} metrics are not numbers by name")
+    return found
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _heads(run: Run) -> dict[str, Any] | None:

@@ -256,6 +256,8 @@ def load_study_file(path: Path, seeds: int | None = None) -> Study:
         data = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UsageError(f"study file {path} does not exist") from None
+    except OSError as e:  # a directory, a file it may not read, ...
+        raise UsageError(f"study file {path} is not a readable file ({e.strerror or type(e).__name__})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"study file {path} cannot be parsed: {' '.join(str(e).split())}") from None
     allowed = ("name", "description", "seeds", "base", "grid", "analyze", "search", "screen_fraction")

@@ -1,0 +1,236 @@
+"""Studies and reports under bad input and killed processes (docs/reliability.md, "Studies and reports"):
+every refusal is one line on stderr, exit status 2, no traceback, and leaves every byte and mtime of the
+study directory as it was; a study's pool workers never outlive it."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mixit.cli import main
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+STUDY_FILE = """
+name = "{name}"
+[base]
+task = "addition"
+task_params = {{n_digits = 2}}
+model = {{d_model = 16, n_heads = 2, n_layers = 1}}
+train = {{steps = {steps}, batch_size = 16, checkpoint_every = {every}}}
+test_size = 40
+[grid]
+variant = ["standard", "mixit"]
+"""
+TRAIN = ["--task", "addition", "-p", "n_digits=2", "--d-model", "16", "--n-heads", "2", "--n-layers", "1"]
+
+
+def study_file(path: Path, name: str = "tiny", steps: int = 6, every: int = 2) -> Path:
+    path.write_text(STUDY_FILE.format(name=name, steps=steps, every=every))
+    return path
+
+
+def reproduce_args(study: Path, out: Path, *more: str) -> list[str]:
+    return ["reproduce", "--study", str(study), "--out", str(out), "--executor", "sequential", "--no-progress", *more]
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every file's bytes and every file's and directory's mtime under `root` (and root's own)."""
+    paths = [root, *sorted(root.rglob("*"))] if root.exists() else []
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns) for p in paths}
+
+
+def assert_refused(capsys, args: list[str], message: str, root: Path) -> None:
+    """`mixit ARGS` exits 2 with one line on stderr naming `message`, and changes nothing under `root`."""
+    before = snapshot(root)
+    time.sleep(0.01)  # an mtime written now would differ from the snapshot's
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (args, err)
+    assert snapshot(root) == before, args
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A tiny finished study (two runs, its report written), and its study file."""
+    root = tmp_path_factory.mktemp("study")
+    spec = study_file(root / "tiny.toml")
+    assert main(reproduce_args(spec, root / "study")) == 0
+    return root / "study", spec
+
+
+@pytest.fixture
+def study(finished, tmp_path):
+    """A copy of the finished study to damage, and its study file."""
+    shutil.copytree(finished[0], tmp_path / "study")
+    return tmp_path / "study", finished[1]
+
+
+def test_reproduce_refuses_an_output_directory_that_holds_something_else(study, tmp_path, capsys):
+    out, spec = study
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    (mine / "report.md").write_text("my report")
+    assert_refused(capsys, reproduce_args(spec, mine), f"{mine} holds files that are not a mixit study", mine)
+    run = tmp_path / "run"
+    assert main(["train", *TRAIN, "--steps", "2", "--test-size", "20", "--no-progress", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert_refused(capsys, reproduce_args(spec, run), f"{run} holds a mixit run, not a study", run)
+    other = study_file(tmp_path / "other.toml", name="other")
+    assert_refused(capsys, reproduce_args(other, out), f"{out} holds another study (tiny", out)
+    longer = study_file(tmp_path / "tiny.toml", steps=8)  # the same name, other runs
+    assert_refused(capsys, reproduce_args(longer, out), "holds another study", out)
+    # Accepted: this same study (resumed: nothing left to do), and an empty directory.
+    assert main(reproduce_args(spec, out)) == 0
+    assert "runs: 2 done" in capsys.readouterr().out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(reproduce_args(spec, empty)) == 0
+    (out / "study.json").write_text("[1, 2]")
+    assert_refused(capsys, reproduce_args(spec, out), "holds another study (?", out)
+
+
+def test_reproduce_refuses_a_study_path_that_is_not_a_readable_file(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert_refused(capsys, reproduce_args(tmp_path, out), f"study file {tmp_path} is not a readable file", tmp_path)
+    assert not out.exists()
+
+
+def test_reproduce_refuses_slurm_without_slurm(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("submitit")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch, no srun
+    spec = study_file(tmp_path / "tiny.toml")
+    args = ["reproduce", "--study", str(spec), "--out", str(tmp_path / "out"), "--executor", "slurm"]
+    message = "--executor slurm needs Slurm, and this machine has none"
+    assert_refused(capsys, args, message, tmp_path)
+    assert main(args) == 2 and "--executor local" in capsys.readouterr().err
+
+
+def damage(out: Path, how: str) -> None:
+    """Damage the study in `out` as `how` says."""
+    path = out / "study.json"
+    record = json.loads(path.read_text())
+    first = record["runs"][0]["id"]
+    if how == "entry_without_config":
+        del record["runs"][0]["config"]
+    elif how == "runs_not_a_list":
+        record["runs"] = {"a": 1}
+    elif how == "entry_id_a_path":
+        record["runs"][0]["id"] = "../../elsewhere"
+    elif how == "figures_a_file":
+        shutil.rmtree(out / "figures")
+        (out / "figures").write_text("mine")
+    elif how == "failure_record_a_list":
+        shutil.rmtree(out / "runs" / first)
+        (out / "failed").mkdir()
+        (out / "failed" / f"{first}.json").write_text("[]")
+    elif how == "report_a_directory":
+        (out / "results.csv").unlink()
+        (out / "results.csv").mkdir()
+    path.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("entry_without_config", "study.json is damaged: runs[0] has no 'config'"),
+        ("runs_not_a_list", "study.json is damaged: 'runs' is not a list but dict"),
+        ("entry_id_a_path", "study.json is damaged: runs[0] has an id that is not a run id"),
+        ("figures_a_file", "figures exists and is not a directory"),
+        ("failure_record_a_list", ".json is damaged: a failure record is a JSON object, not list"),
+        ("report_a_directory", "results.csv exists and is not a file"),
+    ],
+)
+def test_report_refuses_a_damaged_study_in_one_line(study, capsys, how, message):
+    out, _ = study
+    damage(out, how)
+    assert_refused(capsys, ["report", str(out)], message, out)
+
+
+def test_a_damaged_run_is_reported_as_damaged_and_the_rest_still_reported(study, capsys):
+    out, _ = study
+    record = json.loads((out / "study.json").read_text())
+    broken, intact = (entry["id"] for entry in record["runs"])
+    (out / "runs" / broken / "summary.json").write_text("{torn")
+    assert main(["report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "1 done, 0 failed, 1 damaged (see the report)" in printed
+    report = (out / "report.md").read_text()
+    assert "## Damaged runs" in report and f"`{broken}`: " in report and "summary.json is corrupt" in report
+    rows = {row.split(",")[0]: row for row in (out / "results.csv").read_text().splitlines()[1:]}
+    assert ",damaged," in rows[broken] and ",done," in rows[intact]
+
+
+def children(pid: int) -> list[int]:
+    """The pids of the processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Whether `pid` has ended (absent, or a zombie nobody has reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def start_pool_study(tmp_path: Path) -> tuple[subprocess.Popen, list[str], list[int]]:
+    """`mixit reproduce` on a pool of two workers, once both runs have a checkpoint: (process, args, workers)."""
+    spec = study_file(tmp_path / "tiny.toml", steps=200, every=10)
+    out = tmp_path / "study"
+    args = [sys.executable, "-m", "mixit.cli", *reproduce_args(spec, out)[:-2], "local", "--workers", "2"]
+    args.append("--no-progress")
+    proc = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((out / "runs").glob("*/checkpoints/latest"))) < 2:
+        time.sleep(0.1)
+    workers = [p for p in children(proc.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(workers) == 2 and not list((out / "runs").glob("*/summary.json")), "the runs ended too early"
+    return proc, args, workers
+
+
+def wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
+    """The pids of `pids` still running after up to `seconds`."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and not all(gone(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if not gone(p)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_studys_workers_die_with_it_and_its_runs_resume(tmp_path):
+    proc, args, workers = start_pool_study(tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    left = wait_gone(workers)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "pool workers outlived their study"
+    done = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "study"
+    assert not (out / "failed").exists()
+    for summary in (out / "runs").glob("*/summary.json"):
+        assert json.loads(summary.read_text())["resumed_from"] > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_sigint_to_the_study_alone_stops_its_workers_cleanly(tmp_path):
+    proc, _, workers = start_pool_study(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not wait_gone(workers, 5.0)
