@@ -48,6 +48,32 @@ def test_scores_of_hand_built_patterns():
     )
 
 
+def test_transformer_lens_convention_halves_a_perfect_induction_head():
+    """TransformerLens's detect_head divides by every query's attention, the first copy's included: a perfect
+    induction (or duplicate-token) head scores m / 2m there, 1.0 in mixit's convention."""
+    patterns = hand_patterns()
+    ours = score_patterns(patterns, M)
+    theirs = score_patterns(patterns, M, convention="transformer_lens")
+    assert ours["induction"][1].item() == pytest.approx(1.0) and ours["duplicate_token"][2].item() == pytest.approx(1.0)
+    assert theirs["induction"][1].item() == pytest.approx(0.5) and theirs["duplicate_token"][2].item() == pytest.approx(
+        0.5
+    )
+    assert theirs["previous_token"][0].item() == pytest.approx((2 * M - 1) / (2 * M))
+    # A head's scores differ only by what they are averaged over: the same targets, another denominator.
+    uniform_second_sum = sum(1 / (i + 1) for i in range(M, 2 * M))
+    assert theirs["induction"][3].item() == pytest.approx(uniform_second_sum / (2 * M))
+    with pytest.raises(ValueError, match="convention must be one of mixit, transformer_lens"):
+        score_patterns(patterns, M, convention="olsson")
+
+
+def test_head_scores_records_its_convention():
+    model = induction_model()
+    ours = head_scores(model, range(8), m=M, batch=8)
+    theirs = head_scores(model, range(8), m=M, batch=8, convention="transformer_lens")
+    assert ours["probe"]["convention"] == "mixit" and theirs["probe"]["convention"] == "transformer_lens"
+    assert theirs["induction"][1][0] == pytest.approx(ours["induction"][1][0] / 2, abs=1e-3)
+
+
 def test_repeated_sequences_are_two_copies_of_distinct_tokens():
     x = repeated_sequences(range(10, 30), m=8, batch=5, seed=1)
     assert x.shape == (5, 16)
@@ -175,8 +201,35 @@ def test_analyze_command_writes_every_artifact(variant, tmp_path, capsys):
     arrays = np.load(run / "analysis" / "attention.npz")
     n = 3 * 2 + 3  # a 2-digit addition example read by the model: its sequence without the last token
     assert arrays["patterns"].shape == (2, 2, n, n) and arrays["tokens"].shape == (n,)
+    names = "0 1 2 3 4 5 6 7 8 9 + = PAD".split()  # addition's inputs: digits, '+', '=' (then answer digits)
+    assert arrays["names"].tolist()[:6] == [names[t] for t in arrays["tokens"][:6]]
+    assert arrays["names"][2] == "+" and arrays["names"][5] == "="
     signal = json.loads((run / "analysis" / "signal.json").read_text())
     assert len(signal["trained"]["cosine"]) == 3  # embedding + 2 layers
+
+
+def test_analyze_over_time_scores_every_kept_checkpoint(tmp_path, capsys):
+    run = tmp_path / "run"
+    train = ["train", *TINY, "--steps", "12", "--checkpoint-every", "6", "--keep-checkpoints", "log"]
+    assert main([*train, "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(run), "--batch", "8", "--over-time"]) == 0
+    out = capsys.readouterr().out
+    steps = [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12]  # log_spaced_steps(12)
+    assert f"Over training ({len(steps)} checkpoints, steps 1-12): strongest induction score" in out
+    history = json.loads((run / "analysis" / "over_time.json").read_text())
+    assert history["steps"] == steps and history["metric"] == "exact_match"
+    assert len(history["test"]) == len(steps) and all("loss" in t for t in history["test"])
+    final = json.loads((run / "summary.json").read_text())["test"]
+    assert history["test"][-1]["exact_match"] == pytest.approx(final["exact_match"])
+    latest = json.loads((run / "analysis" / "head_scores.json").read_text())
+    for kind in ("previous_token", "induction", "duplicate_token"):
+        assert len(history["strongest"][kind]) == len(steps)
+        assert history["scores"][kind][-1] == latest[kind]  # the last checkpoint is the latest
+        best = history["strongest"][kind][-1]
+        assert best["score"] == max(max(row) for row in latest[kind])
+    assert (run / "analysis" / "over_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "over_time.json" in (run / "analysis" / "summary.md").read_text()
 
 
 @pytest.mark.parametrize(

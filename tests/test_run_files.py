@@ -33,6 +33,8 @@ RUN_FILES = {
     "fixed_patterns.png",
     "signal.json",
     "retrieval_by_pairs.json",
+    "over_time.json",
+    "over_time.png",
     "summary.md",
 }
 """The names in a run directory (`mixit.run`'s docstring)."""
@@ -42,6 +44,8 @@ ELSEWHERE = {
     ("text/tokenizer.py", "tokenizer.json"): "a task's own artifact, named by the task (tasks sit below run.py)",
     ("analysis/signal.py", "signal.json"): "the output of `mixit signal`, a directory of its own, not a run's",
     ("study/executors.py", "signal.json"): "a study's signal sweeps are `mixit signal` outputs (`extra_result`)",
+    ("training/loop.py", "latest"): "a value of `train`'s keep_checkpoints (keep only the newest checkpoint)",
+    ("study/executors.py", "latest"): "`train`'s keep_checkpoints for a run that is not analysed",
 }
 """(module, name) pairs that name something else that happens to share a run file's name, and why."""
 
@@ -90,7 +94,7 @@ def test_analysis_reads_what_it_wrote(tmp_path):
     analysis = run.analysis
     assert not run.analysed
     assert analysis.head_scores() is None and analysis.signal() is None
-    assert analysis.retrieval_by_pairs() is None and analysis.summary() is None
+    assert analysis.retrieval_by_pairs() is None and analysis.summary() is None and analysis.over_time() is None
     assert all(analysis.figure(f) is None for f in FIGURES)
     analysis.prepare()
     analysis.prepare()  # an analysis again rewrites the files
@@ -98,6 +102,9 @@ def test_analysis_reads_what_it_wrote(tmp_path):
     assert analysis.write_head_scores(scores).parent == run.analysis_dir
     analysis.write_signal({"trained": {"cosine": [0.1]}, "init": {"cosine": [0.2]}})
     analysis.write_retrieval_by_pairs({"3": {"accuracy": 1.0, "examples": 4}})
+    assert analysis.over_time() is None
+    analysis.write_over_time({"steps": [1, 2, 4]})
+    assert analysis.over_time() == {"steps": [1, 2, 4]}
     assert analysis.head_scores() == scores
     assert analysis.signal() == {"trained": {"cosine": [0.1]}, "init": {"cosine": [0.2]}}
     assert analysis.retrieval_by_pairs() == {"3": {"accuracy": 1.0, "examples": 4}}

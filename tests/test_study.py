@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mixit import resolve, run_config
+from mixit import Run, resolve, run_config
 from mixit.cli import main
 from mixit.errors import UsageError
 from mixit.study import ReproduceOptions, paper_study, reproduce
@@ -19,6 +19,7 @@ from mixit.study.executors import Pool, execute, state, write_study
 from mixit.study.report import write_report
 from mixit.study.spec import Study, grid, load_study_file, plan, run_id
 from mixit.study.tables import TABLES
+from mixit.training.loop import log_spaced_steps
 
 CHECKS = [check for table in TABLES for check in table.checks]
 
@@ -248,8 +249,19 @@ def test_the_smoke_preset_writes_the_whole_report(tmp_path):
         "pairs.png",
         "retrieval-by-pairs.png",
         "induction-frozen_qk-attention.png",
+        "induction-over-time-retrieval.png",
+        "induction-over-time-induction.png",
     ):
         assert (out / "figures" / figure).stat().st_size > 1000, figure
+    # Table 1's runs, analysed, keep log-spaced checkpoints and are analysed over them; the others keep one.
+    for planned in record["runs"]:
+        run = Run.open(out / "runs" / planned["id"])
+        if planned["analyze"]:
+            kept = [s for s in log_spaced_steps(run.config.train.steps) if s <= run.checkpoints()[-1]]
+            assert set(kept) <= set(run.checkpoints()) and len(kept) > 1, planned["id"]
+            assert run.analysis.over_time()["steps"] == run.checkpoints()
+        else:
+            assert len(run.checkpoints()) == 1 and run.analysis.over_time() is None
     again = write_report(out)  # the report can be written again from the study directory alone
     assert again["checks"] == checks
 

@@ -163,6 +163,40 @@ def test_every_task_meets_the_contract(name, text_params):
         assert not seen & (_examples(task, test) | _examples(task, val))
 
 
+@pytest.mark.parametrize("name", EVERY_TASK)
+def test_every_token_has_one_name(name, text_params):
+    task = _contract_task(name, text_params)
+    names = task.token_names()
+    assert len(names) == task.vocab_size and all(isinstance(n, str) and n for n in names)
+    if name != "modular_addition":  # (its tokens are numbers: the default)
+        assert names != [str(i) for i in range(task.vocab_size)]
+
+
+def test_token_names_by_hand():
+    def spelled(name, ids, **params):
+        names = small(name, **params).token_names()
+        return " ".join(names[i] for i in ids)
+
+    # 123 + 989 = 1112 (digits least-significant first), then stop: docs/tasks.md's example.
+    assert spelled("addition", [3, 2, 1, 10, 9, 8, 9, 11, 22, 21, 21, 21, 30, 12], n_digits=3) == (
+        "3 2 1 + 9 8 9 = 2' 1' 1' 1' stop PAD"
+    )
+    assert spelled("dyck", [1, 2, 1, 3, 1, 0]) == "( ) ( ? ( PAD"
+    # vocab 64, max_pairs 5: key j's marker is 32 + j, its query 37 + j.
+    assert spelled("retrieval", [35, 17, 32, 42, 37, 42, 0]) == "k3 17 k0 42 q0 42 PAD"
+    assert spelled("induction", [0, 3, 4]) == "0 3 NONE"
+    assert spelled("memorization", [5, 16 + 7, 9]) == "5 y7 9"
+    assert small("modular_addition").token_names() == [str(i) for i in range(23)]
+
+
+def test_a_text_tasks_token_names_are_its_tokens(text_params):
+    task = _contract_task("lm", text_params)
+    names, tok = task.token_names(), task.tokenizer
+    assert names[tok.eos_id] == "EOS" and names[tok.pad_id] == "PAD"
+    ids = tok.encode("the cat")
+    assert "".join(names[i] for i in ids) == tok.decode(ids)
+
+
 # -- the synthetic tasks -----------------------------------------------------------
 
 

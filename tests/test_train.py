@@ -1,5 +1,6 @@
 """Training: schedule, a short run that learns, checkpoints, exact resumption, run-directory guards."""
 
+import itertools
 import json
 import math
 
@@ -10,6 +11,7 @@ from safetensors.torch import load_file
 from mixit import Run, build, run_config, train
 from mixit.config import TrainConfig
 from mixit.errors import UsageError
+from mixit.training.loop import log_spaced_steps
 
 
 def tiny_cfg(**kw):
@@ -168,6 +170,93 @@ def test_resume_continues_from_saved_step_and_matches_uninterrupted_run(tmp_path
         if json.loads(line)["event"] == "train"
     ]
     assert steps_logged == sorted(set(steps_logged)) and steps_logged[-1] == steps  # no step logged twice
+
+
+def test_log_spaced_steps_by_hand():
+    assert log_spaced_steps(1) == [1]
+    assert log_spaced_steps(30) == [1, 2, 3, 4, 5, 6, 7, 9, 10, 12, 15, 18, 21, 25, 30]
+    long = log_spaced_steps(100_000)
+    assert len(long) == 20 and long[:4] == [1, 2, 3, 6] and long[-1] == 100_000
+    assert all(1.7 < b / a < 2.0 for a, b in itertools.pairwise(long[5:]))  # a constant ratio, 100000 ** (1/19)
+
+
+@pytest.mark.parametrize(
+    "keep, held",
+    [("latest", [30]), ("all", [10, 20, 30]), ("log", [1, 2, 3, 4, 5, 6, 7, 9, 10, 12, 15, 18, 21, 25, 30])],
+)
+def test_keep_checkpoints_keeps_what_it_says_and_changes_no_result(tmp_path, keep, held):
+    cfg = tiny_cfg(steps=30, checkpoint_every=10)
+    reference = train(cfg, tmp_path / "reference", progress=False)
+    summary = train(cfg, tmp_path / "run", progress=False, keep_checkpoints=keep)
+    run = Run.open(tmp_path / "run")
+    assert run.checkpoints() == held
+    assert run.latest_checkpoint() == run.checkpoint(30)
+    assert summary["test"] == reference["test"]
+    a, b = latest_weights(tmp_path / "reference"), latest_weights(tmp_path / "run")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == json.loads(
+        (tmp_path / "reference" / "config.json").read_text()
+    )
+
+
+def test_resume_keeps_what_was_kept_and_stays_exact(tmp_path):
+    """A log run killed at step 24 (just after the cadence's checkpoint 24, not a kept one) and resumed with
+    the default (latest) ends with the weights of an uninterrupted run and every log checkpoint."""
+    cfg = tiny_cfg(steps=30, checkpoint_every=4)
+    full = train(cfg, tmp_path / "full", progress=False, keep_checkpoints="log")
+
+    def stop(step, loss):
+        if step == 24:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(cfg, tmp_path / "cut", progress=False, keep_checkpoints="log", on_step=stop)
+    cut = Run.open(tmp_path / "cut")
+    assert cut.checkpoints() == [1, 2, 3, 4, 5, 6, 7, 9, 10, 12, 15, 18, 21, 24]  # 24: the newest, for resume
+    assert cut.latest_checkpoint() == cut.checkpoint(24)
+    before = {s: (cut.checkpoint(s) / "model.safetensors").read_bytes() for s in (1, 10, 21)}
+    resumed = train(cfg, tmp_path / "cut", resume=True, progress=False)
+    assert resumed["resumed_from"] == 24 and resumed["test"] == full["test"]
+    assert cut.checkpoints() == [1, 2, 3, 4, 5, 6, 7, 9, 10, 12, 15, 18, 21, 30]  # the session kept no new ones
+    assert all((cut.checkpoint(s) / "model.safetensors").read_bytes() == data for s, data in before.items())
+    a, b = latest_weights(tmp_path / "full"), latest_weights(tmp_path / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_load_a_kept_checkpoint(tmp_path):
+    cfg = tiny_cfg(steps=30, checkpoint_every=10)
+    train(cfg, tmp_path / "run", progress=False, keep_checkpoints="log")
+    run = Run.open(tmp_path / "run")
+    early, late, default = run.load("cpu", step=2), run.load("cpu", step=30), run.load("cpu")
+    assert early.checkpoint.name == "step_0000002" and default.checkpoint == late.checkpoint
+    x = early.task.test_batch().inputs[:8]
+    assert torch.equal(late.model.eval()(x), default.model.eval()(x))
+    assert not torch.equal(early.model.eval()(x), late.model(x))
+    with pytest.raises(UsageError, match=r"no checkpoint of step 8; it holds steps: 1, 2, 3, .*, 25, 30"):
+        run.load("cpu", step=8)
+
+
+def test_a_kept_checkpoint_is_never_removed_by_a_save(tmp_path):
+    cfg = tiny_cfg(steps=10, checkpoint_every=10)
+    train(cfg, tmp_path / "run", progress=False, keep_checkpoints="all")
+    run = Run.open(tmp_path / "run")
+    _, model, _ = build(cfg)
+    from mixit.training.optim import build_optimizer
+
+    optimizer = build_optimizer(model, cfg.train, torch.device("cpu"))
+    stray = run.checkpoint(10)
+    kept = (stray / "model.safetensors").read_bytes()
+    run.save_checkpoint(10, model, optimizer)  # a kept checkpoint of the same step is left as it is
+    assert (stray / "model.safetensors").read_bytes() == kept
+    run.save_checkpoint(11, model, optimizer)
+    run.save_checkpoint(12, model, optimizer)  # removes 11, not kept
+    assert run.checkpoints() == [10, 12] and run.latest_checkpoint() == run.checkpoint(12)
+
+
+def test_keep_checkpoints_is_refused_when_unknown(tmp_path):
+    with pytest.raises(UsageError, match="keep_checkpoints must be one of latest, all, log, got 'some'"):
+        train(tiny_cfg(), tmp_path / "run", progress=False, keep_checkpoints="some")
+    assert not (tmp_path / "run").exists()
 
 
 def test_guards_on_the_run_directory(tmp_path):

@@ -8,16 +8,17 @@
       summary.json         final metrics (written when the run completes)
       tokenizer.json       text tasks: the run's own tokenizer
       checkpoints/latest   the name of the newest complete checkpoint directory
-      checkpoints/step_0000500/
+      checkpoints/step_0000500/   the newest checkpoint, and those kept (`train`'s keep_checkpoints)
           model.safetensors       parameters and persistent buffers (MixiT matrices)
           optimizer.safetensors   AdamW moments, flattened
-          state.json              step and optimizer hyper-parameters
+          state.json              step, optimizer hyper-parameters, and whether the checkpoint is kept
       analysis/            written by `mixit analyze` (`Analysis`):
           head_scores.json / .png     head scores per layer and head, and the in-context gap
-          attention.npz / .png        every head's pattern on one input
+          attention.npz / .png        every head's pattern on one input, its tokens and their names
           fixed_patterns.npz / .png   the input-independent matrices (MixiT models only)
           signal.json                 token similarity after each layer, trained and at initialisation
           retrieval_by_pairs.json     retrieval runs only: test accuracy by the number of stored pairs
+          over_time.json / .png       with --over-time: head scores and test metrics at every checkpoint
           summary.md                  the findings in words; written last, so it marks a complete analysis
 
 Training, evaluation, analysis, sampling, resumption and studies all go
@@ -29,6 +30,10 @@ because tasks sit below this module and cannot import it. No pickle anywhere
 atomically; a checkpoint directory is complete, and flushed to disk, before
 ``latest`` points at it, so a run killed mid-write resumes from the previous
 checkpoint.
+
+Kept checkpoints: each checkpoint records in its state.json whether it is kept. Writing a checkpoint
+removes every other one that is not kept, so a run holds its kept checkpoints and its newest one, and
+nothing else; a kept checkpoint is never removed, whatever a later session (a resume) keeps.
 """
 
 from __future__ import annotations
@@ -66,9 +71,11 @@ STEP_PREFIX = "step_"
 HEAD_SCORES = "head_scores.json"
 SIGNAL = "signal.json"
 BY_PAIRS = "retrieval_by_pairs.json"
+OVER_TIME = "over_time.json"
 ANALYSIS_SUMMARY = "summary.md"
-FIGURES = ("head_scores", "attention", "fixed_patterns")
-"""The analysis's figures, by name: each drawn to NAME.png (and, but for head_scores, its arrays in NAME.npz)."""
+FIGURES = ("head_scores", "attention", "fixed_patterns", "over_time")
+"""The analysis's figures, by name: each drawn to NAME.png (attention and fixed_patterns: their arrays in NAME.npz;
+head_scores and over_time: their numbers in NAME.json)."""
 
 
 def _config_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
@@ -111,7 +118,8 @@ RunState = Literal["absent", "started", "done"]
 
 @dataclass
 class Loaded:
-    """A run's latest checkpoint, loaded: its config, task, model and checkpoint directory."""
+    """A run's checkpoint (the latest unless asked for another), loaded: its config, task, model and
+    checkpoint directory."""
 
     cfg: RunConfig
     task: Task
@@ -126,6 +134,7 @@ class Run:
         run = Run.create("runs/x", cfg)     # a new run: refuses a directory holding anything
         run = Run.open("runs/x")            # an existing run: refuses anything else
         loaded = run.load()                 # config, task and model at the latest checkpoint
+        run.checkpoints(), run.load(step=s) # the steps of the checkpoints held; the model at one of them
         run.state(), run.summary()          # absent, started or done; the final metrics
         run.analysis.head_scores()          # what `mixit analyze` wrote (`Analysis`; None if not written)
     """
@@ -308,33 +317,53 @@ class Run:
 
     # -- checkpoints ------------------------------------------------------------------
     def save_checkpoint(
-        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision | None = None
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        precision: Precision | None = None,
+        keep: bool = False,
     ) -> Path:
-        """Write checkpoint `step`, point `latest` at it, then delete mixit's older step directories."""
+        """Write checkpoint `step`, point `latest` at it, then remove every other checkpoint not kept.
+
+        With `keep`, the checkpoint records that it is kept: no later save removes it (module docstring).
+        A kept checkpoint of `step` already there (a session killed between writing it and pointing
+        `latest` at it, then resumed: resumption is bit-exact, so it holds what would be written) is
+        left as it is, so that no moment of the rewrite finds it missing."""
         root = self.checkpoints_dir
         root.mkdir(parents=True, exist_ok=True)
-        name = f"{STEP_PREFIX}{step:07d}"
-        final, tmp = root / name, root / (name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"))
-        opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
-        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-        scaler = precision.state_dict() if precision is not None else {}
-        write_json(tmp / "state.json", {"step": step, "optimizer": opt_meta, "scaler": scaler})
-        for file in ("model.safetensors", "optimizer.safetensors"):
-            with open(tmp / file, "rb") as f:
-                os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        write_text(root / LATEST, name + "\n")
+        final = self.checkpoint(step)
+        if not _is_kept(final):
+            tmp = root / (final.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            _write_checkpoint(tmp, step, model, optimizer, precision, keep)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        write_text(root / LATEST, final.name + "\n")
         _fsync_dir(root)
-        for old in root.iterdir():
-            if old.is_dir() and old.name.startswith(STEP_PREFIX) and old.name != name:
-                shutil.rmtree(old, ignore_errors=True)
+        for old in self.checkpoints():
+            path = self.checkpoint(old)
+            if path != final and not _is_kept(path):
+                shutil.rmtree(path, ignore_errors=True)
         return final
+
+    def checkpoints(self) -> list[int]:
+        """The steps of the complete checkpoints this run holds, in order: the kept ones and the newest.
+
+        (A checkpoint directory is complete once it has its own name: it is written under a temporary one.)"""
+        if not self.checkpoints_dir.is_dir():
+            return []
+        steps = []
+        for path in self.checkpoints_dir.iterdir():
+            digits = path.name.removeprefix(STEP_PREFIX)
+            if path.is_dir() and path.name.startswith(STEP_PREFIX) and digits.isdigit():
+                steps.append(int(digits))
+        return sorted(steps)
+
+    def checkpoint(self, step: int) -> Path:
+        """The directory of checkpoint `step` (which may not exist: `checkpoints` lists those that do)."""
+        return self.checkpoints_dir / f"{STEP_PREFIX}{step:07d}"
 
     def latest_checkpoint(self) -> Path | None:
         latest = self.checkpoints_dir / LATEST
@@ -394,16 +423,19 @@ class Run:
         return data
 
     # -- loading ----------------------------------------------------------------------
-    def load(self, device: str = "auto") -> Loaded:
-        """The config, the task (with the run's own tokenizer) and the model at
-        the latest checkpoint, on `device`."""
-        last = self.latest_checkpoint()
-        if last is None:
+    def load(self, device: str = "auto", step: int | None = None) -> Loaded:
+        """The config, the task (with the run's own tokenizer) and the model at checkpoint `step`
+        (default: the latest; `checkpoints` lists those held), on `device`."""
+        ckpt = self.latest_checkpoint() if step is None else self.checkpoint(step)
+        if ckpt is None:
             raise UsageError(f"{self.path} has no checkpoint yet")
+        if not ckpt.is_dir():
+            held = ", ".join(map(str, self.checkpoints())) or "none"
+            raise UsageError(f"{self.path} holds no checkpoint of step {step}; it holds steps: {held}")
         dev = resolve_device(device)
         task, model, _ = build(self.config, self.path)
-        self.load_model_state(model, last)
-        return Loaded(self.config, task, model.to(dev), last)
+        self.load_model_state(model, ckpt)
+        return Loaded(self.config, task, model.to(dev), ckpt)
 
 
 class MetricsLog:
@@ -467,6 +499,13 @@ class Analysis:
     def write_retrieval_by_pairs(self, by_pairs: dict[str, Any]) -> Path:
         return self._write_json(BY_PAIRS, by_pairs)
 
+    def over_time(self) -> dict[str, Any] | None:
+        """Head scores and test metrics at every checkpoint (`mixit.analysis.report.over_time`)."""
+        return self._read_json(OVER_TIME)
+
+    def write_over_time(self, over_time: dict[str, Any]) -> Path:
+        return self._write_json(OVER_TIME, over_time)
+
     def summary(self) -> str | None:
         """The findings in words (markdown)."""
         path = self.path / ANALYSIS_SUMMARY
@@ -511,6 +550,36 @@ class Analysis:
 def _is_count(value: Any) -> bool:
     """Whether `value`, read from a run's file, is an integer >= 0 (a step)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _write_checkpoint(
+    directory: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision | None,
+    keep: bool,
+) -> None:
+    """Write checkpoint `step` into the empty `directory` and flush it to disk."""
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"))
+    opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
+    save_file(opt_tensors, str(directory / "optimizer.safetensors"))
+    scaler = precision.state_dict() if precision is not None else {}
+    write_json(directory / "state.json", {"step": step, "optimizer": opt_meta, "scaler": scaler, "keep": keep})
+    for file in ("model.safetensors", "optimizer.safetensors"):
+        with open(directory / file, "rb") as f:
+            os.fsync(f.fileno())
+    _fsync_dir(directory)
+
+
+def _is_kept(checkpoint: Path) -> bool:
+    """Whether `checkpoint` records that it is kept (a state.json missing or unreadable: not kept)."""
+    try:
+        state = json.loads((checkpoint / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and state.get("keep") is True
 
 
 def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -11,7 +11,7 @@ has an input-independent pattern (MixiT) also expose it as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -110,4 +110,30 @@ def plot_score_tables(scores: dict[str, list[list[float]]], path: str | Path, ti
         ax.set_ylabel("layer")
     fig.colorbar(image, ax=axes, shrink=0.8, label="mean attention on target")
     fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=110)
+
+
+def plot_over_time(
+    steps: Sequence[int],
+    scores: Mapping[str, Sequence[float]],
+    metrics: Mapping[str, Sequence[float]],
+    title: str,
+    path: str | Path,
+) -> None:
+    """Score against training step on a log-scale x axis: one solid line per score kind (`scores`), one
+    dashed line per test metric (`metrics`), on one axis (all are fractions)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.subplots()
+    for name, values in scores.items():
+        ax.plot(steps, values, marker="o", markersize=3, label=name.replace("_", " "))
+    for name, values in metrics.items():
+        ax.plot(steps, values, linestyle="--", color="grey", label=name.replace("_", " "))
+    ax.set_xscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("strongest head's score")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
     fig.savefig(path, dpi=110)

@@ -9,9 +9,10 @@ token at position i is exactly i - m.
 
 Scores are read from each head's attention pattern A (B, H, T, T), taken through
 the model's one pattern hook, so softmax and MixiT heads are scored by the same
-code. Each score is the mean attention weight a query puts on one target key,
-following the head-detector definitions of TransformerLens and the
-prefix-matching score of Olsson et al. (2022):
+code. The targets are those of TransformerLens's head detector (`detect_head`)
+and of the prefix-matching score of Olsson et al. (2022); by default
+(convention "mixit") each score is the mean attention weight a query puts on its
+target key, over the queries that have one:
 
     previous_token[l, h]  = mean over b, i in [1, T)   of A[b, h, i, i - 1]
     induction[l, h]       = mean over b, i in [m, T)   of A[b, h, i, i - m + 1]
@@ -20,6 +21,20 @@ prefix-matching score of Olsson et al. (2022):
 For softmax heads each lies in [0, 1], 1 meaning all attention on the target.
 MixiT rows also sum to 1 but may hold negative weights, so its scores may be
 negative; they are still the weight the head gives the target.
+
+TransformerLens's convention (convention "transformer_lens", its ``detect_head``
+with error_measure "mul" and neither BOS nor the current token excluded) differs
+in the denominator: the attention on the targets is divided by the attention of
+every query, those with no target included (the first copy, where no induction
+or duplicate is possible), then averaged over the batch:
+
+    score[l, h] = mean over b of  sum over i of A[b, h, i, target(i)]  /  sum over i, j of A[b, h, i, j]
+
+The denominator is T when rows sum to 1, so a perfect induction or
+duplicate-token head scores m / 2m = 0.5 there (1.0 here), and a perfect
+previous-token head (T - 1) / T. The mixit convention reads 1.0 as "always on
+the target", whatever the probe length; the TransformerLens one is there to
+compare with numbers reported with that library.
 
 The behavioural score needs no pattern: next-token loss and accuracy on the
 first copy (positions 0..m-2, which cannot be predicted from context) against
@@ -33,13 +48,18 @@ measurement applies.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
 from mixit.models.hooks import capture_patterns
 from mixit.models.transformer import Transformer
+
+Convention = Literal["mixit", "transformer_lens"]
+"""How a head's attention on its targets becomes a score (module docstring)."""
+
+CONVENTIONS: tuple[str, ...] = get_args(Convention)
 
 
 def repeated_sequences(tokens: Sequence[int], m: int, batch: int, seed: int = 0) -> torch.Tensor:
@@ -53,28 +73,45 @@ def repeated_sequences(tokens: Sequence[int], m: int, batch: int, seed: int = 0)
     return torch.cat([r, r], dim=1)  # (batch, 2m)
 
 
-def score_patterns(pattern: torch.Tensor, m: int) -> dict[str, torch.Tensor]:
-    """The three scores of one layer's pattern (B, H, 2m, 2m) -> each (H,)."""
+def score_patterns(pattern: torch.Tensor, m: int, convention: Convention = "mixit") -> dict[str, torch.Tensor]:
+    """The three scores of one layer's pattern (B, H, 2m, 2m) -> each (H,), in `convention` (module docstring)."""
     T = pattern.shape[-1]  # pattern (B, H, 2m, 2m)
     if T != 2 * m:
         raise ValueError(f"pattern length {T} is not 2m = {2 * m}")
-    i = torch.arange(T)
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+    later = torch.arange(1, T)
     second = torch.arange(m, T)
-    return {
-        "previous_token": pattern[:, :, i[1:], i[1:] - 1].mean(dim=(0, 2)),
-        "induction": pattern[:, :, second, second - m + 1].mean(dim=(0, 2)),
-        "duplicate_token": pattern[:, :, second, second - m].mean(dim=(0, 2)),
+    targets = {
+        "previous_token": (later, later - 1),
+        "induction": (second, second - m + 1),
+        "duplicate_token": (second, second - m),
     }
+    scores = {}
+    for key, (queries, keys) in targets.items():
+        on_target = pattern[:, :, queries, keys]  # (B, H, number of queries with a target)
+        if convention == "mixit":
+            scores[key] = on_target.mean(dim=(0, 2))
+        else:
+            scores[key] = (on_target.sum(dim=2) / pattern.sum(dim=(2, 3))).mean(dim=0)
+    return scores
 
 
 @torch.no_grad()
 def head_scores(
-    model: Transformer, tokens: Sequence[int], m: int | None = None, batch: int = 64, seed: int = 0
+    model: Transformer,
+    tokens: Sequence[int],
+    m: int | None = None,
+    batch: int = 64,
+    seed: int = 0,
+    convention: Convention = "mixit",
 ) -> dict[str, Any]:
     """Per-layer, per-head scores and the in-context gap of `model` on repeated sequences.
 
     tokens: the token ids to draw probes from (a task's content tokens).
     m: length of each copy; default min(len(tokens), n_ctx // 2).
+    convention: "mixit" (a perfect head scores 1) or "transformer_lens" (its ``detect_head``; a perfect
+    induction head scores 0.5): module docstring.
     Returns lists of shape [n_layers][n_heads] under "previous_token",
     "induction" and "duplicate_token", plus "icl" (loss and accuracy on each
     copy and the gap; None for a classifier, which predicts no next tokens)
@@ -89,13 +126,13 @@ def head_scores(
         logits = model(x)  # (B, T, vocab)
     model.train(was_training)
     names = sorted(patterns, key=lambda n: int(n.split(".")[1]))  # blocks.<layer>.attn.hook_pattern
-    per_layer = [score_patterns(patterns[n].float().cpu(), m) for n in names]
+    per_layer = [score_patterns(patterns[n].float().cpu(), m, convention) for n in names]
     out: dict[str, Any] = {
         key: [s[key].tolist() for s in per_layer] for key in ("previous_token", "induction", "duplicate_token")
     }
     # A classifier has no next-token predictions to score: no behavioural gap.
     out["icl"] = icl_gap(logits.float().cpu(), x.cpu(), m) if logits.dim() == 3 else None
-    out["probe"] = {"m": m, "batch": batch, "seed": seed, "n_tokens": len(tokens)}
+    out["probe"] = {"m": m, "batch": batch, "seed": seed, "n_tokens": len(tokens), "convention": convention}
     return out
 
 

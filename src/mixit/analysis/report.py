@@ -2,15 +2,19 @@
 
     head_scores.json / .png     previous-token, induction, duplicate-token scores per layer and
                                 head, and the in-context gap on repeated random sequences
-    attention.npz / .png        every head's pattern on one input (a test example by default)
+    attention.npz / .png        every head's pattern on one input (a test example by default), its
+                                tokens, and their names (`Task.token_names`), which label the figure
     fixed_patterns.npz / .png   the input-independent matrices (MixiT models only)
     signal.json                 token similarity after each layer, trained and at initialisation
     retrieval_by_pairs.json     retrieval runs only: test accuracy by the number of stored pairs
                                 (the paper's Fig. 2)
+    over_time.json / .png       with over_time (--over-time): the head scores and the test metrics
+                                at every checkpoint the run holds, and the strongest head's score
+                                of each kind against step (train with --keep-checkpoints log)
     summary.md                  the strongest heads and the numbers above, in words
 
-The files are derived from the run's checkpoint and are rewritten by each
-`analyze`; nothing else in the run directory is touched.
+The files are derived from the run's checkpoints (the latest, and with over_time every one held)
+and are rewritten by each `analyze`; nothing else in the run directory is touched.
 """
 
 from __future__ import annotations
@@ -19,9 +23,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from mixit.analysis.attention_maps import attention_patterns, fixed_patterns, plot_pattern_grid, plot_score_tables
+from mixit.analysis.attention_maps import (
+    attention_patterns,
+    fixed_patterns,
+    plot_over_time,
+    plot_pattern_grid,
+    plot_score_tables,
+)
 from mixit.analysis.induction import head_scores, strongest
 from mixit.analysis.signal import token_similarity
 from mixit.config import ModelConfig, check
@@ -30,6 +41,11 @@ from mixit.experiment import build_model
 from mixit.models import Transformer
 from mixit.run import Analysis, Loaded, Run
 from mixit.tasks.base import Batch
+from mixit.training.evaluate import evaluate
+from mixit.training.loop import HEADLINE_METRICS
+
+SCORE_KINDS = ("previous_token", "induction", "duplicate_token")
+"""The head scores, by name (`mixit.analysis.induction.head_scores`)."""
 
 
 def analyze_run(
@@ -39,6 +55,7 @@ def analyze_run(
     tokens: Sequence[int] | None = None,
     batch: int = 64,
     seed: int = 0,
+    over_time: bool = False,
 ) -> dict[str, Any]:
     """Run every analysis on a run's latest checkpoint and write RUN_DIR/analysis/ (through `Run.analysis`).
 
@@ -52,6 +69,8 @@ def analyze_run(
         tokens: draw the attention maps of these token ids instead (comma-separated on the command line).
         batch: repeated random sequences for the head scores.
         seed: seed of those sequences.
+        over_time: also score the heads and evaluate the test set at every checkpoint the run holds
+            (over_time.json and .png; train with --keep-checkpoints log to keep about 20 of them).
     """
     check(batch > 0, f"batch must be a positive integer, got {batch}")
     run = Run.open(run_dir)
@@ -65,7 +84,7 @@ def analyze_run(
     scores = head_scores(loaded.model, loaded.task.analysis_tokens(), batch=batch, seed=seed)
     analysis.write_head_scores(scores)
     plot_score_tables(scores, analysis.figure_path("head_scores"), f"head scores: {name}")
-    has_fixed = write_patterns(analysis, loaded.model, x, name)
+    has_fixed = write_patterns(analysis, loaded.model, x, name, loaded.task.token_names())
     signal = write_signal(analysis, loaded, test_inputs[: min(len(test_inputs), batch)])
     files = []
     if loaded.cfg.task == "retrieval":  # the only task whose examples vary in how much they store
@@ -73,6 +92,10 @@ def analyze_run(
         files.append(analysis.write_retrieval_by_pairs(by_pairs).name)
 
     findings = summarize(scores, signal)
+    if over_time:
+        history = write_over_time(run, loaded, batch, seed)
+        findings["over_time"] = over_time_line(history)
+        files += [analysis.write_over_time(history).name, analysis.figure_path("over_time").name]
     text = render_summary(name, findings, has_fixed, files)
     analysis.write_summary(text)
     return {**findings, "summary": text, "out_dir": str(analysis.path)}
@@ -96,16 +119,15 @@ def pattern_input(
     return torch.as_tensor(list(tokens), dtype=torch.long)
 
 
-def write_patterns(analysis: Analysis, model: Transformer, x: torch.Tensor, name: str) -> bool:
-    """Save and draw every head's pattern on `x`, and a MixiT model's fixed matrices; whether it has them."""
+def write_patterns(
+    analysis: Analysis, model: Transformer, x: torch.Tensor, name: str, token_names: Sequence[str]
+) -> bool:
+    """Save and draw every head's pattern on `x` (its tokens labelled by `token_names`, the task's name of
+    each id), and a MixiT model's fixed matrices; whether it has them."""
     patterns = attention_patterns(model, x)
-    analysis.write_arrays("attention", patterns=patterns, tokens=x.numpy())
-    plot_pattern_grid(
-        patterns,
-        analysis.figure_path("attention"),
-        f"attention patterns: {name}",
-        labels=[str(t) for t in x.tolist()],
-    )
+    labels = [token_names[t] for t in x.tolist()]
+    analysis.write_arrays("attention", patterns=patterns, tokens=x.numpy(), names=np.array(labels, dtype=str))
+    plot_pattern_grid(patterns, analysis.figure_path("attention"), f"attention patterns: {name}", labels=labels)
     fixed = fixed_patterns(model)
     if fixed is None:
         return False
@@ -124,6 +146,64 @@ def write_signal(analysis: Analysis, loaded: Loaded, inputs: torch.Tensor) -> di
     }
     analysis.write_signal(signal)
     return signal
+
+
+def write_over_time(run: Run, loaded: Loaded, batch: int, seed: int) -> dict[str, Any]:
+    """Score the heads (`head_scores` with `batch` and `seed`) and evaluate the test set at every checkpoint
+    `run` holds, write over_time.json and draw over_time.png; returns what was written.
+
+    The model of `loaded` is loaded with each checkpoint in turn, and with its own again at the end."""
+    steps = run.checkpoints()
+    model, task = loaded.model, loaded.task
+    device = next(model.parameters()).device
+    records = []
+    for step in steps:
+        run.load_model_state(model, run.checkpoint(step))
+        scores = head_scores(model, task.analysis_tokens(), batch=batch, seed=seed)
+        test = evaluate(model, task, device, loaded.cfg.train.eval_batch_size)
+        records.append((scores, test))
+    run.load_model_state(model, loaded.checkpoint)
+    metric = next((m for m in HEADLINE_METRICS if m in records[-1][1]), "loss")
+    history: dict[str, Any] = {
+        "steps": steps,
+        "metric": metric,
+        "test": [test for _, test in records],
+        "strongest": {kind: [_strongest(s[kind]) for s, _ in records] for kind in SCORE_KINDS},
+        "scores": {kind: [s[kind] for s, _ in records] for kind in SCORE_KINDS},
+        "icl_gap": [None if s["icl"] is None else s["icl"]["loss_gap"] for s, _ in records],
+        "probe": records[-1][0]["probe"],
+    }
+    title = f"{loaded.cfg.task}/{loaded.cfg.variant} ({run.path.name}): strongest head against step"
+    curves = {kind: [h["score"] for h in history["strongest"][kind]] for kind in SCORE_KINDS}
+    plot_over_time(
+        steps,
+        curves,
+        {f"test {metric}": [t[metric] for t in history["test"]]},
+        title,
+        run.analysis.figure_path("over_time"),
+    )
+    return history
+
+
+def _strongest(table: list[list[float]]) -> dict[str, Any]:
+    layer, head, score = strongest(table)
+    return {"layer": layer, "head": head, "score": score}
+
+
+def over_time_line(history: dict[str, Any]) -> str:
+    """One line on how the strongest induction head and the test metric changed over the checkpoints."""
+    steps, metric = history["steps"], history["metric"]
+    induction = [h["score"] for h in history["strongest"]["induction"]]
+    test = [t[metric] for t in history["test"]]
+    line = (
+        f"Over training ({len(steps)} checkpoint{'s' if len(steps) != 1 else ''}, steps {steps[0]}-{steps[-1]}): "
+        f"strongest induction score {induction[0]:.3f} -> {induction[-1]:.3f}"
+    )
+    rises = [(induction[i] - induction[i - 1], i) for i in range(1, len(steps))]
+    rise, i = max(rises, default=(0.0, 0))
+    if round(rise, 3) > 0:  # where a phase change would show
+        line += f" (largest rise, {rise:+.3f}, between steps {steps[i - 1]} and {steps[i]})"
+    return line + f"; test {metric} {test[0]:.3f} -> {test[-1]:.3f}."
 
 
 @torch.no_grad()
@@ -197,6 +277,7 @@ def render_summary(name: str, f: dict[str, Any], has_fixed: bool, files: Sequenc
     lines += [
         f"- Mean cosine similarity between token representations after the last layer: "
         f"{f['final_cosine']['trained']:.3f} trained, {f['final_cosine']['init']:.3f} at initialisation.",
+        *([f"- {f['over_time']}"] if f.get("over_time") else []),
         "",
         "Files: head_scores.json/.png, attention.npz/.png"
         + (", fixed_patterns.npz/.png (the MixiT matrices)" if has_fixed else "")

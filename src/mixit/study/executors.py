@@ -58,7 +58,7 @@ from mixit.run import Run
 from mixit.study.directory import check_out, check_same_study
 from mixit.study.search import Group, SearchPlan, apply, choose, plan_study
 from mixit.study.spec import PlannedRun, Study, merge_planned, plan
-from mixit.training.loop import train
+from mixit.training.loop import KeepCheckpoints, train
 from mixit.version import __version__, git_commit
 
 Executor = Literal["local", "sequential", "slurm", "submitit-local"]
@@ -114,8 +114,10 @@ def write_study(
 def run_one(study_dir: str, run_id: str, config: dict[str, Any], analyze: bool, threads: int = 0) -> dict[str, Any]:
     """Train (or resume) one run of a study, analyse it if asked, and record a failure instead of raising.
 
-    Runs in a worker process (or a Slurm job): everything it needs comes as plain data, `config` as
-    {"config": the resolved config, "request": the request it was resolved from}."""
+    A run to be analysed keeps log-spaced checkpoints (`train`'s keep_checkpoints="log", which changes
+    neither its results nor its id) and is analysed over them (`analyze_run`'s over_time), so the report
+    can show when its heads form. Runs in a worker process (or a Slurm job): everything it needs comes
+    as plain data, `config` as {"config": the resolved config, "request": the request it was resolved from}."""
     if threads:
         torch.set_num_threads(threads)
     _distributed_job()
@@ -129,9 +131,10 @@ def run_one(study_dir: str, run_id: str, config: dict[str, Any], analyze: bool, 
         cfg.request = config["request"]
         got = run.state()
         if got != "done":
-            train(cfg, run.path, device="auto", resume=got == "started", progress=False)
+            keep: KeepCheckpoints = "log" if analyze else "latest"
+            train(cfg, run.path, device="auto", resume=got == "started", progress=False, keep_checkpoints=keep)
         if analyze and not run.analysed:
-            analyze_run(run.path, batch=32)
+            analyze_run(run.path, batch=32, over_time=True)
         if main:
             failed.unlink(missing_ok=True)
         return {"id": run_id, "state": "done", "seconds": time.perf_counter() - start}

@@ -74,6 +74,14 @@ class Addition(SequenceTask):
     def seq_len(self) -> int:
         return 3 * self.n_digits + 4
 
+    def token_names(self) -> list[str]:
+        """Input digits '0'-'9', '+', '=', 'PAD', answer digits primed ("0'"-"9'"), 'stop'; the unused ids
+        13-19 as numbers."""
+        names = [str(i) for i in range(VOCAB)]
+        names[PLUS], names[EQUALS], names[PAD], names[STOP] = "+", "=", "PAD", "stop"
+        names[OUT_DIGIT : OUT_DIGIT + 10] = [f"{d}'" for d in range(10)]
+        return names
+
     def sample(self, rng: np.random.Generator, n: int) -> Examples:
         d = self.n_digits
         # Operand digits, least-significant first; the most significant digit is

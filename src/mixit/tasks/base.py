@@ -130,7 +130,8 @@ class Task:
 
     Data: `train_batch` (batch number `step`, a function of (seed, step) only), `test_batch` and
     `val_batch` (the fixed test and validation sets). Scoring: `score` and `loss_metrics`. Shape facts:
-    `vocab_size`, `input_len`, `reference_len`, `model_defaults`, `describe`, `analysis_tokens`. And
+    `vocab_size`, `input_len`, `reference_len`, `model_defaults`, `describe`, `analysis_tokens`,
+    `token_names`. And
     `save_artifacts`, what a run directory must keep to rebuild the task.
 
     Constructing a task is cheap: it checks and stores the parameters, and the shape facts come from
@@ -198,6 +199,11 @@ class Task:
         """Token ids that probes of the trained model (repeated random sequences)
         draw from: the whole vocabulary unless a task says otherwise."""
         return range(self.vocab_size)
+
+    def token_names(self) -> list[str]:
+        """A readable name for each token id 0 .. vocab_size-1 ('+', '(', 'PAD', ...), for figures and
+        printouts; by default the ids themselves, as strings."""
+        return [str(i) for i in range(self.vocab_size)]
 
     # -- data -------------------------------------------------------------------
     def train_batch(self, step: int, batch_size: int) -> Batch:

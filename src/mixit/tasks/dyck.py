@@ -116,6 +116,12 @@ class Dyck(SequenceTask):
     def seq_len(self) -> int:
         return 2 * self.max_pairs + 3
 
+    def token_names(self) -> list[str]:
+        """'PAD', '(', ')', '?'."""
+        names = ["", "", "", ""]
+        names[PAD], names[OPEN], names[CLOSE], names[QUERY] = "PAD", "(", ")", "?"
+        return names
+
     def sample(self, rng: np.random.Generator, n: int) -> Examples:
         max_len = 2 * self.max_pairs
         cols = np.arange(max_len)[None, :]  # (1, max_len)

@@ -128,6 +128,10 @@ class Induction(SequenceTask):
         """Not in the reference code: the input length."""
         return self.length
 
+    def token_names(self) -> list[str]:
+        """The alphabet's tokens as their ids, and 'NONE' (an answer only)."""
+        return [str(i) for i in range(self.alphabet)] + ["NONE"]
+
     def analysis_tokens(self) -> range:
         """NONE is never an input token."""
         return range(self.alphabet)

@@ -73,6 +73,10 @@ class Memorization(FixedSplitTask):
     def seq_len(self) -> int:
         return 3
 
+    def token_names(self) -> list[str]:
+        """The first key x (and the label) as its id; the second key y, token n + y, as 'y<y>'."""
+        return [str(i) for i in range(self.n)] + [f"y{j}" for j in range(self.n)]
+
     def build_tables(self) -> Tables:
         """The kept part of the labelled n*n table, for training and test alike, and a fixed part of it."""
         n, seed = self.n, self.seed

@@ -69,6 +69,15 @@ class Retrieval(SequenceTask):
     def seq_len(self) -> int:
         return 2 * self.max_pairs + 3
 
+    def token_names(self) -> list[str]:
+        """'PAD'; values as their ids; key j's marker 'kj' and query 'qj'; the unused ids above as numbers."""
+        names = [str(i) for i in range(self.vocab)]
+        names[PAD] = "PAD"
+        half, k = self.vocab // 2, self.max_pairs
+        names[half : half + k] = [f"k{j}" for j in range(k)]
+        names[half + k : half + 2 * k] = [f"q{j}" for j in range(k)]
+        return names
+
     def sample(self, rng: np.random.Generator, n: int) -> Examples:
         max_pairs, half = self.max_pairs, self.vocab // 2
         k = rng.integers(1, max_pairs + 1, size=n)  # (n,) pairs per example

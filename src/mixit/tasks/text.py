@@ -188,6 +188,14 @@ class TextTask(Task):
         """Keep the tokenizer with the run (evaluation and sampling read it from there)."""
         self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
 
+    def token_names(self) -> list[str]:
+        """Each id's text as the tokenizer decodes it alone, with 'EOS' and 'PAD' (an id that decodes to
+        nothing: its number)."""
+        tok = self.tokenizer
+        names = [tok.decode([i]) or str(i) for i in range(self.vocab_size)]
+        names[tok.eos_id], names[tok.pad_id] = "EOS", "PAD"
+        return names
+
     def analysis_tokens(self) -> list[int]:
         """Probe sequences use ordinary tokens only (not EOS or PAD)."""
         specials = {self.tokenizer.eos_id, self.tokenizer.pad_id}

@@ -5,6 +5,18 @@ validation curve and optional early stopping on it (`mixit.training.convergence`
 metrics, checkpoints, and exact resumption (a training batch depends only on
 (data_seed, step), so a resumed run sees the batches it would have seen).
 
+Which checkpoints a run keeps is a choice of the session, not of the config (it changes no
+result and no run id): `keep_checkpoints`, one of `KEEP_CHECKPOINTS` (docs/analysis.md, "Over
+training"). Every mode writes a checkpoint every checkpoint_every steps and at the run's last
+step (the final one, or where early stopping stops it), and `latest` always names the newest:
+resumption starts there whatever is kept.
+
+    latest  keep only the newest checkpoint (each save removes the one before)
+    all     keep every checkpoint written
+    log     also write a checkpoint at each of `log_spaced_steps(steps)` (about 20 steps, from 1 to
+            the step budget, evenly spaced on a log scale), and keep those and the run's last one;
+            the cadence's other checkpoints serve resumption and are removed by the next save
+
 The same loop runs in one process or in several under torchrun
 (docs/scaling.md): every process builds the same model, takes its slice of
 the same global batch, and DistributedDataParallel sums their gradients;
@@ -19,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -40,6 +52,23 @@ from mixit.training.evaluate import evaluate
 from mixit.training.optim import build_optimizer
 from mixit.training.step import StepParts, accumulated_step
 
+KeepCheckpoints = Literal["latest", "all", "log"]
+"""Which checkpoints a run keeps (module docstring)."""
+
+KEEP_CHECKPOINTS: tuple[str, ...] = get_args(KeepCheckpoints)
+
+LOG_POINTS = 20
+"""How many log-spaced steps `keep_checkpoints="log"` aims at (fewer on short runs, where they round together)."""
+
+
+def log_spaced_steps(steps: int, points: int = LOG_POINTS) -> list[int]:
+    """`points` steps from 1 to `steps`, evenly spaced on a log scale (step = steps ** (i / (points - 1))),
+    rounded to integers, without repeats: log_spaced_steps(1000) = [1, 2, 3, 4, 6, 9, 13, 18, 26, 38, 55, 78,
+    113, 162, 234, 336, 483, 695, 1000]."""
+    if steps < 1:
+        return []
+    return sorted({round(steps ** (i / (points - 1))) for i in range(points)} | {steps})
+
 
 def train(
     cfg: RunConfig,
@@ -50,10 +79,13 @@ def train(
     compile: bool = False,
     allow_slow_dtype: bool = False,
     on_step: Callable[[int, float], None] | None = None,
+    keep_checkpoints: KeepCheckpoints = "latest",
 ) -> dict[str, Any]:
     """Train `cfg` into `run_dir` and return the summary (also written to summary.json).
 
     Under torchrun, every process calls this with the same arguments; rank 0 writes the run directory.
+    Why so many parameters: besides the config and the directory, they are the session's own options
+    (``mixit train``'s flags that change no result), each one flag.
 
     Args:
         cfg: the run's configuration (`mixit.run_config` or `mixit.experiment.resolve`).
@@ -64,7 +96,11 @@ def train(
         compile: torch.compile the training forward pass (evaluation and checkpoints use the same weights).
         allow_slow_dtype: accept bf16 on a CPU without fast bf16 matrix products (many times slower than fp32).
         on_step: called as on_step(step, loss) after each optimizer step (steps count from 1), on rank 0.
+        keep_checkpoints: which checkpoints to keep: latest (only the newest), all (every one written, every
+            checkpoint_every steps), log (also about 20 log-spaced steps, for `mixit analyze --over-time`).
     """
+    if keep_checkpoints not in KEEP_CHECKPOINTS:
+        raise UsageError(f"keep_checkpoints must be one of {', '.join(KEEP_CHECKPOINTS)}, got {keep_checkpoints!r}")
     dev = resolve_device(device)
     # Checks that need no other process come first, so that a bad option never waits for the others.
     if cfg.train.dtype == "bf16" and dev.type == "cpu" and not allow_slow_dtype and not fast_bf16():
@@ -75,7 +111,7 @@ def train(
     split(cfg.train.batch_size, env_world(), cfg.train.grad_accum)
     dist, dev = setup(dev)
     try:
-        launch = Launch(Path(run_dir), resume, progress and dist.main, compile, on_step)
+        launch = Launch(Path(run_dir), resume, progress and dist.main, compile, on_step, keep_checkpoints)
         return _train(cfg, launch, dist, dev)
     finally:
         teardown(dist)
@@ -94,6 +130,16 @@ class Launch:
     """torch.compile the training forward pass."""
     on_step: Callable[[int, float], None] | None
     """Called as on_step(step, loss) after each optimizer step, on rank 0."""
+    keep_checkpoints: KeepCheckpoints = "latest"
+    """Which checkpoints to keep (module docstring)."""
+
+    def checkpoint_at(self, step: int, steps: int, every: int, last: bool) -> tuple[bool, bool]:
+        """Whether to write a checkpoint after step `step` of `steps` (checkpoint_every `every`; `last`: the
+        run stops here), and whether to keep it."""
+        logged = self.keep_checkpoints == "log" and step in log_spaced_steps(steps)
+        write = step % every == 0 or step == steps or last or logged
+        keep = self.keep_checkpoints == "all" or logged or (self.keep_checkpoints == "log" and last)
+        return write, write and keep
 
 
 def _train(cfg: RunConfig, launch: Launch, dist: Dist, dev: torch.device) -> dict[str, Any]:
@@ -317,8 +363,9 @@ class Session:
             self.log_train(done, all_sum(share.item(), self.dist, dev), lr, bar)
         if done % eval_every == 0 or done == tc.steps:
             self.stopped = self.evaluation(done)
-        if self.run is not None and (done % checkpoint_every == 0 or done == tc.steps or self.stopped):
-            self.run.save_checkpoint(done, self.model, self.optimizer, self.precision)
+        write, keep = self.launch.checkpoint_at(done, tc.steps, checkpoint_every, self.stopped)
+        if self.run is not None and write:
+            self.run.save_checkpoint(done, self.model, self.optimizer, self.precision, keep)
         self.trained = done
         bar.update(1)
         if self.launch.on_step is not None and self.dist.main:
@@ -364,9 +411,13 @@ def slices(batch: Batch, dist: Dist, per_rank: int, accum: int) -> tuple[list[Ba
     return micro, int((batch.targets != IGNORE).sum())
 
 
+HEADLINE_METRICS = ("exact_match", "accuracy", "token_acc")
+"""The metrics a person reads first, in order of preference (`headline`)."""
+
+
 def headline(metrics: dict[str, float]) -> float:
     """The metric a person reads first: exact match, accuracy, or token accuracy."""
-    for key in ("exact_match", "accuracy", "token_acc"):
+    for key in HEADLINE_METRICS:
         if key in metrics:
             return metrics[key]
     return float("nan")

@@ -2,8 +2,10 @@
 
 The paper's finding: MixiT, whose attention cannot depend on the input, falls far below the standard
 model and frozen Q/K on both, and only models with trained or random queries and keys form an
-induction head. The retrieval runs are analysed (`mixit analyze`), which measures the head scores and
-the accuracy by number of stored pairs (the paper's Fig. 2) that the section shows.
+induction head. The runs are analysed (`mixit analyze`), which measures the head scores and the
+retrieval accuracy by number of stored pairs (the paper's Fig. 2) that the section shows; they keep
+log-spaced checkpoints and are analysed over them (`--over-time`), so the section also shows the
+strongest induction head's score against training step, per variant (when the head forms).
 """
 
 from __future__ import annotations
@@ -68,6 +70,15 @@ def section(study: StudyResults) -> list[str]:
             body += ["Head scores (`mixit analyze`, 1 = all attention on the target): " + "; ".join(heads) + ".", ""]
         if plot_curves(results, "table1", task, figures / f"curves-{task}.png"):
             body.append(f"![{task} curves](figures/curves-{task}.png)")
+        if plot_lines(
+            induction_over_time(study, task),
+            "training step",
+            "strongest induction head's score",
+            f"{task}: induction head score against step (seed 0)",
+            figures / f"induction-over-time-{task}.png",
+            log2=True,
+        ):
+            body.append(f"![{task} induction score over training](figures/induction-over-time-{task}.png)")
         for r, labels in rows(results, table="table1", task=task, seed=0):
             for figure in ("attention", "head_scores"):
                 src = r.run.analysis.figure(figure) if r.run else None
@@ -90,6 +101,18 @@ def section(study: StudyResults) -> list[str]:
     ):
         body.append("![retrieval by pairs](figures/retrieval-by-pairs.png)")
     return body
+
+
+def induction_over_time(study: StudyResults, task: str) -> dict[str, dict[Any, float]]:
+    """The strongest induction head's score at each kept checkpoint, {variant: {step: score}}, of the
+    seed-0 runs of `task` analysed over time (`mixit analyze --over-time`)."""
+    curves: dict[str, dict[Any, float]] = {}
+    for r, labels in rows(study.final, table="table1", task=task, seed=0):
+        history = r.run.analysis.over_time() if r.state == "done" and r.run else None
+        if history is not None:
+            scores = [h["score"] for h in history["strongest"]["induction"]]
+            curves[labels["variant"]] = dict(zip(history["steps"], scores))
+    return curves
 
 
 def check_retrieval_gap(study: StudyResults) -> Check:
