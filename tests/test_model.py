@@ -116,6 +116,71 @@ def test_pattern_hook_path_matches_fast_path(attention):
     assert not model.blocks[0].attn.hook_pattern.active  # hooks removed afterwards
 
 
+STREAM_HOOKS = ["hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post"]
+
+
+@pytest.mark.parametrize("attention", ["softmax", "mixing"])
+def test_run_with_cache_names_the_stream_as_transformer_lens_and_is_bit_identical(attention):
+    model = Transformer(tiny(attention)).eval()
+    x = torch.randint(0, 13, (2, 16), generator=torch.Generator().manual_seed(0))
+    residual = [n for n in model.run_with_cache(x)[1] if "pattern" not in n]
+    logits, cache = model.run_with_cache(x, names_filter=residual)  # no pattern: the fast attention path
+    assert torch.equal(logits, model(x))
+    positions = ["hook_pos_embed"] if attention == "mixing" else []
+    blocks = [f"blocks.{i}.{name}" for i in range(2) for name in STREAM_HOOKS]
+    assert list(cache) == ["hook_embed", *positions, *blocks, "ln_final.hook_normalized"]
+    assert all(not t.requires_grad and t.shape == (2, 16, 32) for t in cache.values())
+    # The stream adds up as the block says: resid_mid = resid_pre + attn_out, resid_post = resid_mid + mlp_out.
+    embed = cache["hook_embed"] + (cache["hook_pos_embed"] if positions else 0)
+    assert torch.equal(cache["blocks.0.hook_resid_pre"], embed)
+    for i in range(2):
+        c = {name: cache[f"blocks.{i}.{name}"] for name in STREAM_HOOKS}
+        assert torch.equal(c["hook_resid_mid"], c["hook_resid_pre"] + c["hook_attn_out"])
+        assert torch.equal(c["hook_resid_post"], c["hook_resid_mid"] + c["hook_mlp_out"])
+    assert torch.equal(cache["ln_final.hook_normalized"], model.norm_f(cache["blocks.1.hook_resid_post"]))
+    assert not any(hook.active for hook in model.modules() if hasattr(hook, "active"))  # hooks removed
+
+
+def test_run_with_cache_with_all_hook_points_includes_patterns_and_keeps_gradients():
+    model = Transformer(tiny())
+    x = torch.randint(0, 13, (2, 16), generator=torch.Generator().manual_seed(1))
+    logits, cache = model.run_with_cache(x)
+    torch.testing.assert_close(logits, model(x), atol=1e-5, rtol=1e-5)
+    assert cache["blocks.1.attn.hook_pattern"].shape == (2, 4, 16, 16)
+    assert logits.requires_grad
+    assert model.blocks[0].hook_resid_post.name == "blocks.0.hook_resid_post"
+
+
+def test_run_with_hooks_patches_an_activation():
+    model = Transformer(tiny("mixing")).eval()
+    x = torch.randint(0, 13, (2, 16), generator=torch.Generator().manual_seed(2))
+    seen = []
+
+    def zero_mlp(activation, hook):
+        seen.append(hook.name)
+        return torch.zeros_like(activation)
+
+    patched = model.run_with_hooks(x, fwd_hooks=[(lambda name: name.endswith("mlp_out"), zero_mlp)])
+    assert seen == ["blocks.0.hook_mlp_out", "blocks.1.hook_mlp_out"]
+    _, cache = model.run_with_cache(x)
+    # Without its MLPs the model is the embedding plus the attention outputs, each read from the stream before it.
+    h = cache["blocks.0.hook_resid_pre"]
+    for block in model.layers:
+        h = h + block.attn(block.norm1(h))
+    assert torch.equal(patched, model.lm_head(model.norm_f(h)))
+    assert not torch.equal(patched, model(x))
+    read_only = model.run_with_hooks(x, fwd_hooks=[("blocks.0.hook_resid_post", lambda activation, hook: None)])
+    assert torch.equal(read_only, model(x))
+
+
+def test_an_unknown_hook_point_is_refused_naming_the_hook_points():
+    model = Transformer(tiny())
+    x = torch.randint(0, 13, (1, 4))
+    with pytest.raises(UsageError, match=r"no hook point named 'blocks.0.hook_resid'; the model has: hook_embed, "):
+        model.run_with_cache(x, names_filter=["blocks.0.hook_resid"])
+    assert not any(hook.active for hook in model.modules() if hasattr(hook, "active"))
+
+
 @pytest.mark.parametrize("variant", ["standard", "frozen_qk"])
 def test_fused_projections_match_separate_ones_and_gradients_reach_the_right_weights(variant):
     """Q, K, V through one product (standard) or Q, K through one and V alone

@@ -101,6 +101,22 @@ def test_token_similarity_reads_the_stream_the_forward_pass_uses():
     assert s["cosine"][0] == pytest.approx(pairwise_stats(model.embed(tokens))["cosine"])
 
 
+@pytest.mark.parametrize("attention", ["softmax", "mixing"])
+def test_token_similarity_equals_running_the_blocks_by_hand(attention):
+    """The hook points give exactly the stream of embedding + positions, then each block in turn."""
+    model = Transformer(ModelConfig(vocab_size=16, n_ctx=8, d_model=16, n_heads=2, n_layers=3, attention=attention))
+    tokens = torch.randint(16, (2, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        h = model.embed(tokens)
+        if model.pos_embed is not None:
+            h = h + model.pos_embed.weight[:8]
+        streams = [h]
+        for block in model.layers:
+            streams.append(block(streams[-1]))
+    by_hand = [pairwise_stats(h) for h in streams]
+    assert token_similarity(model, tokens) == {k: [s[k] for s in by_hand] for k in ("cosine", "covariance", "norm")}
+
+
 def test_signal_propagation_shape_determinism_and_json():
     a = signal_propagation(["standard", "mixit", "random"], [1, 2], Probe(seeds=(0, 1), **TINY))
     b = signal_propagation(["standard", "mixit", "random"], [1, 2], Probe(seeds=(0, 1), **TINY))

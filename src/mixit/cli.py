@@ -1,4 +1,4 @@
-"""`mixit <command>`: train, eval, sample, analyze, signal, bench, reproduce, report, list.
+"""`mixit <command>`: train, eval, sample, analyze, signal, bench, reproduce, report, export, list.
 
 This module only parses and dispatches. jsonargparse generates every option
 from the one place it is declared, with its type, default and docstring: the
@@ -58,6 +58,7 @@ from mixit.config import ModelConfig, TrainConfig, field_hints, type_name
 from mixit.distributed import BadEnvironment, Dist, env_world, refusal_said
 from mixit.errors import UsageError
 from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
+from mixit.export import export_run
 from mixit.generate import sample_run
 from mixit.run import Run, load_request
 from mixit.runtime import tune_allocator
@@ -373,6 +374,11 @@ def cmd_report(args: Mapping[str, Any]) -> int:
     return 0
 
 
+def cmd_export(args: Mapping[str, Any]) -> int:
+    print(f"written to {call(export_run, args)}")
+    return 0
+
+
 def cmd_list(args: Mapping[str, Any]) -> int:
     print(call(catalogue_text, args))
     return 0
@@ -425,6 +431,11 @@ COMMANDS: dict[str, Command] = {
     ),
     "report": Command(
         cmd_report, partial(command_parser, report), "write the report of a study from what has finished"
+    ),
+    "export": Command(
+        cmd_export,
+        partial(command_parser, export_run),
+        "a run's model as a Hugging Face directory: a transformers Llama (--to hf) or for from_pretrained (--to hub)",
     ),
     "list": Command(cmd_list, partial(command_parser, catalogue_text), "list tasks, variants and their parameters"),
 }

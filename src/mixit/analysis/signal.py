@@ -77,7 +77,9 @@ def token_similarity(model: Transformer, tokens: torch.Tensor) -> dict[str, list
     mode without gradients and restores the model's mode. Returns lists of
     n_layers + 1 floats under "cosine", "covariance" and "norm": entry 0 is the
     embedding (plus position embedding where the model has one), entry l the
-    stream after block l. The final norm and the LM head are not included.
+    stream after block l, read from the model's hook points (``blocks.0.hook_resid_pre``,
+    ``blocks.{l-1}.hook_resid_post``) during one forward pass. The final norm and the LM head
+    are not included.
     """
     if tokens.dim() != 2 or not 2 <= tokens.shape[1] <= model.cfg.n_ctx:
         raise UsageError(
@@ -87,15 +89,10 @@ def token_similarity(model: Transformer, tokens: torch.Tensor) -> dict[str, list
     model.eval()
     try:
         tokens = tokens.to(next(model.parameters()).device)
-        T = tokens.shape[1]
-        # The embedding part of Transformer.forward, repeated here to read the stream between blocks.
-        h = model.embed(tokens)  # (B, T, d_model)
-        if model.pos_embed is not None:
-            h = h + model.pos_embed.weight[:T]
-        per_layer = [pairwise_stats(h)]
-        for block in model.layers:
-            h = block(h)  # (B, T, d_model)
-            per_layer.append(pairwise_stats(h))
+        # The residual stream entering block 0 (embedding plus positions), then leaving each block.
+        names = ["blocks.0.hook_resid_pre", *(f"blocks.{i}.hook_resid_post" for i in range(model.cfg.n_layers))]
+        _, cache = model.run_with_cache(tokens, names_filter=names)
+        per_layer = [pairwise_stats(cache[name]) for name in names]  # each (B, T, d_model)
     finally:
         model.train(was_training)
     return {key: [stats[key] for stats in per_layer] for key in ("cosine", "covariance", "norm")}

@@ -16,40 +16,63 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from mixit.config import ModelConfig
 from mixit.models.attention import ATTENTION, Attention
+from mixit.models.hooks import HookFn, HookPoint, NamesFilter, attach, capture, name_hook_points
 from mixit.models.layers import Linear, scaled_linear
 from mixit.models.mlp import GatedMLP
 
 
 class Block(nn.Module):
-    """One pre-norm block: attention, then the MLP, each on a scaled residual."""
+    """One pre-norm block: attention, then the MLP, each on a scaled residual.
+
+    The residual stream and each branch's output pass through hook points named as in
+    TransformerLens: hook_resid_pre, hook_attn_out, hook_resid_mid, hook_mlp_out, hook_resid_post
+    (the branch outputs before branch_scale).
+    """
 
     attn: Attention
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
+        # Modules in the order the forward pass meets them, so a cache lists its hook points in that order.
+        self.hook_resid_pre = HookPoint()
         self.norm1 = nn.RMSNorm(cfg.d_model, eps=1e-6)
         self.attn = ATTENTION.get(cfg.attention)(cfg, layer)
+        self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint()
         self.norm2 = nn.RMSNorm(cfg.d_model, eps=1e-6)
         self.mlp = GatedMLP(cfg)
+        self.hook_mlp_out, self.hook_resid_post = HookPoint(), HookPoint()
         self.skip_scale, self.branch_scale = cfg.skip_scale, cfg.branch_scale
 
     def forward(self, h: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """h (B, T, d_model); valid (B, T) bool: the unpadded positions (non-causal attention only)."""
-        if self.skip_scale == 1.0 and self.branch_scale == 1.0:  # the usual case: no full-size multiplies by 1
-            h = h + self.attn(self.norm1(h), valid)
-            return h + self.mlp(self.norm2(h))
-        h = self.skip_scale * h + self.branch_scale * self.attn(self.norm1(h), valid)
-        return self.skip_scale * h + self.branch_scale * self.mlp(self.norm2(h))
+        h = self.hook_resid_pre(h)
+        h = self.hook_resid_mid(self.residual(h, self.hook_attn_out(self.attn(self.norm1(h), valid))))
+        return self.hook_resid_post(self.residual(h, self.hook_mlp_out(self.mlp(self.norm2(h)))))
+
+    def residual(self, h: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+        """skip_scale * h + branch_scale * branch (B, T, d_model); at the usual scales of 1 a plain sum, without
+        full-size multiplies by 1."""
+        if self.skip_scale == 1.0 and self.branch_scale == 1.0:
+            return h + branch
+        return self.skip_scale * h + self.branch_scale * branch
 
 
-class Transformer(nn.Module):
+class Transformer(nn.Module, PyTorchModelHubMixin, library_name="mixit", tags=["mixit"]):
+    """The decoder. huggingface_hub's mixin gives it ``save_pretrained(DIR)``, ``push_to_hub`` and
+    ``Transformer.from_pretrained(DIR or repo id)``: ``cfg`` as JSON, the state as safetensors
+    (docs/interop.md). It sits on this class, not a subclass, so that any model (a run's, one built
+    by hand) can be saved as it is and loads back as the class everything else builds."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -58,13 +81,20 @@ class Transformer(nn.Module):
         with torch.random.fork_rng(devices=[]):
             self._build(cfg)
         self.reset_parameters()
+        name_hook_points(self)
 
     def _build(self, cfg: ModelConfig) -> None:
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         learned_positions = ATTENTION.get(cfg.attention).learned_positions
         self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model) if learned_positions else None
+        # Hook points outside the blocks (docs/model.md, "Hook points").
+        self.hook_embed = HookPoint()
+        self.hook_pos_embed = HookPoint() if learned_positions else None
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.norm_f = nn.RMSNorm(cfg.d_model, eps=1e-6)
+        # The final norm's output, named as TransformerLens names it; the holder has no parameters, so the
+        # saved state is unchanged.
+        self.ln_final = nn.ModuleDict({"hook_normalized": HookPoint()})
         # The head is width-scaled like the block linears when the config says so (the reference's ScaledLinear).
         head_cfg = cfg if cfg.width_scale_head else dataclasses.replace(cfg, width_scaling=False)
         out = cfg.vocab_size if cfg.head == "lm" else cfg.n_classes
@@ -127,12 +157,12 @@ class Transformer(nn.Module):
         valid = None  # (B, T) bool: real tokens; needed only where padding could be read
         if cfg.pad_id is not None and (cfg.head == "classifier" or not cfg.causal):
             valid = tokens != cfg.pad_id
-        h = self.embed(tokens)  # (B, T, d_model)
-        if self.pos_embed is not None:
-            h = h + self.pos_embed.weight[:T]
+        h = self.hook_embed(self.embed(tokens))  # (B, T, d_model)
+        if self.pos_embed is not None and self.hook_pos_embed is not None:
+            h = h + self.hook_pos_embed(self.pos_embed.weight[:T].expand(tokens.shape[0], -1, -1))
         for block in self.blocks:
             h = block(h, valid)
-        h = self.norm_f(h)
+        h = self.ln_final["hook_normalized"](self.norm_f(h))
         if cfg.head == "lm":
             return self.lm_head(h)  # (B, T, vocab_size)
         return self.classifier(self.pool(h, valid))  # (B, n_classes)
@@ -152,5 +182,33 @@ class Transformer(nn.Module):
         """The blocks, in order (``self.blocks`` typed as what it holds)."""
         return [typing.cast(Block, block) for block in self.blocks]
 
+    def run_with_cache(
+        self, tokens: torch.Tensor, names_filter: NamesFilter = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The forward pass, and the activations at the hook points `names_filter` selects (None: all; a name,
+        a list of names or a predicate on the name): (output, {hook point name: tensor, detached}).
+
+        Gradients flow to the output as in ``model(tokens)``. Selecting ``attn.hook_pattern`` makes softmax
+        attention compute its pattern explicitly (same logits up to rounding); the other hook points leave
+        the computation as it is.
+        """
+        with capture(self, names_filter) as cache:
+            out = self(tokens)
+        return out, cache
+
+    def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: Sequence[tuple[NamesFilter, HookFn]]) -> torch.Tensor:
+        """The forward pass with ``fn(activation, hook)`` run at the hook points each ``(names, fn)`` of
+        `fwd_hooks` selects; a tensor returned by ``fn`` replaces the activation (`mixit.models.hooks.attach`).
+        The hooks are removed afterwards."""
+        with attach(self, fwd_hooks):
+            return self(tokens)
+
     def num_params(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    @classmethod
+    def _from_pretrained(cls, *, cfg: Any, strict: bool = True, **kwargs: Any) -> Transformer:  # type: ignore[override]
+        """The mixin's loader, with the saved config validated as every ModelConfig is (unknown keys
+        refused) and every tensor required (`strict`); the Hub's arguments pass through `kwargs`."""
+        cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_dict(cfg)
+        return super()._from_pretrained(cfg=cfg, strict=strict, **kwargs)

@@ -1,0 +1,154 @@
+"""mixit models in TransformerLens and nnsight (docs/interop.md).
+
+- nnsight wraps any mixit model as it is, MixiT included: ``NNsight(model)``
+  traces it, and every hook point (docs/model.md, "Hook points") is a module
+  whose ``.output`` can be read or replaced. Nothing here is needed for it.
+- TransformerLens (4.x) analyses models through its ``TransformerBridge``.
+  `to_transformer_lens` builds one around TransformerLens's own native
+  transformer with this model's weights, for the runs that transformer
+  represents exactly (`transformer_lens_refusal` says which do not).
+
+Both libraries come with the ``interop`` extra (``pip install mixit[interop]``)
+and are imported only when called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from mixit.errors import UsageError
+from mixit.models import SoftmaxAttention, Transformer
+from mixit.models.layers import Linear
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+
+def transformer_lens_refusal(model: Transformer) -> str | None:
+    """Why TransformerLens's native transformer cannot compute `model` exactly, or None if it can.
+
+    It represents a causal language model with softmax attention and rotate-half RoPE of an integer
+    base, pre-RMSNorm blocks on the plain residual h + branch, a SiLU-gated MLP without biases, and an
+    LM head without bias. Width multipliers and branch_scale are folded into the weights; q, k, v, o
+    biases are carried over.
+    """
+    cfg = model.cfg
+    if cfg.attention != "softmax":
+        return f"it has softmax attention only, not {cfg.attention} (read this model through nnsight: docs/interop.md)"
+    if cfg.head != "lm" or not cfg.causal:
+        return f"it builds causal language models only, not the {cfg.head} head"
+    if cfg.activation != "silu":
+        return f"its gated MLP uses SiLU, not {cfg.activation}"
+    if cfg.skip_scale != 1.0:
+        return f"its residual is h + branch, not skip_scale={cfg.skip_scale} times h plus the branch"
+    if cfg.rope_base != int(cfg.rope_base):
+        return f"its RoPE base is an integer, not rope_base={cfg.rope_base}"
+    for i, block in enumerate(model.layers):
+        for name in ("gate", "up", "down"):
+            bias = getattr(block.mlp, name).bias
+            if bias is not None and bool(bias.detach().any()):
+                return f"its gated MLP has no biases, and blocks.{i}.mlp.{name}.bias is not zero (train with --no-bias)"
+    return None
+
+
+def to_transformer_lens(model: Transformer) -> TransformerBridge:
+    """A TransformerLens ``TransformerBridge`` computing the same logits as `model` (up to float rounding).
+
+    Its hook points carry TransformerLens's names (``blocks.0.hook_resid_post``, ``blocks.0.attn.hook_pattern``,
+    and more: ``hook_q``, ``hook_z``, ``mlp.hook_post``). A model it cannot represent is refused in one line
+    (`transformer_lens_refusal`); the copy shares no tensor with `model`.
+    """
+    reason = transformer_lens_refusal(model)
+    if reason is not None:
+        raise UsageError(f"TransformerLens cannot represent this model exactly: {reason}")
+    from transformer_lens.model_bridge.sources import build_bridge_from_module
+    from transformer_lens.model_bridge.sources.native import NativeModel
+
+    tl_cfg = _bridge_config(model)
+    with torch.random.fork_rng(devices=[]):  # the throw-away initialisation leaves the caller's random state alone
+        native = NativeModel(tl_cfg)
+    native.load_state_dict(native_state_dict(model))
+    native.to(next(model.parameters()).device)
+    return build_bridge_from_module(native, "TransformerLensNative", tl_config=tl_cfg, model_name="mixit")
+
+
+def _bridge_config(model: Transformer) -> Any:
+    """The TransformerBridgeConfig of TransformerLens's native transformer with `model`'s shape."""
+    from transformer_lens.config import TransformerBridgeConfig
+
+    cfg = model.cfg
+    return TransformerBridgeConfig(
+        d_model=cfg.d_model,
+        d_head=cfg.d_head,
+        n_layers=cfg.n_layers,
+        n_ctx=cfg.n_ctx,
+        n_heads=cfg.n_heads,
+        d_mlp=cfg.d_mlp,
+        d_vocab=cfg.vocab_size,
+        architecture="TransformerLensNative",
+        act_fn="silu",
+        gated_mlp=True,
+        normalization_type="RMS",
+        final_rms=True,
+        eps=model.norm_f.eps or 0.0,
+        positional_embedding_type="rotary",
+        rotary_dim=cfg.d_head,
+        rotary_base=int(cfg.rope_base),
+        default_prepend_bos=False,
+        dtype=next(model.parameters()).dtype,
+    )
+
+
+def _rope_rows(n_heads: int, d_head: int) -> torch.Tensor:
+    """Row order taking mixit's rotate-half RoPE layout to TransformerLens's adjacent pairs.
+
+    mixit rotates dimension i of a head with dimension i + d_head/2; TransformerLens rotates 2i with 2i + 1,
+    at the same frequency. Row 2i of the new layout is row i of mixit's, row 2i + 1 is row i + d_head/2.
+    """
+    half = torch.arange(d_head // 2)
+    within = torch.stack([half, half + d_head // 2], dim=-1).flatten()  # (d_head,)
+    return (torch.arange(n_heads)[:, None] * d_head + within).flatten()  # (n_heads * d_head,)
+
+
+def _folded(layer: Linear, scale: float = 1.0, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """`layer`'s weight (and bias) with its output multiplier and `scale` folded in, rows reordered by `rows`."""
+    factor = layer.multiplier * scale
+    tensors = {"weight": layer.weight.detach() * factor}
+    if layer.bias is not None:
+        tensors["bias"] = layer.bias.detach() * factor
+    else:
+        tensors["bias"] = torch.zeros(layer.out_features, dtype=layer.weight.dtype, device=layer.weight.device)
+    if rows is not None:
+        tensors = {k: v[rows] for k, v in tensors.items()}
+    return tensors
+
+
+def native_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """`model`'s weights under the names of TransformerLens's ``NativeModel``, with width multipliers and
+    branch_scale folded in and queries and keys reordered for its RoPE layout (`_rope_rows`)."""
+    cfg = model.cfg
+    rows = _rope_rows(cfg.n_heads, cfg.d_head)
+    branch = cfg.branch_scale
+    state = {"tok_embed.weight": model.embed.weight.detach()}
+    for i, block in enumerate(model.layers):
+        layer, attn, mlp = f"layers.{i}", cast(SoftmaxAttention, block.attn), block.mlp
+        parts = {
+            "attn.q": _folded(attn.q, rows=rows),
+            "attn.k": _folded(attn.k, rows=rows),
+            "attn.v": _folded(attn.v),
+            "attn.o": _folded(attn.o, branch),
+            "mlp.gate": _folded(mlp.gate),
+            "mlp.in": _folded(mlp.up),
+            "mlp.out": _folded(mlp.down, branch),
+        }
+        for name, tensors in parts.items():
+            state[f"{layer}.{name}.weight"] = tensors["weight"]
+            if name.startswith("attn."):  # the native gated MLP has no biases (checked zero beforehand)
+                state[f"{layer}.{name}.bias"] = tensors["bias"]
+        state[f"{layer}.ln1.weight"] = block.norm1.weight.detach()
+        state[f"{layer}.ln2.weight"] = block.norm2.weight.detach()
+    state["ln_out.weight"] = model.norm_f.weight.detach()
+    state["head.weight"] = _folded(model.lm_head)["weight"]
+    return {k: v.clone() for k, v in state.items()}
