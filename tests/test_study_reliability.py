@@ -193,7 +193,16 @@ def start_pool_study(tmp_path: Path) -> tuple[subprocess.Popen, list[str], list[
     out = tmp_path / "study"
     args = [sys.executable, "-m", "mixit.cli", *reproduce_args(spec, out)[:-2], "local", "--workers", "2"]
     args.append("--no-progress")
-    proc = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A background job of a non-interactive shell inherits SIGINT ignored (and Python then keeps it so):
+        # the study must see it as a terminal's Ctrl-C would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 120
     while time.time() < deadline and len(list((out / "runs").glob("*/checkpoints/latest"))) < 2:
         time.sleep(0.1)
