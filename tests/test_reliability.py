@@ -606,7 +606,8 @@ def test_killed_at_random_points_and_inside_checkpoint_writes_a_run_resumes_to_t
     )
 
 
-def test_a_torn_last_metrics_line_is_tolerated_on_resume(tmp_path, capsys):
+def interrupted_run(path):
+    """A tiny run stopped after step 7 of 10 (its last checkpoint at step 5): its config."""
     cfg = run_config(
         "addition",
         "standard",
@@ -628,7 +629,12 @@ def test_a_torn_last_metrics_line_is_tolerated_on_resume(tmp_path, capsys):
             raise Stop
 
     with pytest.raises(Stop):
-        train(cfg, tmp_path / "run", progress=False, on_step=stop)
+        train(cfg, path, progress=False, on_step=stop)
+    return cfg
+
+
+def test_a_torn_last_metrics_line_is_tolerated_on_resume(tmp_path, capsys):
+    cfg = interrupted_run(tmp_path / "run")
     with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "event": "tra')  # a process killed while writing a line
     summary = train(cfg, tmp_path / "run", resume=True, progress=False)
@@ -639,29 +645,8 @@ def test_a_torn_last_metrics_line_is_tolerated_on_resume(tmp_path, capsys):
 
 
 def test_a_resume_removes_what_killed_writes_left_and_a_refused_one_changes_nothing(tmp_path, monkeypatch, capsys):
-    cfg = run_config(
-        "addition",
-        "standard",
-        {"n_digits": 2},
-        d_model=16,
-        n_heads=2,
-        n_layers=1,
-        steps=10,
-        batch_size=8,
-        test_size=20,
-        checkpoint_every=5,
-    )
-
-    class Stop(Exception):
-        pass
-
-    def stop(step, loss):
-        if step == 7:
-            raise Stop
-
     run = tmp_path / "run"
-    with pytest.raises(Stop):
-        train(cfg, run, progress=False, on_step=stop)
+    cfg = interrupted_run(run)
     # What processes killed inside write_text and save_checkpoint leave, and a file of a live `mixit analyze`.
     leftovers = [run / ".metrics.jsonl.4242.tmp", run / ".summary.json.4242.tmp", run / "checkpoints/.latest.4242.tmp"]
     for path in leftovers:
