@@ -11,6 +11,17 @@ from pathlib import Path
 
 __version__ = "0.2.0"
 
+DISTRIBUTION = "mixit-transformers"
+"""The name mixit is installed by (`pip install mixit-transformers`). The import name and the command stay
+`mixit`; the distribution named `mixit` on PyPI is an unrelated mixin library that also installs a `mixit`
+module, so the two cannot share an environment."""
+
+
+def install_hint(extra: str | None = None) -> str:
+    """The command that installs mixit with the optional dependencies `extra` (pyproject.toml's
+    optional-dependencies): install_hint("hf") is "pip install 'mixit-transformers[hf]'"."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'" if extra else f"pip install {DISTRIBUTION}"
+
 
 def git_commit() -> str | None:
     """The commit of the mixit source tree, if it is a git checkout, with
