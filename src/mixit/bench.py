@@ -58,7 +58,7 @@ from mixit.runtime import release_free_memory, resolve_device
 from mixit.tasks import make_task
 from mixit.training.optim import build_optimizer
 from mixit.training.step import train_step
-from mixit.version import __version__, git_commit
+from mixit.version import __version__, git_commit, install_hint
 
 HF_NAME = "hf_llama"
 PEAK_NAME = "matmul_peak"
@@ -102,41 +102,42 @@ class BenchOptions:
     """What `mixit bench` measures, and where it writes the result (one command-line flag per field)."""
 
     out: Path | None = None
-    """JSON file to write (default runs/bench-<time>.json); never overwritten."""
+    """The JSON file to write, never overwritten; null means runs/bench-<time>.json."""
     variants: Sequence[str] = VARIANTS.names()
-    """comma-separated variants."""
+    """The variants to time, comma-separated."""
     d_model: int = 256
-    """model width."""
+    """Model width."""
     n_layers: int = 4
-    """blocks."""
+    """Number of blocks."""
     n_heads: int = 4
-    """attention heads."""
+    """Attention heads; must divide d_model."""
     vocab_size: int | None = None
-    """vocabulary (default 512, or the task's)."""
+    """Vocabulary size; null means the task's, or 512 without a task."""
     seq_len: int | None = None
-    """tokens per sequence (default 128, or what the task's model reads)."""
+    """Tokens per sequence; null means the length the task's model reads, or 128 without a task."""
     batch_size: int = 64
-    """sequences per step."""
+    """Sequences per training step."""
     task: str | None = None
-    """take vocabulary and sequence length from this task, and measure how long one of its batches takes to generate."""
+    """Take the vocabulary and sequence length from this task, and measure how long one of its batches takes to
+    generate; null times the models alone."""
     task_params: dict[str, Any] | None = None
-    """the task's parameters (with task)."""
+    """The task's parameters (with task)."""
     device: str = "auto"
-    """auto, cpu, cuda or cuda:N."""
+    """Where to run: auto (cuda if available, else cpu), cpu, cuda or cuda:N."""
     dtype: str = "fp32"
-    """fp32, or bf16 or fp16 (autocast; cuda only)."""
+    """Precision: fp32, or bf16 or fp16 under autocast (cuda only)."""
     compile: bool = False
-    """torch.compile the models."""
+    """Compile the models with torch.compile."""
     warmup: int = 3
-    """untimed steps first, during which peak memory is measured."""
+    """Untimed steps before the timed ones, during which peak memory is measured."""
     steps: int = 3
-    """steps per timed block."""
+    """Training steps per timed block."""
     repeats: int = 5
-    """timed blocks; the median is reported."""
+    """Timed blocks; the median of their times is reported."""
     baseline: bool = True
-    """time the Hugging Face Llama row."""
+    """Time a Hugging Face Llama of the same shape too, as a baseline row."""
     profile: bool = False
-    """after timing, profile one more step of each row and print where its time goes."""
+    """After timing, profile one more step of each row and print where its time goes."""
 
 
 # -- timing ---------------------------------------------------------------------------
@@ -504,7 +505,7 @@ def _build_rows(
         contender = build()
         if contender is None:
             notes.append(
-                "transformers is not installed: no Hugging Face baseline row (pip install 'mixit[bench]' to add it)"
+                f"transformers is not installed: no Hugging Face baseline row ({install_hint('bench')} to add it)"
             )
             continue
         warm_up(contender, dev, options.warmup)
@@ -582,7 +583,7 @@ def format_profiles(result: dict[str, Any]) -> str:
 
 
 def bench_command(options: BenchOptions, progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], Path]:
-    """Time training steps of every variant at one model shape (median of repeats after warm-up), with tokens/s,
+    """Time training steps of each chosen variant at one model shape (median of repeats after warm-up), with tokens/s,
     peak memory and model FLOPs utilisation against this device's measured matmul peak, beside a Hugging Face
     Llama of the same shape; write the result as JSON.
 

@@ -8,7 +8,7 @@
   transformer with this model's weights, for the runs that transformer
   represents exactly (`transformer_lens_refusal` says which do not).
 
-Both libraries come with the ``interop`` extra (``pip install mixit[interop]``)
+Both libraries come with the ``interop`` extra (``pip install 'mixit-transformers[interop]'``)
 and are imported only when called.
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 DISTRIBUTION = "mixit-transformers"
 """The name mixit is installed by (`pip install mixit-transformers`). The import name and the command stay

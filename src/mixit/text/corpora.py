@@ -23,7 +23,7 @@ Bible, one document per chapter; and 10,605 Rotten Tomatoes snippets with mean
 human sentiment scores in [-4, 4] (Hutto & Gilbert 2014), labelled positive
 when the score is above 0 and negative below (score exactly 0: dropped).
 
-Hub datasets go through Hugging Face `datasets` (``pip install 'mixit[hf]'``).
+Hub datasets go through Hugging Face `datasets` (``pip install 'mixit-transformers[hf]'``).
 Before contacting the hub we check in at most 3 s that huggingface.co is
 reachable, so an offline machine gets a one-line error instead of a long
 retry loop; with HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1 only the local
@@ -49,6 +49,7 @@ from typing import Any
 
 from mixit.errors import UsageError
 from mixit.text.cache import hf_cache_dir
+from mixit.version import install_hint
 
 HUB_HOST = "huggingface.co"
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".csv", ".tsv")
@@ -189,7 +190,7 @@ def _datasets():
     except ImportError:
         raise UsageError(
             "this dataset is read through Hugging Face `datasets`, which is not installed; "
-            "pip install 'mixit[hf]' (or use the embedded default)"
+            f"{install_hint('hf')} (or use the embedded default)"
         ) from None
     datasets.disable_progress_bars()
     return datasets
@@ -360,7 +361,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise UsageError(f"{path}: reading .parquet needs pyarrow: pip install 'mixit[hf]'") from None
+        raise UsageError(f"{path}: reading .parquet needs pyarrow: {install_hint('hf')}") from None
     return pq.read_table(path).to_pylist()
 
 
