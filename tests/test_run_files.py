@@ -36,6 +36,7 @@ RUN_FILES = {
     "over_time.json",
     "over_time.png",
     "summary.md",
+    "tracking.json",
 }
 """The names in a run directory (`mixit.run`'s docstring)."""
 

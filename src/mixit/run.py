@@ -20,6 +20,10 @@
           retrieval_by_pairs.json     retrieval runs only: test accuracy by the number of stored pairs
           over_time.json / .png       with --over-time: head scores and test metrics at every checkpoint
           summary.md                  the findings in words; written last, so it marks a complete analysis
+      tracking.json        with --logger (or after `mixit export-logs`): per tracking sink, what identifies the run
+                           there and how many events of metrics.jsonl it holds (`mixit.tracking`)
+      tensorboard/         --logger tensorboard: the run's TensorBoard event files
+      wandb/               --logger wandb: W&B's local files (W&B names this directory itself)
 
 Training, evaluation, analysis, sampling, resumption and studies all go
 through `Run`: nothing else knows these names (tests/test_run_files.py checks
@@ -73,6 +77,10 @@ SIGNAL = "signal.json"
 BY_PAIRS = "retrieval_by_pairs.json"
 OVER_TIME = "over_time.json"
 ANALYSIS_SUMMARY = "summary.md"
+TRACKING = "tracking.json"
+TENSORBOARD = "tensorboard"
+TENSORBOARD_EVENTS = "events.out.tfevents.*"
+"""How TensorBoard names its event files."""
 FIGURES = ("head_scores", "attention", "fixed_patterns", "over_time")
 """The analysis's figures, by name: each drawn to NAME.png (attention and fixed_patterns: their arrays in NAME.npz;
 head_scores and over_time: their numbers in NAME.json)."""
@@ -167,6 +175,14 @@ class Run:
     @property
     def analysis_dir(self) -> Path:
         return self.path / ANALYSIS
+
+    @property
+    def tracking_path(self) -> Path:
+        return self.path / TRACKING
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / TENSORBOARD
 
     @property
     def analysis(self) -> Analysis:
@@ -314,6 +330,26 @@ class Run:
             kept = [e for e in self.metrics() if e.get("step", 0) <= resume_step]
             write_text(self.metrics_path, "".join(json.dumps(e) + "\n" for e in kept))
         return MetricsLog(self.metrics_path)
+
+    # -- tracking sinks (`mixit.tracking`) ---------------------------------------------
+    def tracking(self) -> dict[str, Any]:
+        """tracking.json: per tracking sink, what identifies the run there and how many events it holds ({} if
+        the run has been sent to none)."""
+        if not self.tracking_path.exists():
+            return {}
+        data = read_json(self.tracking_path, TRACKING)
+        if not isinstance(data, dict) or not all(
+            isinstance(v, dict) and _is_count(v.get("events")) for v in data.values()
+        ):
+            raise UsageError(f"{self.tracking_path} is corrupt: not an object of sinks, each with its count of events")
+        return data
+
+    def write_tracking(self, state: dict[str, Any]) -> None:
+        write_json(self.tracking_path, state)
+
+    def tensorboard_events(self) -> list[Path]:
+        """The TensorBoard event files in the run's tensorboard/ directory."""
+        return sorted(self.tensorboard_dir.glob(TENSORBOARD_EVENTS)) if self.tensorboard_dir.is_dir() else []
 
     # -- checkpoints ------------------------------------------------------------------
     def save_checkpoint(

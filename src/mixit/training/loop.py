@@ -22,13 +22,17 @@ The same loop runs in one process or in several under torchrun
 the same global batch, and DistributedDataParallel sums their gradients;
 only rank 0 writes the run directory, which is written through
 `mixit.run.Run` only.
+
+Where the metrics go besides metrics.jsonl is a choice of the session too: `logger`, any of the
+tracking sinks of `mixit.tracking` (docs/tracking.md), each fed every event of metrics.jsonl and the
+summary, from rank 0.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -47,6 +51,7 @@ from mixit.resources import check_memory, training_parts
 from mixit.run import MetricsLog, Run
 from mixit.runtime import fast_bf16, resolve_device
 from mixit.tasks import IGNORE, Batch, Task
+from mixit.tracking import Grouping, Sink, Tracker, check_sinks, run_grouping
 from mixit.training.convergence import Convergence
 from mixit.training.evaluate import evaluate
 from mixit.training.optim import build_optimizer
@@ -80,6 +85,8 @@ def train(
     allow_slow_dtype: bool = False,
     on_step: Callable[[int, float], None] | None = None,
     keep_checkpoints: KeepCheckpoints = "latest",
+    logger: Sequence[Sink] = (),
+    grouping: Grouping | None = None,
 ) -> dict[str, Any]:
     """Train `cfg` into `run_dir` and return the summary (also written to summary.json).
 
@@ -88,19 +95,29 @@ def train(
     (``mixit train``'s flags that change no result), each one flag.
 
     Args:
-        cfg: the run's configuration (`mixit.run_config` or `mixit.experiment.resolve`).
-        run_dir: the run directory; new runs need it absent or empty.
-        device: auto (cuda if available), cpu, cuda or cuda:N (under torchrun, each process takes its own GPU).
-        resume: continue the run in run_dir from its last checkpoint (cfg must be the run's own).
-        progress: show a progress bar.
-        compile: torch.compile the training forward pass (evaluation and checkpoints use the same weights).
-        allow_slow_dtype: accept bf16 on a CPU without fast bf16 matrix products (many times slower than fp32).
-        on_step: called as on_step(step, loss) after each optimizer step (steps count from 1), on rank 0.
-        keep_checkpoints: which checkpoints to keep: latest (only the newest), all (every one written, every
-            checkpoint_every steps), log (also about 20 log-spaced steps, for `mixit analyze --over-time`).
+        cfg: The run's configuration (`mixit.run_config` or `mixit.experiment.resolve`).
+        run_dir: The run directory; a new run needs it absent or empty.
+        device: Where to train: auto (cuda if available, else cpu), cpu, cuda or cuda:N; under torchrun each
+            process takes its own GPU.
+        resume: Continue the run in the run directory (--out) from its last checkpoint; its config must be
+            the run's own.
+        progress: Show a progress bar.
+        compile: Compile the training forward pass with torch.compile; evaluation and checkpoints use the same
+            weights.
+        allow_slow_dtype: Accept bf16 on a CPU without fast bf16 matrix products, where it is many times
+            slower than fp32.
+        on_step: Called as on_step(step, loss) after each optimizer step (steps count from 1), on rank 0.
+        keep_checkpoints: Which checkpoints to keep: latest (only the newest), all (every one written, one
+            every checkpoint_every steps), or log (also about 20 log-spaced steps, for `mixit analyze
+            --over-time`).
+        logger: Tracking sinks that receive every event of metrics.jsonl and the summary as well, any of
+            tensorboard, wandb, mlflow and trackio (docs/tracking.md); a resumed run continues its runs there.
+        grouping: How the sinks name, group and tag the run (`mixit.tracking.Grouping`); by default it is named
+            after its directory and tagged with its task, variant and seed. A study sets it for its runs.
     """
     if keep_checkpoints not in KEEP_CHECKPOINTS:
         raise UsageError(f"keep_checkpoints must be one of {', '.join(KEEP_CHECKPOINTS)}, got {keep_checkpoints!r}")
+    sinks = check_sinks(logger)
     dev = resolve_device(device)
     # Checks that need no other process come first, so that a bad option never waits for the others.
     if cfg.train.dtype == "bf16" and dev.type == "cpu" and not allow_slow_dtype and not fast_bf16():
@@ -111,7 +128,9 @@ def train(
     split(cfg.train.batch_size, env_world(), cfg.train.grad_accum)
     dist, dev = setup(dev)
     try:
-        launch = Launch(Path(run_dir), resume, progress and dist.main, compile, on_step, keep_checkpoints)
+        launch = Launch(
+            Path(run_dir), resume, progress and dist.main, compile, on_step, keep_checkpoints, sinks, grouping
+        )
         return _train(cfg, launch, dist, dev)
     finally:
         teardown(dist)
@@ -132,6 +151,10 @@ class Launch:
     """Called as on_step(step, loss) after each optimizer step, on rank 0."""
     keep_checkpoints: KeepCheckpoints = "latest"
     """Which checkpoints to keep (module docstring)."""
+    logger: tuple[Sink, ...] = ()
+    """The tracking sinks that receive the metrics too (`mixit.tracking`), on rank 0."""
+    grouping: Grouping | None = None
+    """How the sinks name, group and tag the run (default: `mixit.tracking.run_grouping`)."""
 
     def checkpoint_at(self, step: int, steps: int, every: int, last: bool) -> tuple[bool, bool]:
         """Whether to write a checkpoint after step `step` of `steps` (checkpoint_every `every`; `last`: the
@@ -216,6 +239,8 @@ class Session:
     val_batch: Batch = field(init=False)
     conv: Convergence = field(init=False)
     log: MetricsLog | None = None
+    tracker: Tracker | None = None
+    """The tracking sinks, on rank 0 when `logger` names any."""
     test: dict[str, float] = field(default_factory=dict)
     """The latest test metrics (empty until the first evaluation of this session)."""
     val: dict[str, float] = field(default_factory=dict)
@@ -237,13 +262,15 @@ class Session:
             if broadcast(self.start == 0 and not self.conv.history, self.dist):
                 self.evaluation(0)
             self.step_loop()
-        finally:
-            if self.log is not None:
-                self.log.close()
-        if not self.test:  # resumed from the final checkpoint of a run killed before its summary
-            self.test = self.evaluate()
-            self.val = self.evaluate(self.val_batch)
-        return self.summary()
+            if not self.test:  # resumed from the final checkpoint of a run killed before its summary
+                self.test = self.evaluate()
+                self.val = self.evaluate(self.val_batch)
+            summary = self.summary()
+        except BaseException:
+            self.close_logs(None)
+            raise
+        self.close_logs(summary)
+        return summary
 
     def restore(self) -> dict[str, Any] | None:
         """Place the model, build the optimizer, and on resume load the latest checkpoint; return the run's
@@ -281,9 +308,27 @@ class Session:
             run.begin()  # every check has passed: the first change to the resumed run
         if run is not None:
             self.log = run.open_metrics(resume_step=self.start if self.launch.resume else None)
-            if not any(e.get("event") == "freeze" for e in run.metrics()):
-                self.log.write({"step": 0, "event": "freeze", **self.report.to_dict()})
+            kept = run.metrics()
+            if self.launch.logger:
+                grouping = self.launch.grouping or run_grouping(run.path, self.cfg)
+                self.tracker = Tracker.open(run, self.launch.logger, grouping, kept)
+            if not any(e.get("event") == "freeze" for e in kept):
+                self.record({"step": 0, "event": "freeze", **self.report.to_dict()})
         self.stopped = bool(broadcast(tc.early_stop and self.conv.should_stop, self.dist))  # killed just after stopping
+
+    def record(self, event: dict[str, Any]) -> None:
+        """Append `event` to metrics.jsonl, then send it to the tracking sinks (rank 0; the others hold neither)."""
+        if self.log is not None:
+            self.log.write(event)
+        if self.tracker is not None:
+            self.tracker.write(event)
+
+    def close_logs(self, summary: dict[str, Any] | None) -> None:
+        """Close metrics.jsonl and end the session in the tracking sinks, with the run's summary if it has one."""
+        if self.log is not None:
+            self.log.close()
+        if self.tracker is not None:
+            self.tracker.close(summary)
 
     def evaluate(self, batch: Batch | None = None) -> dict[str, float]:
         """Metrics on `batch` (default: the test set), every process evaluating its share."""
@@ -304,8 +349,7 @@ class Session:
         self.test = self.evaluate()
         self.val = self.evaluate(self.val_batch)
         self.conv.add(step, self.val[self.conv.metric])
-        if self.log is not None:
-            self.log.write({"step": step, "event": "eval", **self.test, **{f"val_{k}": v for k, v in self.val.items()}})
+        self.record({"step": step, "event": "eval", **self.test, **{f"val_{k}": v for k, v in self.val.items()}})
         return bool(broadcast(self.cfg.train.early_stop and self.conv.should_stop, self.dist))
 
     def step_parts(self) -> StepParts:
@@ -373,9 +417,8 @@ class Session:
 
     def log_train(self, step: int, loss: float, lr: float, bar: tqdm) -> None:
         """The train event of `step` (loss: the global batch's mean), and the progress bar's loss and test metric."""
-        if self.log is not None:
-            elapsed = round(time.perf_counter() - self.t0, 3)
-            self.log.write({"step": step, "event": "train", "loss": loss, "lr": lr, "elapsed_s": elapsed})
+        elapsed = round(time.perf_counter() - self.t0, 3)
+        self.record({"step": step, "event": "train", "loss": loss, "lr": lr, "elapsed_s": elapsed})
         bar.set_postfix(loss=f"{loss:.4f}", **({"test": f"{headline(self.test):.3f}"} if self.test else {}))
 
     def summary(self) -> dict[str, Any]:

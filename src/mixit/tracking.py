@@ -1,0 +1,466 @@
+"""Tracking sinks: a run's metrics.jsonl and summary, sent to TensorBoard, W&B, MLflow or trackio as well.
+
+    mixit train --logger tensorboard,wandb ...     # any subset of `SINKS`; docs/tracking.md
+    mixit reproduce --logger mlflow ...            # every run of the study, grouped under its name
+    mixit export-logs RUN_OR_STUDY --to tensorboard  # the logs of runs trained without a sink
+
+metrics.jsonl stays the record; a sink receives the same events, from rank 0 only, as points named
+(`points`): the freeze report's numbers as freeze/<key> at step 0, each train event as train/loss,
+train/lr and train/elapsed_s, each evaluation as test/<metric> and val/<metric>; and once the run is
+done its summary (`summary_points`) as summary/test/<metric>, summary/val/<metric>, summary/n_params,
+summary/n_trainable, summary/steps_trained, summary/converged and summary/stopped_early. The resolved
+config goes with the run (W&B and trackio config, MLflow params, TensorBoard text), and so do its name,
+group and tags (`Grouping`). Which sinks a session uses changes no result: it is no part of config.json
+or of a run id.
+
+What a sink holds of a run is recorded in the run's tracking.json (`Run.tracking`): for each sink, what
+identifies the run there (W&B's id, MLflow's run id and tracking URI, trackio's project and name) and how
+many of metrics.jsonl's events it has been sent, in order. A session sends each sink the events from that
+count on, so that a resumed run sends no point twice: a sink the run is new to first gets every event
+metrics.jsonl holds (as does `export_run`), and the events a resumed session computes again (those after
+its checkpoint that the killed session had sent) are skipped, except by TensorBoard, which drops them
+(SummaryWriter's purge_step) and takes them again. TensorBoard's writer is flushed after every event, so
+that what it was sent is on disk.
+
+A sink that fails (a network, a full disk) is warned about once on stderr and sent nothing more in this
+session; training goes on, and the next session sends it what it missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import secrets
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, Protocol, cast, get_args
+
+from mixit.errors import UsageError
+from mixit.experiment import RunConfig
+from mixit.run import Run
+from mixit.version import install_hint
+
+Sink = Literal["tensorboard", "wandb", "mlflow", "trackio"]
+"""A tracking sink, named as its package (and mixit's extra that installs it)."""
+
+SINKS: tuple[str, ...] = get_args(Sink)
+
+DEFAULT_PROJECT = "mixit"
+"""W&B's project (unless WANDB_PROJECT says), MLflow's experiment for a run of no study (unless
+MLFLOW_EXPERIMENT_NAME says), and trackio's project."""
+
+
+def check_sinks(names: Iterable[str], option: str = "--logger") -> tuple[Sink, ...]:
+    """`names` (or one name) as sinks, each once, in order; refused before any work if one is unknown or its
+    package is not installed (naming the command that installs it). `option` is the flag that named them, for the
+    message."""
+    chosen: list[Sink] = []
+    for name in [names] if isinstance(names, str) else names:
+        if name not in SINKS:
+            raise UsageError(f"unknown {option} {name!r}; allowed: {', '.join(SINKS)}")
+        if name in chosen:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise UsageError(f"{option} {name} needs the {name} package: {install_hint(name)}") from None
+        chosen.append(cast(Sink, name))
+    return tuple(chosen)
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How a run is named, grouped and tagged in the sinks; plain data, so that it travels to a study's workers."""
+
+    name: str
+    """The run's name: its directory's name (a study's run: its id)."""
+    group: str | None = None
+    """The study it belongs to: W&B's and trackio's group, MLflow's experiment; None for a run of its own."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """task, variant and seed, and a study run's role (final or screen): MLflow's tags, W&B's as key=value."""
+
+
+def run_grouping(run_dir: str | Path, cfg: RunConfig) -> Grouping:
+    """A run of its own: named after its directory, tagged with its task, variant and seed."""
+    return Grouping(Path(run_dir).resolve().name, None, _tags(cfg))
+
+
+def study_grouping(study: str, run_id: str, cfg: RunConfig, role: str) -> Grouping:
+    """A run of the study `study`: named by its id, grouped under the study, tagged with its role too."""
+    return Grouping(run_id, study, {**_tags(cfg), "role": role})
+
+
+def _tags(cfg: RunConfig) -> dict[str, str]:
+    return {"task": cfg.task, "variant": cfg.variant, "seed": str(cfg.model.seed)}
+
+
+def points(event: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a metrics.jsonl event, named as the sinks show them (module docstring): every number but
+    the step, under the event's kind (freeze/, train/), an evaluation's under test/ and val/ (its val_ keys)."""
+    kind = str(event.get("event", "event"))
+    named = {}
+    for key, value in event.items():
+        if key in ("step", "event") or not _is_number(value):
+            continue
+        if kind == "eval":
+            name = f"val/{key.removeprefix('val_')}" if key.startswith("val_") else f"test/{key}"
+        else:
+            name = f"{kind}/{key}"
+        named[name] = float(value)
+    return named
+
+
+def summary_points(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a run's summary.json that the sinks keep as its summary (module docstring)."""
+    named = {f"summary/{split}/{k}": float(v) for split in ("test", "val") for k, v in summary.get(split, {}).items()}
+    convergence = summary.get("convergence", {})
+    counts = {
+        "n_params": summary.get("n_params"),
+        "n_trainable": summary.get("n_trainable"),
+        "steps_trained": convergence.get("steps_trained"),
+        "converged": convergence.get("converged"),
+        "stopped_early": convergence.get("stopped_early"),
+    }
+    named.update({f"summary/{k}": float(v) for k, v in counts.items() if _is_number(v) or isinstance(v, bool)})
+    return named
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# -- the sinks ----------------------------------------------------------------------------
+
+
+class SinkWriter(Protocol):
+    """What the tracker asks of a sink (one class per sink, in `WRITERS`)."""
+
+    name: str
+    purges: bool
+    """It can drop the points it holds from a step on (`open`'s purge_step): TensorBoard."""
+
+    def open(
+        self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
+    ) -> dict[str, Any]:
+        """Start the run in the sink, with its config, or continue it (`held`: tracking.json's record of it);
+        with `purge_step`, drop the points it holds from that step on. Returns what identifies the run there,
+        which tracking.json keeps for the next session."""
+        ...
+
+    def log(self, step: int, values: Mapping[str, float]) -> None:
+        """Points at `step`."""
+        ...
+
+    def summary(self, step: int, values: Mapping[str, float]) -> None:
+        """The run's summary; `step`: the steps trained."""
+        ...
+
+    def close(self, completed: bool) -> None:
+        """End this session of the run: `completed`, or stopped (interrupted, failed) to be resumed."""
+        ...
+
+
+class TensorBoard:
+    """Event files in RUN/tensorboard/ (`Run.tensorboard_dir`): ``tensorboard --logdir runs/`` shows every run.
+    The config and tags are text at step 0; the summary, scalars at the last step."""
+
+    name = "tensorboard"
+    purges = True
+
+    def open(
+        self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
+    ) -> dict[str, Any]:
+        from torch.utils.tensorboard import SummaryWriter
+
+        if held is None and run.tensorboard_events():  # files of a session that died before it was recorded
+            purge_step = 0
+        self.writer = SummaryWriter(str(run.tensorboard_dir), purge_step=purge_step)
+        if held is None:
+            self.writer.add_text("config", _code_block(json.dumps(run.config.to_dict(), indent=2)), 0)
+            about = {"group": grouping.group, **grouping.tags} if grouping.group else dict(grouping.tags)
+            self.writer.add_text("tags", ", ".join(f"{k}={v}" for k, v in about.items()), 0)
+        return {}
+
+    def log(self, step: int, values: Mapping[str, float]) -> None:
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def summary(self, step: int, values: Mapping[str, float]) -> None:
+        self.log(step, values)
+
+    def close(self, completed: bool) -> None:
+        self.writer.close()
+
+
+class Wandb:
+    """A W&B run whose local files are in RUN/wandb/, resumed by its id (resume="allow"). Mode, entity and the
+    rest come from W&B's own environment variables (WANDB_MODE=offline, WANDB_ENTITY, ...); the project from
+    WANDB_PROJECT, else "mixit". Tags are key=value."""
+
+    name = "wandb"
+    purges = False
+
+    def open(
+        self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
+    ) -> dict[str, Any]:
+        wandb = importlib.import_module("wandb")
+        run_id = held["id"] if held else secrets.token_hex(6)
+        project = held["project"] if held else os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
+        self.run = wandb.init(
+            id=run_id,
+            project=project,
+            dir=str(run.path),
+            name=grouping.name,
+            group=grouping.group,
+            tags=[f"{k}={v}" for k, v in grouping.tags.items()],
+            config=run.config.to_dict(),
+            resume="allow",
+            reinit="create_new",
+        )
+        return {"id": run_id, "project": project}
+
+    def log(self, step: int, values: Mapping[str, float]) -> None:
+        self.run.log(dict(values), step=step)
+
+    def summary(self, step: int, values: Mapping[str, float]) -> None:
+        self.run.summary.update(dict(values))
+
+    def close(self, completed: bool) -> None:
+        self.run.finish(exit_code=0 if completed else 1)
+
+
+class Mlflow:
+    """An MLflow run, through MlflowClient (no active run is set): the tracking URI from MLFLOW_TRACKING_URI or
+    MLflow's default (recorded, so that a resumed run goes on in the same store), the experiment the study's
+    name, or MLFLOW_EXPERIMENT_NAME, or "mixit"; the config as params (dotted paths), the tags as tags."""
+
+    name = "mlflow"
+    purges = False
+    MAX_BATCH = 100
+    """The most params MLflow takes in one log_batch."""
+
+    def open(
+        self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
+    ) -> dict[str, Any]:
+        mlflow = importlib.import_module("mlflow")
+        uri = held["tracking_uri"] if held else mlflow.get_tracking_uri()
+        self.client = mlflow.tracking.MlflowClient(uri)
+        if held:
+            self.run_id = held["run_id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+            return {"run_id": self.run_id, "tracking_uri": uri}
+        name = grouping.group or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
+        experiment = self.client.get_experiment_by_name(name)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        created = self.client.create_run(experiment_id, run_name=grouping.name, tags=dict(grouping.tags))
+        self.run_id = created.info.run_id
+        params = [mlflow.entities.Param(k, v) for k, v in _flat(run.config.to_dict()).items()]
+        for i in range(0, len(params), self.MAX_BATCH):
+            self.client.log_batch(self.run_id, params=params[i : i + self.MAX_BATCH])
+        return {"run_id": self.run_id, "tracking_uri": uri}
+
+    def log(self, step: int, values: Mapping[str, float]) -> None:
+        metric = importlib.import_module("mlflow").entities.Metric
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[metric(k, v, now, step) for k, v in values.items()])
+
+    def summary(self, step: int, values: Mapping[str, float]) -> None:
+        self.log(step, values)
+
+    def close(self, completed: bool) -> None:
+        self.client.set_terminated(self.run_id, status="FINISHED" if completed else "KILLED")
+
+
+class Trackio:
+    """A trackio run in trackio's local store (TRACKIO_DIR, by default ~/.cache/huggingface/trackio; `trackio show`
+    opens it), project "mixit", grouped by study; continued by its name (resume="allow"). trackio has no tags; its
+    config holds the task, variant and seed. What trackio prints goes to stderr."""
+
+    name = "trackio"
+    purges = False
+
+    def open(
+        self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
+    ) -> dict[str, Any]:
+        trackio = importlib.import_module("trackio")
+        project, name = (held["project"], held["name"]) if held else (DEFAULT_PROJECT, grouping.name)
+        with contextlib.redirect_stdout(sys.stderr):
+            self.run = trackio.init(
+                project=project,
+                name=name,
+                group=grouping.group,
+                config=run.config.to_dict(),
+                resume="allow" if held else "never",
+                embed=False,
+                auto_log_cpu=False,
+                auto_log_gpu=False,
+            )
+        return {"project": project, "name": name}
+
+    def log(self, step: int, values: Mapping[str, float]) -> None:
+        self.run.log(dict(values), step=step)
+
+    def summary(self, step: int, values: Mapping[str, float]) -> None:
+        self.log(step, values)
+
+    def close(self, completed: bool) -> None:
+        with contextlib.redirect_stdout(sys.stderr):
+            importlib.import_module("trackio").finish()  # the current run, ours (`trackio.init` made it so)
+
+
+WRITERS: dict[str, Callable[[], SinkWriter]] = {
+    "tensorboard": TensorBoard,
+    "wandb": Wandb,
+    "mlflow": Mlflow,
+    "trackio": Trackio,
+}
+
+
+def _code_block(text: str) -> str:
+    """`text` as a markdown code block (TensorBoard's text tab renders markdown)."""
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A nested config as dotted keys and string values (MLflow's params)."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value if isinstance(value, str) else json.dumps(value)
+    return flat
+
+
+# -- the tracker ----------------------------------------------------------------------------
+
+
+class Tracker:
+    """A run's sinks in one session: each sent, in order, the events of metrics.jsonl it does not hold yet
+    (module docstring), then the summary. A failing sink is warned about once and dropped (`_guard`).
+
+        tracker = Tracker.open(run, ("tensorboard",), grouping, run.metrics())
+        tracker.write(event)          # after metrics.jsonl got it
+        tracker.close(summary)        # the summary (None: the run stopped before it) and the end of the session
+    """
+
+    def __init__(self, run: Run, state: dict[str, Any], events: int):
+        self.run = run
+        self.state = state
+        """tracking.json: per sink, what identifies the run there and the number of events it holds."""
+        self.events = events
+        """The number of events of metrics.jsonl."""
+        self.writers: dict[str, SinkWriter] = {}
+        self.failed: list[str] = []
+
+    @classmethod
+    def open(cls, run: Run, sinks: Sequence[Sink], grouping: Grouping, kept: Sequence[dict[str, Any]]) -> Tracker:
+        """Open `sinks` for `run`, whose metrics.jsonl holds the events `kept`, and send each what it lacks of them.
+        The caller holds the run's lock."""
+        tracker = cls(run, run.tracking(), len(kept))
+        for name in sinks:
+            tracker._open(WRITERS[name](), grouping, kept)
+        tracker._save()
+        return tracker
+
+    def _open(self, writer: SinkWriter, grouping: Grouping, kept: Sequence[dict[str, Any]]) -> None:
+        name, held = writer.name, self.state.get(writer.name)
+        count = min(held["events"], len(kept)) if held else 0
+        purge_step = None
+        if held and writer.purges and held["events"] > len(kept):  # points of steps after the resumed checkpoint
+            purge_step = kept[-1]["step"] + 1 if kept else 0
+        ids = self._guard(name, partial(writer.open, self.run, held, grouping, purge_step))
+        if ids is None:
+            return
+        self.writers[name] = writer
+        # A sink that holds events beyond those kept (and cannot drop them) skips them when they come again.
+        self.state[name] = {**ids, "events": held["events"] if held and purge_step is None else count}
+        for i in range(count, len(kept)):
+            self._send(name, i, kept[i])
+
+    def write(self, event: dict[str, Any]) -> None:
+        """Send metrics.jsonl's next event (already written there) to every sink that does not hold it."""
+        index = self.events
+        self.events += 1
+        if any(self._send(name, index, event) for name in list(self.writers)):
+            self._save()
+
+    def _send(self, name: str, index: int, event: Mapping[str, Any]) -> bool:
+        """Send event number `index` to sink `name` unless it holds it; whether it was sent."""
+        if index < self.state[name]["events"]:
+            return False
+        writer = self.writers[name]
+        if self._guard(name, partial(writer.log, int(event["step"]), points(event))) is None:
+            return False
+        self.state[name]["events"] = index + 1
+        return True
+
+    def close(self, summary: Mapping[str, Any] | None) -> None:
+        """Send `summary` (None: the session stopped before the run was done) and end the session in every sink."""
+        for name, writer in list(self.writers.items()):
+            if summary is not None:
+                step = int(summary.get("convergence", {}).get("steps_trained") or summary.get("steps") or 0)
+                self._guard(name, partial(writer.summary, step, summary_points(summary)))
+            if name in self.writers:  # not dropped by a failure just now
+                self._guard(name, partial(writer.close, summary is not None))
+        self.writers.clear()
+
+    def _guard(self, name: str, call: Callable[[], Any]) -> Any:
+        """`call`'s result (True for None), or None if it raised: then warn once on stderr and drop sink `name`."""
+        try:
+            result = call()
+        except Exception as e:  # any failure of a sink's library (network, disk, its own bugs) is the sink's
+            message = " ".join(str(e).split()) or type(e).__name__
+            print(
+                f"mixit: warning: the {name} logger failed ({type(e).__name__}: {message[:300]}); nothing more goes "
+                f"to it in this session (metrics.jsonl holds every event)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.writers.pop(name, None)
+            self.failed.append(name)
+            return None
+        return True if result is None else result
+
+    def _save(self) -> None:
+        self.run.write_tracking(self.state)
+
+
+# -- export-logs ----------------------------------------------------------------------------
+
+
+def check_export(run: Run, sinks: Sequence[Sink]) -> None:
+    """Refuse to export `run` to `sinks` (before anything is written) if a sink already holds its logs
+    (tracking.json records it, or RUN/tensorboard holds event files: they are never overwritten), or if
+    another process holds the run."""
+    state = run.tracking()
+    for name in sinks:
+        if name == "tensorboard" and run.tensorboard_events():
+            raise UsageError(
+                f"{run.tensorboard_dir} already holds event files; export-logs never overwrites them "
+                f"(remove the directory to export again)"
+            )
+        if name in state:
+            raise UsageError(f"{run.path} has been sent to {name} already ({run.tracking_path}); it is sent once")
+    run.acquire(stamp=False)
+    run.release()
+
+
+def export_run(run: Run, sinks: Sequence[Sink], grouping: Grouping) -> list[str]:
+    """Send `run`'s metrics.jsonl and summary (if it has one) to `sinks`, as training with them would have:
+    for runs trained without. Returns the sinks that failed (each warned about on stderr)."""
+    check_export(run, sinks)
+    run.acquire()
+    try:
+        tracker = Tracker.open(run, sinks, grouping, run.metrics())
+        tracker.close(run.summary())
+    finally:
+        run.release()
+    return tracker.failed

@@ -1,0 +1,361 @@
+"""Tracking sinks (docs/tracking.md): what TensorBoard, W&B, MLflow and trackio are sent equals metrics.jsonl,
+every point once after a resume; a sink changes no config or run id; a missing package is refused in one line;
+a failing sink never stops training; export-logs sends the runs trained without a sink."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from mixit import Run, run_config, train
+from mixit.cli import main
+from mixit.study import ReproduceOptions, reproduce
+from mixit.study.spec import run_id
+from mixit.tracking import TensorBoard, points, summary_points
+
+TINY = dict(
+    d_model=16,
+    n_heads=2,
+    n_layers=1,
+    steps=10,
+    batch_size=8,
+    test_size=20,
+    log_every=2,
+    eval_every=5,
+    checkpoint_every=5,
+)
+"""Events: freeze and eval at 0, train every 2 steps, eval at 5 and 10; checkpoints at 5 and 10."""
+
+STUDY_FILE = """
+name = "tiny"
+[base]
+task = "addition"
+task_params = {n_digits = 2}
+model = {d_model = 16, n_heads = 2, n_layers = 1}
+train = {steps = 4, batch_size = 8}
+test_size = 20
+[grid]
+variant = ["standard", "mixit"]
+"""
+
+
+def tiny_cfg(**kw):
+    return run_config("addition", "standard", {"n_digits": 2}, **{**TINY, **kw})
+
+
+class Stop(Exception):
+    pass
+
+
+def stop_at(step_to_stop):
+    def on_step(step, loss):
+        if step == step_to_stop:
+            raise Stop
+
+    return on_step
+
+
+def interrupted_then_resumed(path, logger, before=None):
+    """A tiny run stopped after step 7 (its last checkpoint at 5, so steps 6 and 7 run twice), then resumed to
+    its end; `before`: the sinks of the first session (default: `logger`)."""
+    cfg = tiny_cfg()
+    with pytest.raises(Stop):
+        train(cfg, path, progress=False, on_step=stop_at(7), logger=logger if before is None else before)
+    train(cfg, path, resume=True, progress=False, logger=logger)
+
+
+def expected(run_dir):
+    """{name: [(step, value), ...]} of the run's metrics.jsonl, as the sinks name its points."""
+    found = defaultdict(list)
+    for event in Run.open(run_dir).metrics():
+        for name, value in points(event).items():
+            found[name].append((event["step"], value))
+    return dict(found)
+
+
+def tensorboard_scalars(run_dir):
+    """{name: [(step, value), ...]} of every scalar in RUN/tensorboard, as TensorBoard reads it (purges applied)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    reader = EventAccumulator(str(Path(run_dir) / "tensorboard"))
+    reader.Reload()
+    return {tag: [(e.step, e.value) for e in reader.Scalars(tag)] for tag in reader.Tags()["scalars"]}
+
+
+def assert_same_points(got, want, resumed_in_place=False):
+    """`got` holds every point of `want` once, of equal value (to float32's precision). `resumed_in_place`: a sink
+    that kept the points the killed session had sent of the steps the resumed one ran again: bit-identical
+    (resumption is exact), but for the wall time train/elapsed_s."""
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert [s for s, _ in got[name]] == [s for s, _ in want[name]], name  # every step once, in order
+        if not (resumed_in_place and name == "train/elapsed_s"):
+            assert [v for _, v in got[name]] == pytest.approx([v for _, v in want[name]], rel=1e-6), name
+
+
+def split_summary(scalars):
+    summary = {k: v for k, v in scalars.items() if k.startswith("summary/")}
+    return {k: v for k, v in scalars.items() if k not in summary}, summary
+
+
+# -- TensorBoard --------------------------------------------------------------------------
+
+
+def test_tensorboard_reads_back_equal_to_metrics_jsonl(tmp_path):
+    train(tiny_cfg(), tmp_path / "run", progress=False, logger=["tensorboard"])
+    scalars, summary = split_summary(tensorboard_scalars(tmp_path / "run"))
+    assert_same_points(scalars, expected(tmp_path / "run"))
+    assert {"train/loss", "train/lr", "test/exact_match", "val/exact_match", "freeze/n_trainable"} <= set(scalars)
+    want = summary_points(Run.open(tmp_path / "run").summary())
+    assert {k: v[0][1] for k, v in summary.items()} == pytest.approx(want, rel=1e-6)
+    assert {v[0][0] for v in summary.values()} == {10}  # at the steps trained
+    assert summary["summary/n_params"][0][1] == Run.open(tmp_path / "run").summary()["n_params"]
+
+
+def test_a_resumed_run_sends_each_point_once(tmp_path):
+    interrupted_then_resumed(tmp_path / "run", ["tensorboard"])
+    assert len(Run.open(tmp_path / "run").tensorboard_events()) == 2  # one file per session, the second purging
+    assert_same_points(split_summary(tensorboard_scalars(tmp_path / "run"))[0], expected(tmp_path / "run"))
+
+
+def test_a_sink_new_to_a_resumed_run_gets_what_came_before(tmp_path):
+    interrupted_then_resumed(tmp_path / "run", ["tensorboard"], before=[])
+    assert_same_points(split_summary(tensorboard_scalars(tmp_path / "run"))[0], expected(tmp_path / "run"))
+
+
+def test_the_logger_changes_no_config_and_no_run_id(tmp_path):
+    train(tiny_cfg(steps=2), tmp_path / "with", progress=False, logger=["tensorboard"])
+    train(tiny_cfg(steps=2), tmp_path / "without", progress=False)
+    assert (tmp_path / "with" / "config.json").read_bytes() == (tmp_path / "without" / "config.json").read_bytes()
+    assert run_id(Run.open(tmp_path / "with").config) == run_id(Run.open(tmp_path / "without").config)
+    assert (tmp_path / "with" / "tracking.json").exists() and not (tmp_path / "without" / "tracking.json").exists()
+
+
+def test_a_failing_sink_is_warned_about_once_and_training_goes_on(tmp_path, monkeypatch, capsys):
+    log = TensorBoard.log
+    calls = []
+
+    def flaky(self, step, values):
+        calls.append(step)
+        if len(calls) > 3:
+            raise OSError(28, "No space left on device")
+        log(self, step, values)
+
+    monkeypatch.setattr(TensorBoard, "log", flaky)
+    with pytest.raises(Stop):  # training goes on past the failure (step 4), to where it is stopped
+        train(tiny_cfg(), tmp_path / "run", progress=False, on_step=stop_at(7), logger=["tensorboard"])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "logger failed" in line]
+    assert warnings == [
+        "mixit: warning: the tensorboard logger failed (OSError: [Errno 28] No space left on device); nothing more "
+        "goes to it in this session (metrics.jsonl holds every event)"
+    ]
+    assert calls == [0, 0, 2, 4]  # freeze and eval at 0, train at 2, then the failure: never called again
+    assert [e["step"] for e in Run.open(tmp_path / "run").metrics() if e["event"] == "train"] == [2, 4, 6]
+    assert Run.open(tmp_path / "run").tracking()["tensorboard"]["events"] == 3
+    # The next session sends it what it missed.
+    monkeypatch.setattr(TensorBoard, "log", log)
+    train(tiny_cfg(), tmp_path / "run", resume=True, progress=False, logger=["tensorboard"])
+    assert_same_points(split_summary(tensorboard_scalars(tmp_path / "run"))[0], expected(tmp_path / "run"))
+
+
+# -- refusals -------------------------------------------------------------------------------
+
+
+def test_a_missing_package_is_refused_in_one_line_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails
+    line = "--logger wandb needs the wandb package: pip install 'mixit-transformers[wandb]'"
+    args = ["--task", "addition", "-p", "n_digits=2", "--d-model", "16", "--n-heads", "2", "--steps", "2"]
+    assert main(["train", *args, "--logger", "tensorboard,wandb", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == f"mixit train: error: {line}\n"
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "s.toml").write_text(STUDY_FILE)
+    study = ["reproduce", "--study", str(tmp_path / "s.toml"), "--out", str(tmp_path / "study"), "--logger", "wandb"]
+    assert main(study) == 2
+    assert capsys.readouterr().err == f"mixit reproduce: error: {line}\n"
+    assert not (tmp_path / "study").exists()
+    assert main(["train", "--logger", "neptune", "--out", str(tmp_path / "run")]) == 2
+    assert "neptune" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+# -- export-logs ------------------------------------------------------------------------------
+
+
+def test_export_logs_sends_a_run_trained_without_a_sink_once(tmp_path, capsys):
+    train(tiny_cfg(), tmp_path / "run", progress=False)
+    assert main(["export-logs", str(tmp_path / "run"), "--to", "tensorboard"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"sent {tmp_path / 'run'} to tensorboard",
+        f"open with: tensorboard --logdir {tmp_path / 'run'}",
+    ]
+    scalars, summary = split_summary(tensorboard_scalars(tmp_path / "run"))
+    assert_same_points(scalars, expected(tmp_path / "run"))
+    assert set(summary) == set(summary_points(Run.open(tmp_path / "run").summary()))
+    files = Run.open(tmp_path / "run").tensorboard_events()
+    assert main(["export-logs", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already holds event files; export-logs never overwrites them" in err
+    assert Run.open(tmp_path / "run").tensorboard_events() == files
+    assert main(["export-logs", str(tmp_path)]) == 2
+    assert "holds no mixit run and no study" in capsys.readouterr().err
+
+
+# -- studies ----------------------------------------------------------------------------------
+
+
+def test_a_study_groups_its_runs_and_keeps_its_ids(tmp_path, mlflow_uri, capsys):
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "s.toml").write_text(STUDY_FILE)
+
+    def study(out, logger):
+        reproduce(
+            ReproduceOptions(study=tmp_path / "s.toml", out=out, executor="sequential", progress=False, logger=logger)
+        )
+        return json.loads((out / "study.json").read_text())["runs"]
+
+    logged = study(tmp_path / "logged", ("tensorboard", "mlflow"))
+    assert [r["id"] for r in logged] == [r["id"] for r in study(tmp_path / "plain", ())]
+    client = MlflowClient(mlflow_uri)
+    experiment = client.get_experiment_by_name("tiny")
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert sorted(runs) == sorted(r["id"] for r in logged)
+    for entry in logged:
+        run_dir = tmp_path / "logged" / "runs" / entry["id"]
+        plain = tmp_path / "plain" / "runs" / entry["id"]
+        assert (run_dir / "config.json").read_bytes() == (plain / "config.json").read_bytes()
+        variant = entry["config"]["variant"]
+        tags = {"task": "addition", "variant": variant, "seed": "0", "role": "final"}
+        assert {k: runs[entry["id"]].data.tags[k] for k in tags} == tags
+        assert split_summary(tensorboard_scalars(run_dir))[0].keys() == expected(run_dir).keys()
+    # export-logs of a study made without a sink groups its runs alike
+    assert main(["export-logs", str(tmp_path / "plain"), "--to", "mlflow"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert len(client.search_runs([experiment.experiment_id])) == 4
+
+
+# -- W&B, MLflow and trackio in their local modes ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mlflow_store(tmp_path_factory):
+    """One MLflow store for the module (creating its database takes seconds)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture
+def mlflow_uri(mlflow_store, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store)
+    return mlflow_store
+
+
+def test_mlflow_holds_every_point_once_after_a_resume(tmp_path, mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    interrupted_then_resumed(tmp_path / "run", ["mlflow"])
+    held = Run.open(tmp_path / "run").tracking()["mlflow"]
+    assert held["tracking_uri"] == mlflow_uri
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(held["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    assert run.data.params["model.d_model"] == "16" and run.data.tags["variant"] == "standard"
+    names = [k for k in run.data.metrics if not k.startswith("summary/")]
+    history = {
+        k: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, k), key=lambda m: m.step)]
+        for k in names
+    }
+    assert_same_points(history, expected(tmp_path / "run"), resumed_in_place=True)
+    want = summary_points(Run.open(tmp_path / "run").summary())
+    assert {k: v for k, v in run.data.metrics.items() if k.startswith("summary/")} == pytest.approx(want)
+
+
+def wandb_records(run_dir):
+    """Every record of the run's offline W&B files (all its sessions), read as W&B writes them: a LevelDB-style
+    log of 32 KiB blocks after a 7-byte header, each record chunk with a 7-byte header (crc, length, type)."""
+    from wandb.proto import wandb_internal_pb2
+
+    records = []
+    for path in sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")):
+        data, pos, chunk = path.read_bytes(), 7, b""
+        while pos + 7 <= len(data):
+            if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+                pos += 32768 - pos % 32768
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+            if kind == 0:
+                break
+            chunk += data[pos + 7 : pos + 7 + length]
+            pos += 7 + length
+            if kind in (1, 4):  # a whole record, or its last chunk
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(chunk)
+                records.append(record)
+                chunk = b""
+    return records
+
+
+def test_wandb_offline_holds_every_point_once_after_a_resume(tmp_path, monkeypatch):
+    for key, value in {"MODE": "offline", "SILENT": "true", "CONSOLE": "off", "X_DISABLE_STATS": "true"}.items():
+        monkeypatch.setenv(f"WANDB_{key}", value)
+    for key in ("CACHE_DIR", "CONFIG_DIR", "DATA_DIR"):  # nothing in the home directory
+        monkeypatch.setenv(f"WANDB_{key}", str(tmp_path / "wandb-home" / key.lower()))
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))  # the run directory wins
+    interrupted_then_resumed(tmp_path / "run", ["wandb"])
+    records = wandb_records(tmp_path / "run")
+    runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert {r.run_id for r in runs} == {Run.open(tmp_path / "run").tracking()["wandb"]["id"]} and len(runs) == 2
+    assert runs[0].project == "mixit" and runs[0].display_name == "run"
+    assert set(runs[0].tags) == {"task=addition", "variant=standard", "seed=0"}
+    got = defaultdict(list)
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
+            for name, value in row.items():
+                if not name.startswith("_"):
+                    got[name].append((row["_step"], value))
+    assert_same_points(dict(got), expected(tmp_path / "run"), resumed_in_place=True)
+    summary = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "summary":
+            summary.update({"/".join(u.nested_key) or u.key: json.loads(u.value_json) for u in record.summary.update})
+    want = summary_points(Run.open(tmp_path / "run").summary())
+    assert {k: summary[k] for k in want} == pytest.approx(want)
+
+
+TRACKIO_SCRIPT = """
+import json, sys
+from mixit import run_config, train
+from trackio.sqlite_storage import SQLiteStorage
+cfg = run_config("addition", "standard", {"n_digits": 2}, **json.loads(sys.argv[2]))
+class Stop(Exception): pass
+def stop(step, loss):
+    if step == 7:
+        raise Stop
+try:
+    train(cfg, sys.argv[1], progress=False, on_step=stop, logger=["trackio"])
+except Stop:
+    pass
+train(cfg, sys.argv[1], resume=True, progress=False, logger=["trackio"])
+print(json.dumps(SQLiteStorage.get_logs("mixit", "run")))
+"""
+
+
+def test_trackio_holds_every_point_once_after_a_resume(tmp_path):
+    # In a process of its own: trackio reads TRACKIO_DIR, where it keeps its store, once, when imported.
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
+    kw = json.dumps(TINY)
+    result = subprocess.run(
+        [sys.executable, "-c", TRACKIO_SCRIPT, str(tmp_path / "run"), kw], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Trackio" not in result.stdout.splitlines()[-1]  # what trackio prints goes to stderr
+    got = defaultdict(list)
+    for row in json.loads(result.stdout.splitlines()[-1]):
+        for name, value in row.items():
+            if name not in ("step", "timestamp") and not name.startswith("summary/"):
+                got[name].append((row["step"], value))
+    assert_same_points(dict(got), expected(tmp_path / "run"), resumed_in_place=True)
