@@ -4,6 +4,7 @@
     mixit reproduce --list                    # the presets, their run counts and estimated times here
     mixit reproduce --study my_grid.toml      # a study of your own (mixit.study.spec)
     mixit report STUDY_DIR                    # the report again, from whatever has finished
+    mixit export-logs STUDY_DIR --to tensorboard   # its runs' logs to a tracking sink (`export_logs`)
 
 `spec` (studies as data), `presets` (the scales), `search` (the search per
 architecture per task), `directory` (what a study directory may hold, and
@@ -17,25 +18,31 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from mixit.config import check
+from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.resources import model_numel
-from mixit.study.executors import Executor, Pool, execute
+from mixit.run import Run
+from mixit.study.directory import RECORD, load_study_record
+from mixit.study.executors import Executor, Pool, execute, run_dir
 from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
 from mixit.study.search import apply, plan_study
 from mixit.study.spec import PlannedRun, Study, load_study_file, merge_planned, plan
+from mixit.tracking import Sink, check_export, check_sinks, export_run, run_grouping, study_grouping
 
 __all__ = [
     "ReproduceOptions",
     "Study",
     "estimate_seconds",
+    "export_logs",
     "list_studies",
     "load_study_file",
     "paper_study",
@@ -117,16 +124,19 @@ class ReproduceOptions:
     how its runs execute."""
 
     preset: Literal["smoke", "quick", "gpu", "paper"] = "quick"
-    """smoke (every code path in minutes), quick (the comparison in 30 minutes on 2 CPU cores), gpu (one GPU in
-    about an hour) or paper (the paper's scales and the reference recipes, for clusters)."""
+    """The study to run: smoke (every code path in minutes), quick (the comparison in 30 minutes on 2 CPU
+    cores), gpu (one GPU in about an hour) or paper (the paper's scales and the reference recipes, for
+    clusters)."""
     study: Path | None = None
     """A TOML study file of your own instead of the paper's comparison."""
     seeds: int = 1
     """Seeds per cell (seed s sets the model's seed and the data seed)."""
     out: Path | None = None
-    """The study directory (default runs/study-<preset or study name>, with -nosearch without search)."""
+    """The study directory; null means runs/study-<preset or study name>, ending in -nosearch without
+    search."""
     executor: Executor = "local"
-    """local (a process pool), sequential, slurm (an array job through submitit) or submitit-local."""
+    """Where the runs execute: local (a process pool), sequential (one after another in this process), slurm
+    (an array job through submitit) or submitit-local (submitit's local executor)."""
     workers: int = 0
     """Processes of the local pool (0: one per core)."""
     threads: int = 0
@@ -135,31 +145,26 @@ class ReproduceOptions:
     """Run again the runs that failed before (otherwise they are skipped)."""
     list: bool = False
     """List the presets with their run counts and estimated time here, and run nothing."""
-    slurm_partition: str = ""
-    """Slurm partition (slurm executor)."""
-    slurm_time_min: int = 240
-    """Time limit of each Slurm job, minutes."""
-    slurm_gpus_per_node: int = 0
-    """GPUs per Slurm job."""
-    slurm_cpus_per_task: int = 2
-    """CPU cores per Slurm job."""
+    slurm: dict[str, Any] = field(default_factory=dict)
+    """A parameter of the Slurm jobs as KEY=VALUE (repeatable): any that submitit's Slurm executor accepts, such as
+    partition, account, qos, mem, constraint, gpus_per_node, timeout_min or array_parallelism (how many runs may
+    run at once). Each value is read as submitit types it (an integer, a number, true or false, or a string); a list
+    such as setup takes one --slurm per item, and additional_parameters.NAME=VALUE sets any other sbatch option.
+    Where not given, timeout_min is 240 and cpus_per_task is 2, and each job has one Slurm task per GPU. With
+    --executor submitit-local, what the local executor knows applies (timeout_min, gpus_per_node) and the rest is
+    ignored. Details: docs/scaling.md, "Slurm"."""
     progress: bool = True
     """Show a progress bar."""
     search: bool = True
     """Choose each cell's settings on validation among the candidates the preset declares (screening runs, then
     the winner in full); false (--no-search) trains every cell with the preset's fixed settings."""
+    logger: tuple[Sink, ...] = ()
+    """Tracking sinks that every run's metrics and summary go to as well, any of tensorboard, wandb, mlflow and
+    trackio, grouped under the study's name and tagged with task, variant, seed and role (docs/tracking.md)."""
 
     def pool(self) -> Pool:
-        """Where the runs execute: the executor, the local pool, and the Slurm parameters that are set."""
-        slurm: dict[str, Any] = {}
-        if self.executor == "slurm":
-            slurm = {
-                "partition": self.slurm_partition,
-                "timeout_min": self.slurm_time_min,
-                "gpus_per_node": self.slurm_gpus_per_node,
-                "cpus_per_task": self.slurm_cpus_per_task,
-            }
-        return Pool(self.executor, self.workers, self.threads, {k: v for k, v in slurm.items() if v != ""})
+        """Where the runs execute: the executor, the local pool, and the Slurm jobs' parameters."""
+        return Pool(self.executor, self.workers, self.threads, dict(self.slurm))
 
 
 def reproduce(options: ReproduceOptions) -> dict[str, Any]:
@@ -173,7 +178,7 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
     chosen = _study(options.preset, options.study, seeds)
     out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
     start = time.perf_counter()
-    tally = execute(chosen, out, options.pool(), options.retry_failed, options.progress, options.search)
+    tally = execute(chosen, out, options.pool(), options.retry_failed, options.progress, options.search, options.logger)
     report = write_report(out)
     return {"tally": tally, "report": report, "seconds": time.perf_counter() - start, "text": format_checks(report)}
 
@@ -182,7 +187,40 @@ def report(study_dir: Path) -> dict[str, Any]:
     """Write report.md, results.csv and figures/ from what a study has finished so far.
 
     Args:
-        study_dir: the study directory.
+        study_dir: The study directory.
     """
     result = write_report(study_dir)
     return {"report": result, "text": format_checks(result)}
+
+
+def export_logs(directory: Path, to: Sequence[Sink] = ("tensorboard",)) -> dict[str, Any]:
+    """Send the logs of a run trained without a tracking sink, or of every run of a study, to tracking sinks.
+
+    Each run's metrics.jsonl and summary go to the sinks as `mixit train --logger` would have sent them (a study's
+    runs grouped as `mixit reproduce --logger` groups them); a run a sink already holds is refused, before anything
+    is sent (docs/tracking.md).
+
+    Args:
+        directory: A run directory, or a study directory (every run it has started).
+        to: The tracking sinks, any of tensorboard, wandb, mlflow and trackio.
+    """
+    sinks = check_sinks(to, "--to")
+    directory = Path(directory)
+    if Run(directory).state() != "absent":
+        run = Run.open(directory)
+        runs = [(run, run_grouping(directory, run.config))]
+    elif (directory / RECORD).exists():
+        record = load_study_record(directory)
+        runs = []
+        for entry in record["runs"]:
+            if Run(run_dir(directory, entry["id"])).state() != "absent":
+                run = Run.open(run_dir(directory, entry["id"]))
+                runs.append((run, study_grouping(record["name"], entry["id"], run.config, entry.get("role", "final"))))
+    else:
+        raise UsageError(f"{directory} holds no mixit run and no study")
+    for run, _ in runs:
+        check_export(run, sinks)
+    failed = [f"{run.path} ({name})" for run, grouping in runs for name in export_run(run, sinks, grouping)]
+    if failed:
+        raise UsageError(f"export-logs could not send every run: {', '.join(failed)}; see the warnings above")
+    return {"runs": [run.path for run, _ in runs], "sinks": sinks}

@@ -29,8 +29,11 @@ starts is `mixit.study.directory`'s.
 
 from __future__ import annotations
 
+import collections.abc
 import concurrent.futures
 import ctypes
+import difflib
+import math
 import multiprocessing
 import os
 import shutil
@@ -39,17 +42,18 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import torch
 from tqdm.auto import tqdm
 
 from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import SignalOptions, signal_command
-from mixit.config import check
+from mixit.config import check, type_name
 from mixit.distributed import env_world
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
@@ -58,8 +62,9 @@ from mixit.run import Run
 from mixit.study.directory import check_out, check_same_study
 from mixit.study.search import Group, SearchPlan, apply, choose, plan_study
 from mixit.study.spec import PlannedRun, Study, merge_planned, plan
+from mixit.tracking import Grouping, Sink, check_sinks, study_grouping
 from mixit.training.loop import KeepCheckpoints, train
-from mixit.version import __version__, git_commit
+from mixit.version import __version__, git_commit, install_hint
 
 Executor = Literal["local", "sequential", "slurm", "submitit-local"]
 EXECUTORS = ("local", "sequential", "slurm", "submitit-local")
@@ -111,13 +116,22 @@ def write_study(
     write_json(path, record)
 
 
-def run_one(study_dir: str, run_id: str, config: dict[str, Any], analyze: bool, threads: int = 0) -> dict[str, Any]:
+def run_one(
+    study_dir: str,
+    run_id: str,
+    config: dict[str, Any],
+    analyze: bool,
+    logger: Sequence[Sink] = (),
+    grouping: Grouping | None = None,
+    threads: int = 0,
+) -> dict[str, Any]:
     """Train (or resume) one run of a study, analyse it if asked, and record a failure instead of raising.
 
     A run to be analysed keeps log-spaced checkpoints (`train`'s keep_checkpoints="log", which changes
     neither its results nor its id) and is analysed over them (`analyze_run`'s over_time), so the report
     can show when its heads form. Runs in a worker process (or a Slurm job): everything it needs comes
-    as plain data, `config` as {"config": the resolved config, "request": the request it was resolved from}."""
+    as plain data, `config` as {"config": the resolved config, "request": the request it was resolved from};
+    `logger` and `grouping` are `train`'s (the study's tracking sinks, and the run's place among them)."""
     if threads:
         torch.set_num_threads(threads)
     _distributed_job()
@@ -132,7 +146,8 @@ def run_one(study_dir: str, run_id: str, config: dict[str, Any], analyze: bool, 
         got = run.state()
         if got != "done":
             keep: KeepCheckpoints = "log" if analyze else "latest"
-            train(cfg, run.path, device="auto", resume=got == "started", progress=False, keep_checkpoints=keep)
+            resume = got == "started"
+            train(cfg, run.path, resume=resume, progress=False, keep_checkpoints=keep, logger=logger, grouping=grouping)
         if analyze and not run.analysed:
             analyze_run(run.path, batch=32, over_time=True)
         if main:
@@ -244,25 +259,32 @@ class Pool:
     threads: int = 0
     """Torch threads per worker of the local pool (0: `default_pool`)."""
     slurm: dict[str, Any] = field(default_factory=dict)
-    """submitit parameters for the Slurm executor: partition, timeout_min, gpus_per_node, cpus_per_task, ..."""
+    """Parameters of the submitit executors' jobs, as given (`slurm_parameters` checks and types them): any that
+    submitit's Slurm executor accepts, e.g. partition, account, qos, mem, timeout_min, array_parallelism."""
 
     def __post_init__(self) -> None:
         check(self.executor in EXECUTORS, f"unknown executor {self.executor!r}; allowed: {', '.join(EXECUTORS)}")
+        check(
+            not self.slurm or self.executor in ("slurm", "submitit-local"),
+            f"--slurm sets the jobs of --executor slurm or submitit-local; --executor {self.executor} has none",
+        )
         check(
             self.workers >= 0 and self.threads >= 0,
             f"workers and threads must be >= 0 (0: chosen), got {self.workers}, {self.threads}",
         )
 
     def check_available(self) -> None:
-        """Refuse an executor this machine cannot run, before the study writes anything: the submitit
-        executors without submitit, and slurm without Slurm (no sbatch, or no srun, which is what
-        submitit's own check looks for; submitit would otherwise run the study here, unasked)."""
+        """Refuse an executor this machine cannot run, or its jobs' parameters, before the study writes anything:
+        the submitit executors without submitit, a --slurm key or value submitit would not take
+        (`slurm_parameters`), and slurm without Slurm (no sbatch, or no srun, which is what submitit's own check
+        looks for; submitit would otherwise run the study here, unasked)."""
         if self.executor not in ("slurm", "submitit-local"):
             return
         try:
             import submitit
         except ImportError:
-            raise UsageError(f"--executor {self.executor} needs submitit: pip install 'mixit[slurm]'") from None
+            raise UsageError(f"--executor {self.executor} needs submitit: {install_hint('slurm')}") from None
+        slurm_parameters(self.executor, self.slurm)
         if self.executor == "slurm" and (shutil.which("sbatch") is None or submitit.SlurmExecutor.affinity() <= 0):
             raise UsageError(
                 "--executor slurm needs Slurm, and this machine has none (no sbatch or srun on PATH); "
@@ -282,9 +304,11 @@ def execute(
     retry_failed: bool = False,
     progress: bool = True,
     search: bool = True,
+    logger: Sequence[Sink] = (),
 ) -> dict[str, Any]:
     """Run every run of `study` not yet done into `study_dir` on `pool` (default: a local pool sized by
-    `default_pool`), then its extras; return a tally.
+    `default_pool`), then its extras; return a tally. `logger`: tracking sinks every run is sent to as well,
+    grouped under the study's name (`mixit.tracking.study_grouping`).
 
     With `search`, the runs that declare candidates are searched first (`mixit.study.search`): their
     screening runs train beside the runs that need no search, then each searched cell trains with the
@@ -299,6 +323,7 @@ def execute(
     # Everything that can refuse reads only, and comes before the first write (the probe of writability).
     check_out(study_dir, study.name, study.fingerprint(search))
     pool.check_available()
+    sinks = check_sinks(logger)
     check_output_dir(study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)
     lock = DirectoryLock(study_dir, "mixit study")
@@ -307,11 +332,11 @@ def execute(
         write_study(study, study_dir, first, search, planned.groups)
         tally = {"done": 0, "failed": 0, "skipped_failed": 0}
         with tqdm(total=0, disable=not progress, desc=study.name, unit="run", dynamic_ncols=True) as bar:
-            _run_phase(first, study_dir, pool, retry_failed, tally, bar)
+            _run_phase(first, study_dir, pool, retry_failed, tally, bar, sinks, study.name)
             if planned.groups:
                 finals = _searched_finals(planned, study_dir)
                 write_study(study, study_dir, merge_planned(first, finals), search, planned.groups)
-                _run_phase(finals, study_dir, pool, retry_failed, tally, bar)
+                _run_phase(finals, study_dir, pool, retry_failed, tally, bar, sinks, study.name)
         for name, options in study.extras.items():
             if not extra_result(study_dir, name).exists():
                 signal_command(SignalOptions(study_dir / name, **options))
@@ -351,13 +376,26 @@ def _run_phase(
     retry_failed: bool,
     tally: dict[str, int],
     bar: Any,
+    logger: tuple[Sink, ...] = (),
+    study_name: str = "",
 ) -> None:
-    """Run what of `planned` is not done (and, with `retry_failed`, what failed), counting into `tally`."""
+    """Run what of `planned` is not done (and, with `retry_failed`, what failed), counting into `tally`; each
+    sent to the tracking sinks `logger` too, under `study_name`."""
     states = {p.id: state(study_dir, p.id) for p in planned}
     todo = [p for p in planned if states[p.id] in ("new", "interrupted") or (retry_failed and states[p.id] == "failed")]
     tally["done"] += sum(s == "done" for s in states.values())
     tally["skipped_failed"] += 0 if retry_failed else sum(s == "failed" for s in states.values())
-    jobs = [(str(study_dir), p.id, {"config": p.cfg.to_dict(), "request": p.cfg.request}, p.analyze) for p in todo]
+    jobs = [
+        (
+            str(study_dir),
+            p.id,
+            {"config": p.cfg.to_dict(), "request": p.cfg.request},
+            p.analyze,
+            logger,
+            study_grouping(study_name, p.id, p.cfg, p.role),
+        )
+        for p in todo
+    ]
     bar.total += len(jobs)
     bar.refresh()
     parallel = 1 if pool.executor == "sequential" else pool.workers if pool.executor == "local" else len(jobs)
@@ -411,6 +449,112 @@ def _stop_pool(executor: concurrent.futures.ProcessPoolExecutor, grace: float = 
             worker.join()
 
 
+# -- the jobs' parameters (--slurm KEY=VALUE) ----------------------------------------------
+
+SLURM_DEFAULTS: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "timeout_min": (240, ("timeout_min", "time")),
+    "cpus_per_task": (2, ("cpus_per_task", "cpus_per_gpu")),
+}
+"""mixit's default for a parameter of the submitit jobs, and the keys that, given, replace it (submitit's own
+defaults are a 5-minute limit, and Slurm's one CPU per task; Slurm refuses cpus_per_task beside cpus_per_gpu)."""
+
+SLURM_RENAMED = {"num_gpus": "gpus_per_node"}
+"""Names submitit still reads but has deprecated, and their successors; refused, since the one task per GPU of
+`slurm_parameters` reads gpus_per_node."""
+
+
+def slurm_types() -> dict[str, Any]:
+    """Every --slurm key and submitit's type for it: the Slurm executor's own parameters (the keyword arguments of
+    the function that writes its sbatch script: account, qos, mem, constraint, array_parallelism,
+    additional_parameters, ...) and AutoExecutor's generic ones (timeout_min, mem_gb, tasks_per_node, name, ...).
+    Read from submitit itself (1.5), so that whatever the installed version accepts passes through."""
+    import submitit
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    sbatch = typing.get_type_hints(_make_sbatch_string)
+    types = {name: sbatch[name] for name in submitit.SlurmExecutor._valid_parameters() if name not in SLURM_RENAMED}
+    return {**types, **submitit.AutoExecutor._typed_parameters()}
+
+
+def slurm_parameters(executor: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of submitit's AutoExecutor.update_parameters for a study's jobs, from `given`
+    (``--slurm KEY=VALUE`` items, or a dict from Python); a bad key or value raises UsageError naming it.
+
+    Each key is one submitit's Slurm executor accepts (`slurm_types`; dashes read as underscores, as sbatch spells
+    them), each value of submitit's type for it (`_typed`). Where `given` does not say: `SLURM_DEFAULTS`, and one
+    task per GPU (tasks_per_node = gpus_per_node, or 1), so that each GPU trains one rank of the run
+    (docs/scaling.md, "Slurm"). The generic names go as they are, Slurm's own with submitit's ``slurm_`` prefix,
+    which the local executor ignores."""
+    import submitit
+
+    types = slurm_types()
+    params: dict[str, Any] = {}
+    for raw, value in given.items():
+        key = str(raw).replace("-", "_")
+        if key in SLURM_RENAMED:
+            raise UsageError(f"--slurm {key} is submitit's deprecated name for {SLURM_RENAMED[key]}; give that")
+        if key not in types:
+            near = difflib.get_close_matches(key, types, n=1)
+            raise UsageError(
+                f"unknown --slurm key {key!r}{f' (did you mean {near[0]}?)' if near else ''}; "
+                f"submitit's Slurm executor accepts: {', '.join(sorted(types))}"
+            )
+        check(key not in params, f"--slurm {key} is given twice (once as {raw!r})")
+        params[key] = _typed(key, value, types[key])
+    for generic, own in submitit.SlurmExecutor._equivalence_dict().items():
+        both = generic != own and {generic, own} <= params.keys()
+        check(not both, f"--slurm {generic} and {own} set the same sbatch option; give one of them")
+    nodes = params.get("nodes", 1)
+    check(executor != "submitit-local" or nodes == 1, f"--executor submitit-local runs on 1 node; got nodes={nodes}")
+    for key, (default, given_by) in SLURM_DEFAULTS.items():
+        if not params.keys() & set(given_by):
+            params[key] = default
+    if not params.keys() & {"tasks_per_node", "ntasks_per_node"}:
+        params["tasks_per_node"] = params.get("gpus_per_node") or 1
+    shared = submitit.AutoExecutor._typed_parameters()
+    return {key if key in shared else f"slurm_{key}": value for key, value in params.items()}
+
+
+def _typed(key: str, value: Any, hint: Any) -> Any:
+    """`value` of --slurm `key` as submitit's type `hint` says: a string read as an integer, a number or true/false
+    where the hint is one (true/false before a string, for ``exclusive``), as it is otherwise. A list parameter
+    (setup, srun_args) takes one item per --slurm KEY=..., and a dict one (additional_parameters) one
+    --slurm KEY.NAME=VALUE per sbatch option NAME, true for the option alone."""
+    kinds = [a for a in get_args(hint) if a is not type(None)] if get_origin(hint) is Union else [hint]
+    container = get_origin(kinds[0])
+    if container in (list, collections.abc.Iterable):
+        items = value if isinstance(value, list) else [value]
+        check(all(isinstance(v, str) for v in items), f"--slurm {key} takes strings, one per --slurm {key}=...")
+        return items
+    if container is dict:
+        ok = isinstance(value, Mapping) and not any(isinstance(v, (list, Mapping)) for v in value.values())
+        check(ok, f"--slurm {key} takes one --slurm {key}.NAME=VALUE per sbatch option NAME, got {value!r}")
+        return {str(name): True if v == "true" else v for name, v in value.items()}
+    check(not isinstance(value, (list, Mapping)), f"--slurm {key} takes one value, got {value!r}")
+    for kind in kinds:
+        typed = _as_type(value, kind)
+        if typed is not None:
+            return typed
+    raise UsageError(f"--slurm {key}: expected {' or '.join(type_name(k) for k in kinds)}, got {value!r}")
+
+
+def _as_type(value: Any, kind: type) -> Any:
+    """`value` as `kind` (bool, int, float or str), read from a string; None where it is none."""
+    if isinstance(value, str):
+        if kind is bool:
+            return {"true": True, "false": False}.get(value.lower())
+        if kind in (int, float):
+            try:
+                number = kind(value)
+            except ValueError:
+                return None
+            return number if math.isfinite(number) else None
+        return value if kind is str else None
+    if isinstance(value, bool):
+        return value if kind is bool else None
+    return value if isinstance(value, kind) or (kind is float and isinstance(value, int)) else None
+
+
 def _submitit(
     executor: str,
     study_dir: Path,
@@ -422,27 +566,10 @@ def _submitit(
     import submitit  # there: `Pool.check_available`
 
     folder = study_dir / "slurm"
-    ex: Any = (
-        submitit.LocalExecutor(folder)
-        if executor == "submitit-local"
-        else submitit.AutoExecutor(folder, cluster="slurm")  # never its silent fallback to this machine
-    )
-    if executor == "slurm":
-        # One task per GPU: a run with several GPUs trains data-parallel across them (docs/scaling.md).
-        slurm = {**slurm, "tasks_per_node": max(1, int(slurm.get("gpus_per_node", 0) or 1))}
-        ex.update_parameters(
-            **{
-                (
-                    "slurm_" + k
-                    if not k.startswith("slurm_")
-                    and k not in ("timeout_min", "gpus_per_node", "cpus_per_task", "nodes", "tasks_per_node", "mem_gb")
-                    else k
-                ): v
-                for k, v in slurm.items()
-            }
-        )
-    elif slurm:
-        ex.update_parameters(**slurm)
+    # The cluster is named, never detected: AutoExecutor's own choice falls back to this machine silently. The
+    # local one takes the same parameters, and ignores those only Slurm has.
+    ex: Any = submitit.AutoExecutor(folder, cluster="local" if executor == "submitit-local" else "slurm")
+    ex.update_parameters(**slurm_parameters(executor, slurm))
     if not jobs:
         return
     submitted = ex.map_array(run_one, *zip(*jobs))

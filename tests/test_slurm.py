@@ -1,0 +1,198 @@
+"""`mixit reproduce --slurm KEY=VALUE` (docs/scaling.md, "Slurm"): any parameter submitit's Slurm executor takes
+reaches submitit, typed as submitit types it; the same parameters run a tiny study through submitit's local
+executor; a bad key, value or item is refused with one line and exit status 2 before anything is written."""
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from mixit.cli import Parser, arguments, build_parser, main
+from mixit.errors import UsageError
+from mixit.study import ReproduceOptions
+from mixit.study.executors import _submitit, slurm_parameters
+
+STUDY = """
+name = "tiny"
+[base]
+task = "addition"
+task_params = {n_digits = 2}
+model = {d_model = 16, n_heads = 2, n_layers = 1}
+train = {steps = 4, batch_size = 16}
+test_size = 40
+variant = "standard"
+"""
+
+CLUSTER = [
+    "partition=gpu",
+    "account=abc",
+    "qos=high",
+    "mem=32G",
+    "constraint=a100",
+    "gpus_per_node=4",
+    "time=720",
+    "array_parallelism=16",
+    "exclusive=true",
+    "setup=module load cuda",
+    "setup=source .venv/bin/activate",
+    "additional_parameters.reservation=big-run",
+    "additional_parameters.requeue=true",
+]
+"""--slurm items of a real cluster's study, one of each kind of value submitit takes."""
+
+
+def slurm_args(items: list[str], option: str = "--slurm") -> list[str]:
+    return [arg for item in items for arg in (option, item)]
+
+
+def options(*args: str) -> ReproduceOptions:
+    """The options `mixit reproduce ARGS` builds, as the CLI builds them."""
+    parsed = build_parser().parse_args(["reproduce", *args], defaults=False).clone(with_meta=False).as_dict()
+    return ReproduceOptions(**arguments(ReproduceOptions, parsed["reproduce"]))
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The submitit executors that mixit makes, recorded; their submissions go nowhere when `submit` is false."""
+    submitit = pytest.importorskip("submitit")
+    made = []
+
+    class Recording(submitit.AutoExecutor):
+        submit = True
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def map_array(self, *args, **kwargs):
+            return super().map_array(*args, **kwargs) if self.submit else []
+
+    monkeypatch.setattr(submitit, "AutoExecutor", Recording)
+    return Recording, made
+
+
+def test_the_sbatch_script_carries_every_parameter_given(tmp_path, recorded, monkeypatch):
+    from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
+
+    executor, made = recorded
+    # There is no Slurm here: submitit's executor is made as on a cluster, submits nothing, and writes its script.
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 1))
+    executor.submit = False
+    pool = options("--executor", "slurm", *slurm_args(CLUSTER)).pool()
+    _submitit("slurm", tmp_path, [("study", "run", {}, False)], pool.slurm, lambda result: None)
+    assert made[0].cluster == "slurm"
+    script = _make_sbatch_string(command="true", folder=tmp_path, map_count=40, **made[0]._executor.parameters)
+    lines = set(script.splitlines())
+    for flag in (
+        "--partition=gpu",
+        "--account=abc",
+        "--qos=high",
+        "--mem=32G",
+        "--constraint=a100",
+        "--gpus-per-node=4",
+        "--ntasks-per-node=4",  # one task per GPU
+        "--cpus-per-task=2",  # mixit's default
+        "--time=720",
+        "--array=0-39%16",  # 40 runs, at most 16 at once
+        "--exclusive",
+        "--reservation=big-run",
+        "--requeue",
+    ):
+        assert f"#SBATCH {flag}" in lines, (flag, script)
+    assert {"module load cuda", "source .venv/bin/activate"} <= lines
+
+
+def test_the_documented_template_is_accepted_as_written():
+    pytest.importorskip("submitit")
+    text = (Path(__file__).parents[1] / "docs" / "scaling.md").read_text()
+    block = text.partition("```sh\nmixit reproduce --preset paper --executor slurm")[2].partition("```")[0]
+    words = shlex.split(block.replace("\\\n", " "))
+    items = [words[i + 1] for i, word in enumerate(words) if word == "--slurm"]
+    assert len(items) == 11, block
+    parameters = slurm_parameters("slurm", options("--executor", "slurm", *slurm_args(items)).slurm)
+    assert parameters["slurm_additional_parameters"] == {"reservation": "my-reservation"}
+    assert parameters["tasks_per_node"] == parameters["gpus_per_node"] == 4
+
+
+def test_values_are_typed_as_submitit_types_them():
+    pytest.importorskip("submitit")
+    given = {"cpus-per-task": "8", "mem_gb": 32, "timeout_min": "90", "exclusive": "user", "use_srun": "false"}
+    assert slurm_parameters("slurm", given) == {
+        "cpus_per_task": 8,
+        "mem_gb": 32,
+        "timeout_min": 90,
+        "slurm_exclusive": "user",
+        "slurm_use_srun": False,
+        "tasks_per_node": 1,
+    }
+    # A default gives way to what replaces it: Slurm refuses --cpus-per-task beside --cpus-per-gpu.
+    per_gpu = slurm_parameters("slurm", {"cpus_per_gpu": 4, "gpus_per_task": 1})
+    assert per_gpu["slurm_cpus_per_gpu"] == 4 and "cpus_per_task" not in per_gpu
+    assert slurm_parameters("slurm", {"ntasks_per_node": 2})["slurm_ntasks_per_node"] == 2
+    with pytest.raises(UsageError, match=r"timeout_min: expected an integer, got 1.5"):
+        slurm_parameters("slurm", {"timeout_min": 1.5})
+
+
+def test_a_study_runs_on_submitit_local_with_slurm_parameters(tmp_path, recorded, capsys):
+    _, made = recorded
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(STUDY)
+    out = tmp_path / "study"
+    local = ["timeout_min=30", "cpus_per_task=1", "mem_gb=2", "name=tiny"]
+    slurm_only = ["account=abc", "qos=high", "constraint=a100", "array_parallelism=1", "setup=true"]
+    args = ["reproduce", "--study", str(spec), "--out", str(out), "--executor", "submitit-local", "--no-progress"]
+    assert main([*args, *slurm_args(local + slurm_only)]) == 0
+    assert "runs: 1 done" in capsys.readouterr().out
+    assert made[0].cluster == "local"
+    parameters = made[0]._executor.parameters
+    assert parameters | {"timeout_min": 30, "cpus_per_task": 1, "mem_gb": 2.0, "tasks_per_node": 1} == parameters
+    assert not {"account", "qos", "constraint", "array_parallelism", "setup"} & parameters.keys()
+
+
+@pytest.mark.parametrize(
+    "executor, items, message",
+    [
+        ("slurm", ["acount=abc"], "unknown --slurm key 'acount' (did you mean account?); submitit's Slurm executor"),
+        ("submitit-local", ["gpu"], "--slurm expects KEY=VALUE (repeatable), got 'gpu'"),
+        ("submitit-local", ["array_parallelism=many"], "--slurm array_parallelism: expected an integer, got 'many'"),
+        ("submitit-local", ["timeout_min=30", "time=30"], "--slurm timeout_min and time set the same sbatch option"),
+        ("submitit-local", ["partition=a", "partition=b"], "--slurm partition takes one value"),
+        ("submitit-local", ["nodes=2"], "--executor submitit-local runs on 1 node; got nodes=2"),
+        ("submitit-local", ["num_gpus=2"], "--slurm num_gpus is submitit's deprecated name for gpus_per_node"),
+        ("local", ["partition=gpu"], "--slurm sets the jobs of --executor slurm or submitit-local"),
+    ],
+)
+def test_bad_items_are_refused_before_anything_is_written(tmp_path, capsys, executor, items, message):
+    pytest.importorskip("submitit")
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(STUDY)
+    out = tmp_path / "study"
+    args = ["reproduce", "--study", str(spec), "--out", str(out), "--executor", executor, *slurm_args(items)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_a_mapping_parameter_takes_repeatable_key_value_items():
+    def command(env: dict[str, str] | None = None, retries: int = 0) -> None:
+        """A command.
+
+        Args:
+            env: A variable as KEY=VALUE.
+            retries: How often to try again.
+        """
+
+    parser = Parser()
+    parser.add_options(command)
+    assert parser._option_string_actions["--env"].help == "A variable as KEY=VALUE."
+    items = ["a=1", "b = two words", "a=3", "c.x=4", "c.y=5=6"]
+    parsed = parser.parse_args(slurm_args(items, "--env"), defaults=False)
+    assert arguments(command, parsed.as_dict()) == {
+        "env": {"a": ["1", "3"], "b": "two words", "c": {"x": "4", "y": "5=6"}}
+    }
+    for bad in ("a", "=1", "c.=1"):
+        with pytest.raises(UsageError, match=f"--env expects KEY=VALUE \\(repeatable\\), got '{bad}'"):
+            arguments(command, {"env": [bad]})
+    with pytest.raises(UsageError, match=r"--env c is given both as c=VALUE and c.NAME=VALUE"):
+        arguments(command, {"env": ["c.x=1", "c=2"]})
