@@ -83,10 +83,10 @@ def format_catalogue(listing: dict[str, Any]) -> str:
 
 
 def catalogue_text(json: bool = False) -> str:
-    """List tasks with their parameters and defaults, variants, attention kinds and activations.
+    """List the tasks with their parameters and defaults, the variants, attention kinds, recipes and activations.
 
     Args:
-        json: machine-readable JSON instead of text.
+        json: Print machine-readable JSON instead of text.
     """
     listing = catalogue()
     return jsonlib.dumps(listing, indent=2) if json else format_catalogue(listing)

@@ -6,7 +6,7 @@ parameters of the library function a command calls, and for ``mixit train``
 the fields of `RunConfig`, `ModelConfig` and `TrainConfig` and a task's Config.
 It parses each value by its type hint (it is argparse underneath, so a bad
 value is an exception we print on one line; see docs/design.md,
-"Configuration", for why it was chosen over tyro). Three generic rules:
+"Configuration", for why it was chosen over tyro). Four generic rules:
 
 - a parameter whose type is a dataclass (`BenchOptions`, say) contributes that
   dataclass's fields as the command's flags, by field name, and `call` builds
@@ -15,7 +15,12 @@ value is an exception we print on one line; see docs/design.md,
   a flag; the command's ``cmd_*`` function supplies it;
 - options with both ``task`` and ``task_params`` take ``-p KEY=VALUE``
   (repeatable) instead of ``--task_params``, each value parsed by the type of
-  its field in the chosen task's Config (`task_params`).
+  its field in the chosen task's Config (`task_params`);
+- a parameter typed as a mapping (`ReproduceOptions.slurm`, a ``dict``) takes
+  ``--NAME KEY=VALUE``, repeatable, and is given to the library as a dict of
+  strings for it to check and type: a key given twice collects its values into
+  a list, in order, and ``KEY.NAME=VALUE`` sets NAME in a dict under KEY
+  (`key_values`).
 
 Spellings: jsonargparse names an option by its path (``--model.d_model``,
 ``--data_seed``) and reads a bool or a list only as a value (``--compile
@@ -23,7 +28,9 @@ true``, ``--depths [2,4]``). `Parser.add_spellings` adds, to each option it
 generated, its name alone with dashes (``--d-model``, ``--data-seed``); for a
 bool, the option alone for true (``--compile``) and ``--no-compile`` for
 false; for a list, comma-separated values (``--depths 2,4``, or one: ``--depths
-8``).
+8``). --help names types and defaults in the same words (``int or null``, ``one
+of hf or hub``, ``default: true``; `HelpFormatter`), and every help text is a
+sentence (tests/test_help.py).
 
 Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
@@ -40,21 +47,23 @@ import dataclasses
 import inspect
 import json
 import sys
+import textwrap
 import time
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn, get_args, get_origin
+from typing import Any, Literal, NoReturn, get_args, get_origin
 
+import docstring_parser
 from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
 
 from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import format_signal, signal_command
 from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
-from mixit.config import ModelConfig, TrainConfig, field_hints, type_name
+from mixit.config import ModelConfig, TrainConfig, field_docs, field_hints, type_name
 from mixit.distributed import BadEnvironment, Dist, env_world, refusal_said
 from mixit.errors import UsageError
 from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
@@ -62,7 +71,7 @@ from mixit.export import export_run
 from mixit.generate import sample_run
 from mixit.run import Run, load_request
 from mixit.runtime import tune_allocator
-from mixit.study import report, reproduce
+from mixit.study import export_logs, report, reproduce
 from mixit.tasks import TASKS
 from mixit.training.evaluate import evaluate_run
 from mixit.training.loop import train
@@ -93,33 +102,100 @@ def is_hook(hint: Any) -> bool:
     return any(get_origin(a) is collections.abc.Callable for a in _alternatives(hint))
 
 
+def is_mapping(hint: Any) -> bool:
+    """Whether an option of type `hint` takes KEY=VALUE items (module docstring)."""
+    return any(a is dict or get_origin(a) in (dict, collections.abc.Mapping) for a in _alternatives(hint))
+
+
 def is_list(hint: Any) -> bool:
     """Whether an option of type `hint` takes a list (comma-separated on the command line)."""
     return any(get_origin(a) in (list, tuple, collections.abc.Sequence) for a in _alternatives(hint))
 
 
-@dataclasses.dataclass(frozen=True)
-class CommaList:
+def comma_list(text: str) -> str:
     """The argparse type of a list option: ``2,4`` becomes ``[2,4]``, which jsonargparse then parses and checks
     against the option's type hint (it reads a list only in brackets)."""
-
-    item: str
-    """The type of the items, for --help."""
-
-    def __call__(self, text: str) -> str:
-        return text if text.lstrip().startswith("[") else f"[{text}]"
-
-    def __str__(self) -> str:  # its name in --help
-        return f"comma-separated list of {self.item}"
+    return text if text.lstrip().startswith("[") else f"[{text}]"
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
-    """jsonargparse's help layout, with the description and epilog kept as written."""
+def help_type(hint: Any) -> str:
+    """A type hint as --help names it, in the words of the command line: "int", "Path", "int or null", "one of a,
+    b or c", "comma-separated list of int", "comma-separated list, each one of a or b" (jsonargparse prints
+    Python's spellings: ``Literal['a', 'b']``, ``int | None``, ``<class 'Path'>``)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return "one of " + alternatives([str(a) for a in args])
+    if origin in (typing.Union, types.UnionType):
+        values = [a for a in args if a is not type(None)]
+        null = ["null"] if len(values) < len(args) else []
+        if len(values) == 1 and get_origin(values[0]) is Literal:
+            return "one of " + alternatives([*(str(a) for a in get_args(values[0])), *null])
+        return alternatives([*(help_type(a) for a in values), *null])
+    if origin in (list, tuple, collections.abc.Sequence):
+        item = help_type(args[0]) if args else "str"
+        return "comma-separated list" + (", each " if item.startswith("one of ") else " of ") + item
+    if origin in (dict, collections.abc.Mapping):
+        return f"mapping of {help_type(args[0])} to {help_type(args[1])}" if args else "mapping"
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def alternatives(names: Sequence[str]) -> str:
+    """``a, b or c``."""
+    return " or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def help_default(value: Any) -> Any:
+    """A default as --help shows it, as it is typed: true/false, a list comma-separated (an empty one ``[]``), an
+    empty string ``""`` (jsonargparse prints Python's ``False``, ``('a', 'b')``, ``()`` and nothing)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(help_default(v)) for v in value) or "[]"
+    return '""' if value == "" else value
+
+
+class HelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help layout, with each option's type and default in the words of the command line
+    (`help_type`, `help_default`), lines broken between words only (never inside ``--over-time``), and a
+    description or epilog filled to the terminal except its indented lines, kept as listed."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs: list[str] = []
+        for line in text.strip("\n").splitlines():
+            if line[:1].strip() and paragraphs and paragraphs[-1][:1].strip():  # goes on with an unindented line
+                paragraphs[-1] += " " + line
+            else:
+                paragraphs.append(line)
+        lines: list[str] = []
+        for paragraph in paragraphs:  # an indented one wraps under itself, further indented
+            lead = indent + paragraph[: len(paragraph) - len(paragraph.lstrip())]
+            hanging = lead + "    " if lead != indent else lead
+            words = " ".join(paragraph.split())
+            lines += textwrap.wrap(words, width, initial_indent=lead, subsequent_indent=hanging, break_on_hyphens=False)
+            lines += [] if words else [""]
+        return "\n".join(lines)
 
     def _get_type_str(self, action: argparse.Action) -> str | None:
-        text = super()._get_type_str(action)
-        # jsonargparse names its own Path class but prints pathlib's as "<class 'Path'>".
-        return "Path" if text == "<class 'Path'>" else text
+        hint = getattr(action, "_typehint", None)  # jsonargparse's options; ours (--config, --out) have a type
+        if hint is None and isinstance(action.type, type):
+            hint = action.type
+        return super()._get_type_str(action) if hint is None else help_type(hint)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if isinstance(action, argparse._AppendAction) and action.default is None:  # -p KEY=VALUE: none given
+            return action.help or ""
+        return super()._get_help_string(action)
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        default = action.default
+        action.default = help_default(default)
+        try:
+            return super()._expand_help(action)
+        finally:
+            action.default = default
 
 
 class Parser(ArgumentParser):
@@ -144,8 +220,11 @@ class Parser(ArgumentParser):
                 "--task-param",
                 action="append",
                 metavar="KEY=VALUE",
-                help="a task parameter, typed by the task's own parameter class (repeatable; see `mixit list`)",
+                help="Set a task parameter, the value read as the type the task declares for it; repeat -p for "
+                "several (`mixit list` names each task's parameters and defaults).",
             )
+        mappings = [name for name, hint in hints.items() if name not in skipped and is_mapping(hint)]
+        skipped.update(mappings)
         if not dataclasses.is_dataclass(target):
             for name, hint in hints.items():
                 if name not in skipped and dataclasses.is_dataclass(hint):
@@ -154,6 +233,13 @@ class Parser(ArgumentParser):
         add = self.add_class_arguments if dataclasses.is_dataclass(target) else self.add_function_arguments
         for dest in add(target, nested_key, as_group=nested_key is not None, as_positional=not partial, skip=skipped):
             self.add_spellings(dest, hints[dest.rpartition(".")[2]], required=not partial)
+        group_file = self._option_string_actions.get(f"--{nested_key}") if nested_key else None  # --model FILE
+        if group_file is not None:
+            group_file.help = f"A YAML or JSON file, or string, of {nested_key} options; a flag after it overrides it."
+        for name in mappings:
+            dashed = f"--{name.replace('_', '-')}"
+            names = [dashed] if dashed == f"--{name}" else [f"--{name}", dashed]
+            self.add_argument(*names, dest=name, action="append", metavar="KEY=VALUE", help=doc(target, name))
 
     def add_spellings(self, dest: str, hint: Any, required: bool = True) -> None:
         """Give the option at `dest` (``--model.d_model``) the spellings of the module docstring. An alias is
@@ -176,11 +262,10 @@ class Parser(ArgumentParser):
                 action="store_const",
                 const=False,
                 default=argparse.SUPPRESS,
-                help=f"same as --{dashed} false",
+                help=f"Same as --{dashed} false.",
             )
         elif is_list(hint):
-            item = get_args(_alternatives(hint)[0])[0]
-            action.type = CommaList(getattr(item, "__name__", str(item)))
+            action.type = comma_list
 
 
 def call(function: Callable[..., Any], args: Mapping[str, Any], **hooks: Any) -> Any:
@@ -197,8 +282,36 @@ def arguments(target: Any, args: Mapping[str, Any]) -> dict[str, Any]:
     """The values given in `args` for the parameters or fields of `target`, task_params from ``-p``."""
     names = hints_of(target)
     values = {k: args[k] for k in names if k in args}
+    for name, hint in names.items():
+        if name in values and is_mapping(hint) and isinstance(values[name], list):
+            values[name] = key_values(name, values[name])
     if "task_params" in names and "task_param" in args:
         values["task_params"] = task_params(values.get("task"), args["task_param"])
+    return values
+
+
+def doc(target: Any, name: str) -> str:
+    """The docstring of field `name` of dataclass `target`, or of parameter `name` of function `target` (its Args)."""
+    if dataclasses.is_dataclass(target):
+        return field_docs(target).get(name, "")  # type: ignore[arg-type]
+    params = docstring_parser.parse(inspect.getdoc(target) or "").params
+    return next((" ".join((p.description or "").split()) for p in params if p.arg_name == name), "")
+
+
+def key_values(option: str, items: Sequence[str]) -> dict[str, Any]:
+    """``--OPTION KEY=VALUE`` items as a dict of strings (module docstring): a key given more than once collects its
+    values into a list, in order; ``KEY.NAME=VALUE`` sets NAME in a dict under KEY."""
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = (part.strip() for part in item.partition("="))
+        head, dot, name = key.partition(".")
+        if not sep or not head or (dot and not name):
+            raise UsageError(f"--{option.replace('_', '-')} expects KEY=VALUE (repeatable), got {item!r}")
+        where, last = (values.setdefault(head, {}), name) if dot else (values, head)
+        if not isinstance(where, dict) or isinstance(where.get(last), dict):
+            raise UsageError(f"--{option.replace('_', '-')} {head} is given both as {head}=VALUE and {head}.NAME=VALUE")
+        old = where.get(last)
+        where[last] = value if old is None else [*(old if isinstance(old, list) else [old]), value]
     return values
 
 
@@ -254,8 +367,12 @@ REQUEST_KEYS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "task
 def train_parser() -> Parser:
     """The flags of ``mixit train``: a request (`RunConfig`'s fields, the model and training options under
     ``model.`` and ``train.``), how to run it (`train`'s own parameters), and --config, --out, --print-config."""
-    epilog = "task parameters (-p KEY=VALUE):\n" + "\n".join(
-        f"  {name}: " + ", ".join(f"{k}={v}" for k, v in cls.Config().to_dict().items()) for name, cls in TASKS.items()
+    epilog = (
+        "Task parameters (-p KEY=VALUE), with their defaults (`mixit list` says what each one means):\n"
+        + "\n".join(
+            f"  {name}: " + ", ".join(f"{k}={help_default(v)}" for k, v in cls.Config().to_dict().items())
+            for name, cls in TASKS.items()
+        )
     )
     p = Parser(
         description="Train a model on a task under a variant, into a run directory. Each task sets its own "
@@ -266,16 +383,23 @@ def train_parser() -> Parser:
     p.add_argument(
         "--config",
         type=Path,
-        help="a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
-        "data_seed, test_size, val_size), or a run's config.json or directory, replayed; flags override it",
+        help="Start from a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
+        "data_seed, test_size, val_size), or replay a run's config.json or run directory; the flags given beside it "
+        "override it.",
     )
     p.add_options(RunConfig, skip=("model", "train"), partial=True)
     p.set_defaults(task=DEFAULT_TASK)  # shown in --help; a request without a task gets it from `resolve`
     p.add_options(ModelConfig, "model", skip=TASK_DECIDES, partial=True)
     p.add_options(TrainConfig, "train", partial=True)
-    p.add_argument("--out", type=Path, help="run directory (default: runs/<task>-<variant>-<time>)")
-    p.add_options(train, skip=("cfg", "run_dir"))
-    p.add_argument("--print_config", type=bool, help="print the resolved config as JSON and exit without training")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="The run directory to write, or with --resume to continue; null means runs/<task>-<variant>-<time>.",
+    )
+    p.add_options(train, skip=("cfg", "run_dir", "grouping"))  # grouping: a study's, for its runs
+    p.add_argument(
+        "--print_config", type=bool, default=False, help="Print the resolved config as JSON and exit without training."
+    )
     p.add_spellings("print_config", bool)
     return p
 
@@ -379,6 +503,15 @@ def cmd_export(args: Mapping[str, Any]) -> int:
     return 0
 
 
+def cmd_export_logs(args: Mapping[str, Any]) -> int:
+    result = call(export_logs, args)
+    for path in result["runs"]:
+        print(f"sent {path} to {', '.join(result['sinks'])}")
+    if "tensorboard" in result["sinks"]:
+        print(f"open with: tensorboard --logdir {args['directory']}")
+    return 0
+
+
 def cmd_list(args: Mapping[str, Any]) -> int:
     print(call(catalogue_text, args))
     return 0
@@ -400,55 +533,73 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "train": Command(
-        cmd_train, train_parser, "train a model on a task under a variant (see --help; `mixit list` for the choices)"
+        cmd_train, train_parser, "Train a model on a task under a variant (`mixit list` names the choices)."
     ),
     "eval": Command(
-        cmd_eval, partial(command_parser, evaluate_run), "re-evaluate a run's latest checkpoint on its test set"
+        cmd_eval, partial(command_parser, evaluate_run), "Re-evaluate a run's latest checkpoint on its test set."
     ),
     "sample": Command(
-        cmd_sample, partial(command_parser, sample_run), "sample text from a trained language model (task lm)"
+        cmd_sample, partial(command_parser, sample_run), "Sample text from a trained language model (task lm)."
     ),
     "analyze": Command(
         cmd_analyze,
         partial(command_parser, analyze_run),
-        "head scores, attention maps and signal propagation of a trained run",
+        "Score the heads, draw the attention maps and measure the signal propagation of a trained run.",
     ),
     "signal": Command(
         cmd_signal,
         partial(command_parser, signal_command),
-        "token similarity against depth at initialisation (rank collapse)",
+        "Measure how alike token representations grow with depth at initialisation (rank collapse).",
     ),
     "bench": Command(
         cmd_bench,
         partial(command_parser, bench_command),
-        "training throughput, memory and MFU per variant, beside HF Llama",
+        "Measure training throughput, memory and MFU of each variant, beside a Hugging Face Llama.",
     ),
     "reproduce": Command(
         cmd_reproduce,
         partial(command_parser, reproduce),
-        "run the paper's comparison (or a study file) and write its report",
+        "Run the paper's comparison (or a study file of your own) and write its report.",
         "the same command again resumes the study, each run from its last checkpoint",
     ),
     "report": Command(
-        cmd_report, partial(command_parser, report), "write the report of a study from what has finished"
+        cmd_report, partial(command_parser, report), "Write the report of a study from the runs that have finished."
     ),
     "export": Command(
         cmd_export,
         partial(command_parser, export_run),
-        "a run's model as a Hugging Face directory: a transformers Llama (--to hf) or for from_pretrained (--to hub)",
+        "Write a run's model as a Hugging Face directory: a transformers Llama (--to hf) or one for "
+        "Transformer.from_pretrained (--to hub).",
     ),
-    "list": Command(cmd_list, partial(command_parser, catalogue_text), "list tasks, variants and their parameters"),
+    "export-logs": Command(
+        cmd_export_logs,
+        partial(command_parser, export_logs),
+        "Send the logs of a run trained without a tracking sink, or of every run of a study, to TensorBoard, "
+        "W&B, MLflow or trackio.",
+    ),
+    "list": Command(
+        cmd_list,
+        partial(command_parser, catalogue_text),
+        "List the tasks with their parameters, the variants and the recipes.",
+    ),
 }
 
 
 def build_parser() -> Parser:
     parser = Parser(
         prog="mixit",
-        description="Which trainable parts of a transformer do which jobs: train, "
-        "evaluate and analyse the paper's variants.",
+        description="Train, evaluate and analyse transformers with some of their parts frozen (the paper's "
+        "variants), to learn which trainable parts do which jobs.",
     )
-    parser.add_argument("--version", action="version", version=f"mixit {__version__}")
-    sub = parser.add_subcommands(dest="command")
+    parser.add_argument(
+        "--version", action="version", version=f"mixit {__version__}", help="Print the version and exit."
+    )
+    sub = parser.add_subcommands(
+        dest="command",
+        title="commands",
+        description="Each command takes options of its own: `mixit COMMAND --help` lists them.",
+        help="The command to run.",
+    )
     for name, command in COMMANDS.items():
         sub.add_subcommand(name, command.parser(), help=command.summary)
     return parser

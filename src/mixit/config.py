@@ -304,10 +304,12 @@ class ModelConfig(Config):
 
 @dataclass
 class TrainConfig(Config):
-    """Optimisation and bookkeeping: AdamW on the trainable parameters, linear
-    warmup then cosine decay, global-norm gradient clipping, periodic
-    evaluation and checkpoints. Each task sets its own steps, batch size and
-    learning rate (`mixit list`); the defaults below apply where it does not."""
+    """Optimisation and bookkeeping: the optimizer, its schedule, evaluation and checkpoints.
+
+    AdamW on the trainable parameters, linear warmup then cosine decay,
+    global-norm gradient clipping, periodic evaluation and checkpoints. Each
+    task sets its own steps, batch size and learning rate (`mixit list`); the
+    defaults below apply where it does not."""
 
     what: ClassVar[str] = "training option"
 

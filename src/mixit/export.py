@@ -37,7 +37,7 @@ from mixit.freezing import VARIANTS
 from mixit.models import Transformer
 from mixit.run import Loaded, Run
 from mixit.text.tokenizer import EOS, PAD, TOKENIZER_FILE
-from mixit.version import __version__, git_commit
+from mixit.version import __version__, git_commit, install_hint
 
 Target = Literal["hf", "hub"]
 
@@ -89,13 +89,16 @@ LLAMA_NAMES = {
 
 
 def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None) -> Path:
-    """Write a run's latest checkpoint as a Hugging Face model directory; return where it was written.
+    """Write a run's latest checkpoint as a Hugging Face model directory.
+
+    Returns where it was written.
 
     Args:
-        run_dir: the run directory.
-        to: hf (a transformers LlamaForCausalLM, loadable without mixit: softmax variants at Llama's
-            settings only) or hub (any mixit model, for Transformer.from_pretrained: mixit installed).
-        out: the directory to write; it must be absent or empty (default: RUN_DIR-hf or RUN_DIR-hub beside the run).
+        run_dir: The run directory.
+        to: The format: hf (a transformers LlamaForCausalLM, loadable without mixit; softmax variants at
+            Llama's settings only) or hub (any mixit model, for Transformer.from_pretrained; needs mixit).
+        out: The directory to write, which must be absent or empty; null means RUN_DIR-hf or RUN_DIR-hub beside
+            the run.
     """
     run = Run.open(run_dir)
     out = Path(out) if out is not None else run.path.with_name(f"{run.path.name}-{to}")
@@ -129,7 +132,7 @@ def require_transformers() -> None:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        raise UsageError("--to hf needs the transformers package (pip install transformers)") from None
+        raise UsageError(f"--to hf needs the transformers package: {install_hint('bench')}") from None
 
 
 # -- --to hf: a transformers LlamaForCausalLM -----------------------------------------------
@@ -338,7 +341,7 @@ def usage(to: Target, text: bool) -> str:
     else:
         snippet = (
             "from mixit.models import Transformer\n\n"
-            'model = Transformer.from_pretrained("THIS_DIRECTORY")  # needs mixit installed'
+            f'model = Transformer.from_pretrained("THIS_DIRECTORY")  # needs mixit: {install_hint()}'
         )
         if text:
             snippet += '\n# the run\'s tokenizer: tokenizers.Tokenizer.from_file("THIS_DIRECTORY/tokenizer.json")'

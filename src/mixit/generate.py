@@ -84,14 +84,14 @@ def sample_run(
     Each continuation ends where the model ends its document (EOS) or after max_new_tokens.
 
     Args:
-        run_dir: the run directory (a run of task lm).
-        prompt: text to continue (empty: start a new document).
-        max_new_tokens: tokens to generate at most.
-        temperature: sampling temperature; 0 takes the most likely token.
-        top_k: sample among the k most likely tokens; 0 means all.
-        num_samples: independent continuations.
-        seed: sampling seed.
-        device: auto, cpu, cuda or cuda:N.
+        run_dir: The run directory (a run of task lm).
+        prompt: The text to continue; empty starts a new document.
+        max_new_tokens: The most tokens to generate per continuation.
+        temperature: Sampling temperature; 0 always takes the most likely token.
+        top_k: Sample among the k most likely tokens; 0 means among all of them.
+        num_samples: Independent continuations to sample.
+        seed: Sampling seed.
+        device: Where to run: auto (cuda if available, else cpu), cpu, cuda or cuda:N.
     """
     check_run_sampling(max_new_tokens, num_samples, temperature, top_k)
     run = Run.open(run_dir)

@@ -57,20 +57,21 @@ def analyze_run(
     seed: int = 0,
     over_time: bool = False,
 ) -> dict[str, Any]:
-    """Run every analysis on a run's latest checkpoint and write RUN_DIR/analysis/ (through `Run.analysis`).
+    """Run every analysis on a run's latest checkpoint and write the results to RUN_DIR/analysis/.
 
     Returns the findings of summary.md as data, with the text itself under
-    "summary" and the directory written under "out_dir".
+    "summary" and the directory written (`Run.analysis`) under "out_dir".
 
     Args:
-        run_dir: the run directory.
-        device: auto, cpu, cuda or cuda:N.
-        example: the test example whose attention maps are drawn.
-        tokens: draw the attention maps of these token ids instead (comma-separated on the command line).
-        batch: repeated random sequences for the head scores.
-        seed: seed of those sequences.
-        over_time: also score the heads and evaluate the test set at every checkpoint the run holds
-            (over_time.json and .png; train with --keep-checkpoints log to keep about 20 of them).
+        run_dir: The run directory.
+        device: Where to run: auto (cuda if available, else cpu), cpu, cuda or cuda:N.
+        example: The index of the test example whose attention maps are drawn.
+        tokens: Draw the attention maps of these token ids instead of a test example (comma-separated on the
+            command line); null means the test example.
+        batch: Repeated random sequences the head scores are measured on.
+        seed: Seed of those random sequences.
+        over_time: Also score the heads and evaluate the test set at every checkpoint the run holds, into
+            over_time.json and over_time.png (train with --keep-checkpoints log to keep about 20 of them).
     """
     check(batch > 0, f"batch must be a positive integer, got {batch}")
     run = Run.open(run_dir)

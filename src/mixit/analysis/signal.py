@@ -294,28 +294,30 @@ class SignalOptions:
     """What `mixit signal` measures, and where it writes signal.json and signal.png (one flag per field)."""
 
     out: Path = Path("signal")
-    """output directory; signal.json and signal.png there are never overwritten."""
+    """The output directory; signal.json and signal.png there are never overwritten."""
     variants: Sequence[str] = ("standard", "mixit", "random")
-    """the variants to build (comma-separated)."""
+    """The variants to build, comma-separated."""
     depths: Sequence[int] = (2, 4, 8, 16, 32)
-    """the depths to build (comma-separated)."""
+    """The depths (numbers of blocks) to build, comma-separated."""
     d_model: int = 128
-    """model width."""
+    """Model width."""
     n_heads: int = 4
-    """attention heads."""
+    """Attention heads; must divide d_model."""
     n_ctx: int = 64
-    """sequence length of the random inputs."""
+    """Tokens per random input sequence (and the models' context)."""
     seeds: int = 3
-    """initialisations averaged per point (seeds 0..seeds-1)."""
+    """Initialisations averaged per point (seeds 0 to seeds - 1)."""
     shaped: bool = False
-    """build every variant with the signal-propagation settings."""
+    """Build every variant with the signal-propagation settings (`ModelConfig.shaped()`) instead of the
+    standard ones."""
     mixing_sink: Literal["reference", "normalised", "off"] = "reference"
     """MixiT's head 0: reference, normalised or off (docs/model.md, "The sink head")."""
 
 
 def signal_command(options: SignalOptions) -> tuple[dict[str, Any], list[Path]]:
     """Measure, for freshly initialised models of several variants and depths, the mean cosine similarity and
-    covariance between token representations after each layer; write signal.json and signal.png to `out`.
+    covariance between token representations after each layer; write signal.json and signal.png into the
+    output directory (`out`, --out).
 
     Returns the result and the files written.
     """

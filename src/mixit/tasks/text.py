@@ -122,8 +122,8 @@ class TextConfig(TaskConfig):
     """What both text tasks' parameters share: the tokenizer and where the data comes from."""
 
     tokenizer: str = "bpe"
-    """bpe (a byte-level BPE of `vocab` entries trained on the training split
-    and cached), or a tokenizer.json file or a directory holding one."""
+    """The tokenizer: bpe (a byte-level BPE of `vocab` entries trained on the
+    training split and cached), or a tokenizer.json file or a directory holding one."""
     data_dir: str = ""
     """A local copy of a hub dataset's repository to read instead of the hub (empty: the hub)."""
     max_documents: int = 0
@@ -249,8 +249,8 @@ class LanguageModelingConfig(TextConfig):
     """Language modelling on real text (embedded English by default), packed sequences."""
 
     corpus: str = "english"
-    """english (embedded), wikitext-103, fineweb-edu, or a local file or
-    directory of .txt/.jsonl/.json/.parquet/.csv/.tsv."""
+    """The corpus: english (embedded), wikitext-103, fineweb-edu, or a local file
+    or directory of .txt/.jsonl/.json/.parquet/.csv/.tsv."""
     length: int = 128
     """Tokens the model reads per sequence."""
     vocab: int = 4096
@@ -422,7 +422,8 @@ class SentimentConfig(TextConfig):
     """Sentiment classification (embedded movie snippets by default, yelp_polarity when reachable)."""
 
     dataset: str = "movies"
-    """movies (embedded), yelp_polarity, or a local file or directory with text and integer label fields."""
+    """The dataset: movies (embedded), yelp_polarity, or a local file or directory with text and integer label
+    fields."""
     length: int = 64
     """Tokens kept per text (the first ones); shorter texts are right-padded."""
     vocab: int = 2048

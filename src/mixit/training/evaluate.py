@@ -67,9 +67,9 @@ def evaluate_run(run_dir: Path, device: str = "auto", batch_size: int = 1000) ->
     """Re-evaluate a run's latest checkpoint on its task's fixed test set.
 
     Args:
-        run_dir: the run directory.
-        device: auto, cpu, cuda or cuda:N.
-        batch_size: examples per forward pass.
+        run_dir: The run directory.
+        device: Where to run: auto (cuda if available, else cpu), cpu, cuda or cuda:N.
+        batch_size: Test examples per forward pass.
     """
     check(batch_size > 0, f"batch_size must be a positive integer, got {batch_size}")
     run = Run.open(run_dir)
