@@ -147,6 +147,27 @@ def test_done_runs_are_skipped_and_interrupted_ones_resumed(tmp_path):
         execute(tiny_study(variant=["standard", "frozen_qk"]), out, Pool("sequential"), progress=False)
 
 
+def test_a_study_of_your_own_is_reported_cell_by_cell(tmp_path):
+    study = Study("tiny", grid(BASE, {"variant": ["standard", "mixit"]}, 2, {"table": "tiny"}))
+    out = tmp_path / "study"
+    assert execute(study, out, Pool("sequential"), progress=False)["done"] == 4
+    result = write_report(out)
+    report = (out / "report.md").read_text()
+    assert report.startswith("# tiny\n") and "paper" not in report and result["checks"] == {}
+    assert json.loads((out / "checks.json").read_text()) == {}
+    rows = [line for line in report.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| table | variant | seeds done | test loss |") and rows[0].endswith("| converged |")
+    for variant in ("standard", "mixit"):
+        losses = [
+            json.loads((out / "runs" / p.id / "summary.json").read_text())["test"]["loss"]
+            for p in plan(study.specs)
+            if p.cfg.variant == variant
+        ]
+        mean = sum(losses) / 2
+        spread = (sum((x - mean) ** 2 for x in losses)) ** 0.5  # the sample std of two values
+        assert any(row.startswith(f"| tiny | {variant} | 2/2 | {mean:.4f} ± {spread:.4f} |") for row in rows[1:])
+
+
 def test_a_failing_run_is_recorded_and_does_not_stop_the_others(tmp_path, monkeypatch):
     study = tiny_study(variant=["standard", "mixit", "frozen_mlp"])
     out = tmp_path / "study"

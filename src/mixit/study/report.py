@@ -1,10 +1,12 @@
 """The report of a study (`mixit report STUDY_DIR`): report.md, results.csv, checks.json and figures/.
 
-report.md has a header, every finding of the paper as a check (PASS, FAIL, UNDECIDED or n/a, judged
-per seed, with the numbers behind it), then one section per table of `mixit.study.tables.TABLES`
-(mean and spread over seeds, the paper's number beside ours, whether each cell converged, the
-settings a search chose), an appendix listing every candidate the search screened, and the failed
-runs. results.csv has one row per run; checks.json the verdicts. The report trains and evaluates no
+report.md of the paper's study (a preset) has a header, every finding of the paper as a check (PASS,
+FAIL, UNDECIDED or n/a, judged per seed, with the numbers behind it), then one section per table of
+`mixit.study.tables.TABLES` (mean and spread over seeds, the paper's number beside ours, whether each
+cell converged, the settings a search chose), an appendix listing every candidate the search screened,
+and the failed runs. A study of your own (a study file, or a `Study` without a preset) has no paper
+checks or tables: its report has one row per cell instead (`cells_section`), then the same appendix
+and failed runs. results.csv has one row per run; checks.json the verdicts. The report trains and evaluates no
 model: it reads what the study's runs, their analyses and the signal sweeps wrote.
 """
 
@@ -23,6 +25,8 @@ from mixit.study.results import (
     StudyResults,
     collect,
     converged,
+    converged_cell,
+    fmt,
     headline,
     not_converged,
     results_csv,
@@ -116,24 +120,58 @@ def damaged_runs(results: list[Result]) -> list[str]:
     ]
 
 
+def is_paper_study(study: StudyResults) -> bool:
+    """Whether the study is the paper's comparison at a preset (its report: the paper's checks and tables),
+    rather than a study of your own (its report: `cells_section`)."""
+    return bool(study.record.get("preset"))
+
+
 def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
     """The report's title and its first paragraph: the preset, the runs and their states, and how to read it."""
     record, screened = study.record, len(study.screens)
     damaged = f"{counts['damaged']} damaged, " if counts["damaged"] else ""
+    runs = (
+        f"{record.get('seeds')} seed(s) per cell (mean ± sample standard deviation over seeds where there are "
+        f"several); {len(study.results)} runs"
+        + (f" ({screened} of them screening runs of the search)" if screened else "")
+        + f": {counts['done']} done, {counts['failed']} failed, {damaged}{counts['interrupted'] + counts['new']} not "
+        f"finished. Made by mixit {__version__} at commit {git_commit()}; each run's config.json names its own."
+    )
+    if not is_paper_study(study):
+        description = [str(record["description"]), ""] if record.get("description") else []
+        return [f"# {record['name']}", "", *description, runs[0].upper() + runs[1:], ""]
     return [
         f"# {record['name']}: the paper's comparison",
         "",
-        f"Preset `{record.get('preset')}`, {record.get('seeds')} seed(s) per cell (mean ± sample standard "
-        f"deviation over seeds where there are several); {len(study.results)} runs"
-        + (f" ({screened} of them screening runs of the search)" if screened else "")
-        + f": {counts['done']} done, {counts['failed']} failed, {damaged}{counts['interrupted'] + counts['new']} not "
-        f"finished. Made by mixit {__version__} at commit {git_commit()}; each run's config.json names its own. "
+        f"Preset `{record.get('preset')}`, {runs} "
         "The paper's numbers are from arXiv 2506.01115 v3, at the paper's scales; ours are at the preset's. "
         "A finding is judged in each seed: PASS if it holds in every one, FAIL if not, UNDECIDED if an input "
         "run had not converged (or what the finding presupposes did not happen), n/a if an input run is "
         "missing, failed or damaged.",
         "",
     ]
+
+
+def cells_section(study: StudyResults) -> list[str]:
+    """A study of your own, cell by cell: its labels but the seed, how many seeds are done, each test metric
+    (mean ± sample standard deviation over the seeds done) and how many of them converged."""
+    cells: dict[tuple[tuple[str, Any], ...], list[Result]] = defaultdict(list)
+    for r in study.final:
+        cells[tuple((k, v) for k, v in r.labels[0].items() if k != "seed")].append(r)
+    if not cells:
+        return []
+    names = list(dict.fromkeys(k for key in cells for k, _ in key))
+    metrics = list(dict.fromkeys(m for found in cells.values() for r in found if r.state == "done" for m in r.test))
+    lines = [
+        "| " + " | ".join([*names, "seeds done", *(f"test {m}" for m in metrics), "converged"]) + " |",
+        "|" + "---|" * (len(names) + len(metrics) + 2),
+    ]
+    for key, found in cells.items():
+        labels, done = dict(key), [r for r in found if r.state == "done"]
+        values = [fmt([r.test[m] for r in done if m in r.test], 4) for m in metrics]
+        row = [*(str(labels.get(n, "-")) for n in names), f"{len(done)}/{len(found)}", *values]
+        lines.append("| " + " | ".join([*row, converged_cell([(r, r.labels[0]) for r in found])]) + " |")
+    return lines
 
 
 def write_report(study_dir: Path) -> dict[str, Any]:
@@ -151,8 +189,10 @@ def write_report(study_dir: Path) -> dict[str, Any]:
     results = study.results
     counts = {s: sum(r.state == s for r in results) for s in STATES}
     lines = header(study, counts)
-    checks = [check(study) for table in TABLES for check in table.checks]
-    lines += ["## The paper's findings, checked", "", *checks_table(checks)]
+    paper = is_paper_study(study)
+    checks = [check(study) for table in TABLES for check in table.checks] if paper else []
+    if paper:
+        lines += ["## The paper's findings, checked", "", *checks_table(checks)]
 
     def section(title: str, body: list[str]) -> None:
         while body and not body[-1]:
@@ -160,8 +200,10 @@ def write_report(study_dir: Path) -> dict[str, Any]:
         if body:
             lines.extend(["", f"## {title}", "", *body])
 
-    for table in TABLES:
+    for table in TABLES if paper else ():
         section(table.title, table.section(study))
+    if not paper:
+        section("Cells", cells_section(study))
     section("Search: every candidate screened", search_appendix(study))
     failed = [r for r in results if r.state == "failed"]
     section(
