@@ -7,8 +7,8 @@
 # head's attention is a fixed random mixing matrix), then compares their test metrics and learning
 # curves, read from each run's `metrics.jsonl`.
 #
-# At its default size (`laptop`: width 64, 2 layers, 1000 steps) it took 3.3 minutes on 2 CPU cores
-# shared with other work; the standard model reached 100% test accuracy, MixiT 17.6%.
+# At its default size (`laptop`: width 64, 2 layers, 1000 steps) it took 51 seconds on 2 CPU cores;
+# the standard model reached 100% test accuracy, MixiT 17.6% (one seed; docs/results/examples).
 # `MIXIT_EXAMPLE_SIZE=tiny` runs it in seconds (a check that it works, not a result).
 #
 # Run it with `python examples/compare_variants.py`, or open it as a notebook:
