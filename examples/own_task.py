@@ -10,8 +10,8 @@
 #
 # At its default size (`laptop`: width 64, 2 layers, 800 steps, 6 runs) it took 57 seconds on 2 CPU
 # cores; all three variants reversed 100% of the test sequences in both seeds, MixiT more slowly (400
-# steps to get 99% of the tokens right, against 160 to 240; docs/results/examples). `MIXIT_EXAMPLE_SIZE=tiny` runs it in seconds (a check
-# that it works, not a result).
+# steps to get 99% of the tokens right, against 160 to 240; docs/results/examples).
+# `MIXIT_EXAMPLE_SIZE=tiny` runs it in seconds (a check that it works, not a result).
 #
 # Run it with `python examples/own_task.py`, or open it as a notebook:
 # `jupytext --to notebook examples/own_task.py`. It writes a study directory under
