@@ -1,4 +1,4 @@
-"""Test-session environment: no hub calls, and caches kept out of the home directory.
+"""Test-session environment: no hub calls, no telemetry, and caches kept out of the home directory.
 
 Set at import, before any test imports `datasets` (which reads them once).
 """
@@ -11,3 +11,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 _CACHE = tempfile.mkdtemp(prefix="mixit-test-cache-")
 os.environ["MIXIT_CACHE"] = os.path.join(_CACHE, "mixit")
 os.environ["HF_DATASETS_CACHE"] = os.path.join(_CACHE, "hf-datasets")
+# MLflow reads these at import: no usage reports, and no telemetry.json written under ~/.config.
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+os.environ["XDG_CONFIG_HOME"] = os.path.join(_CACHE, "config")
