@@ -83,7 +83,7 @@ def close(a, b, atol=1e-5):
 @pytest.mark.parametrize("variant", ["standard", "mixit"])
 def test_two_ranks_train_as_one_process_with_the_same_global_batch(tmp_path, variant):
     args = [*ARGS, "--variant", variant, "--steps", "12", "--eval-every", "6"]
-    two = torchrun(2, *args, "--out", str(tmp_path / "two"))
+    two = torchrun(2, *args, "--out", str(tmp_path / "two"), "--logger", "tensorboard")
     assert two.returncode == 0, two.stderr[-3000:]
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     one_sum = json.loads((tmp_path / "one" / "summary.json").read_text())
@@ -95,6 +95,16 @@ def test_two_ranks_train_as_one_process_with_the_same_global_batch(tmp_path, var
     one_events = [(e["step"], e["event"]) for e in Run.open(tmp_path / "one").metrics()]
     assert [(e["step"], e["event"]) for e in Run.open(tmp_path / "two").metrics()] == one_events
     assert two.stdout.count("run directory:") == 1  # and printed once
+    # The tracking sink too is rank 0's alone: one event file, each train loss of metrics.jsonl once.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert len(list((tmp_path / "two" / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    reader = EventAccumulator(str(tmp_path / "two" / "tensorboard"))
+    reader.Reload()
+    losses = [(e["step"], e["loss"]) for e in Run.open(tmp_path / "two").metrics() if e["event"] == "train"]
+    logged = [(e.step, e.value) for e in reader.Scalars("train/loss")]
+    assert [s for s, _ in logged] == [s for s, _ in losses]
+    assert [v for _, v in logged] == pytest.approx([v for _, v in losses], rel=1e-6)
 
 
 def test_gradient_accumulation_is_the_same_step(tmp_path):
