@@ -55,7 +55,8 @@ OUT = Path(os.environ.get("MIXIT_EXAMPLE_OUT", f"runs/examples/own_task/{SIZE}")
 # (token accuracy, and exact match over each sequence since `exact_match` is set).
 #
 # `@TASKS.register("reverse")` makes the name known to `run_config`, to config files and to studies.
-# A name is registered once per process: in a notebook, restart the kernel to change the class.
+# Running the cell again (in a notebook, after editing the class) registers the new class in its place;
+# another class under a name already taken is refused.
 
 
 # %%
@@ -112,7 +113,9 @@ class Reverse(SequenceTask):
 #
 # `execute` runs the study into its directory. The task above is registered in this process only, so the
 # runs execute here, one after another (`Pool("sequential")`): the worker processes of the default
-# `local` pool start afresh, and would not know the task. `write_report` then writes `report.md` (a study
+# `local` pool start afresh, and would not know the task. To train in parallel (or on Slurm), put the task
+# in a module of its own and name it in `MIXIT_PLUGINS` (docs/extending.md, "Plugins"): every worker then
+# imports it. `write_report` then writes `report.md` (a study
 # of your own has no preset, so its report is one row per cell: its labels, the seeds done, each test
 # metric's mean ± standard deviation over seeds, and how many converged), `results.csv` (one row per run:
 # its labels, config and metrics) and `checks.json` (empty: the paper's findings are checked on the paper's

@@ -16,7 +16,7 @@ SRC = ROOT / "src" / "mixit"
 # Each module's layer (docs/design.md, "Layout"): a module may import modules of
 # its own layer or lower ones, never higher ones and never the package itself.
 LAYERS = {
-    0: ["errors", "registry", "version", "files"],
+    0: ["errors", "registry", "plugins", "version", "files"],
     1: ["config"],
     2: ["models", "text", "runtime", "precision", "distributed"],
     3: ["freezing", "tasks", "recipes", "resources"],

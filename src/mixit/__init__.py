@@ -14,6 +14,7 @@ from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build, resolve, run_config
 from mixit.freezing import VARIANTS, FreezeReport, apply_variant
 from mixit.models import Transformer, capture_patterns
+from mixit.plugins import load_plugins
 from mixit.run import Run
 from mixit.tasks import TASKS, make_task
 from mixit.training.loop import train
@@ -34,6 +35,7 @@ __all__ = [
     "apply_variant",
     "build",
     "capture_patterns",
+    "load_plugins",
     "make_task",
     "resolve",
     "run_config",

@@ -69,6 +69,7 @@ from mixit.errors import UsageError
 from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
 from mixit.export import export_run
 from mixit.generate import sample_run
+from mixit.plugins import load_plugins
 from mixit.run import Run, load_request
 from mixit.runtime import tune_allocator
 from mixit.study import export_logs, report, reproduce
@@ -615,6 +616,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"mixit train: error: {e}", file=sys.stderr)
             return 2
         world = Dist()  # the other commands run in one process, which reads no distributed variables
+    try:
+        load_plugins()  # before the parsers are built: a plugin's task is a choice of --task, and in --help
+    except UsageError as e:
+        return refuse(f"mixit{' ' + command if command else ''}: error: {e}", world)
     parser = build_parser()
     try:
         parsed = parser.parse_args(args, defaults=False).clone(with_meta=False).as_dict()  # no --model FILE path

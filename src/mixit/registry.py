@@ -42,13 +42,19 @@ class Registry(Generic[T]):
         return add
 
     def add(self, name: str, item: T) -> None:
-        if name in self._items:
+        """Register `item` under `name`. A name taken by something else is refused; the same definition again
+        (an equal object, or a class or function of the same module and qualified name: a notebook cell run
+        twice) replaces it."""
+        if name in self._items and not same_definition(self._items[name], item):
             raise ValueError(f"{self.what} {name!r} is registered twice")
         self._items[name] = item
 
     def get(self, name: str) -> T:
         if name not in self._items:
-            raise UsageError(f"unknown {self.what} {name!r}; allowed: {', '.join(self._items)}")
+            raise UsageError(
+                f"unknown {self.what} {name!r}; allowed: {', '.join(self._items)} (one of your own: name its module "
+                "in MIXIT_PLUGINS, docs/extending.md)"
+            )
         return self._items[name]
 
     __getitem__ = get
@@ -67,3 +73,14 @@ class Registry(Generic[T]):
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._items)
+
+
+def same_definition(old: object, new: object) -> bool:
+    """Whether `new` is `old` defined again: equal, or a class or function with the same module and qualified name."""
+    if old == new:
+        return True
+    name = getattr(old, "__qualname__", None)
+    return name is not None and (old.__module__, name) == (
+        getattr(new, "__module__", None),
+        getattr(new, "__qualname__", None),
+    )

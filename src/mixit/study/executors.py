@@ -58,6 +58,7 @@ from mixit.distributed import env_world
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
+from mixit.plugins import load_plugins
 from mixit.run import Run
 from mixit.study.directory import check_out, check_same_study
 from mixit.study.search import Group, SearchPlan, apply, choose, plan_study
@@ -141,6 +142,7 @@ def run_one(
     main = True  # until the environment says otherwise: a malformed one is this run's failure, recorded
     try:
         main = env_world().main
+        load_plugins()  # a fresh worker or Slurm job: the tasks and variants of MIXIT_PLUGINS
         cfg = RunConfig.from_dict(config["config"])
         cfg.request = config["request"]
         got = run.state()

@@ -1,0 +1,126 @@
+"""Plugins (`mixit.plugins`): a variant registered by a module of one's own is found by the command line and
+by a study's fresh worker processes once MIXIT_PLUGINS or an installed entry point names the module; a
+plugin that cannot be imported is refused in one line; a definition registered again replaces itself."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from mixit.errors import UsageError
+from mixit.plugins import ENV, load_plugins, plugin_names
+from mixit.registry import Registry
+
+PLUGIN = """
+from mixit.freezing import VARIANTS, Variant
+
+VARIANTS.add("plugged", Variant("plugged", "softmax", None, "the standard model, from a plugin"))
+"""
+
+STUDY = """
+name = "plugged"
+[base]
+task = "addition"
+task_params = {n_digits = 2}
+model = {d_model = 16, n_heads = 2, n_layers = 1}
+train = {steps = 4, batch_size = 8}
+test_size = 20
+[grid]
+variant = ["plugged", "standard"]
+"""
+
+TINY = ["--task", "addition", "-p", "n_digits=2", "--d-model", "16", "--n-heads", "2", "--n-layers", "1"]
+TINY += ["--steps", "3", "--batch-size", "8", "--test-size", "20", "--no-progress"]
+
+
+def mixit(args, cwd, **env):
+    """`mixit ARGS` in a fresh process, in `cwd`, with `env` added to the environment."""
+    environment = {k: v for k, v in os.environ.items() if k != ENV}
+    environment.update(HF_HUB_OFFLINE="1", **env)
+    command = [sys.executable, "-m", "mixit", *args]
+    return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=300)
+
+
+def test_a_plugin_variant_trains_from_the_command_line_and_in_a_studys_workers(tmp_path):
+    (tmp_path / "my_variants.py").write_text(PLUGIN)
+    (tmp_path / "grid.toml").write_text(STUDY)
+    refused = mixit(["train", "--variant", "plugged", *TINY, "--out", "run"], tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "unknown variant 'plugged'" in refused.stderr and "MIXIT_PLUGINS" in refused.stderr
+    trained = mixit(["train", "--variant", "plugged", *TINY, "--out", "run"], tmp_path, MIXIT_PLUGINS="my_variants.py")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["variant"] == "plugged"
+    # Two worker processes of the local pool, each started afresh, find the variant through the environment.
+    args = ["reproduce", "--study", "grid.toml", "--out", "study", "--workers", "2", "--no-progress"]
+    study = mixit(args, tmp_path, MIXIT_PLUGINS="my_variants.py")
+    assert study.returncode == 0, study.stderr[-2000:]
+    assert "runs: 2 done, 0 failed" in study.stdout
+    assert not (tmp_path / "study" / "failed").exists()
+
+
+def test_an_installed_entry_point_is_a_plugin(tmp_path):
+    (tmp_path / "entry_variants.py").write_text(PLUGIN)
+    info = tmp_path / "mixit_plugin_example-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mixit-plugin-example\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[mixit.plugins]\nexample = entry_variants\n")
+    listed = mixit(["list"], tmp_path, PYTHONPATH=str(tmp_path))
+    assert listed.returncode == 0 and "plugged" in listed.stdout, listed.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "plugin, message",
+    [
+        ("no_such_module_here", "plugin 'no_such_module_here' (from MIXIT_PLUGINS"),
+        ("missing.py", "plugin 'missing.py' (from MIXIT_PLUGINS"),
+        ("broken.py", "cannot be imported: ZeroDivisionError: division by zero"),
+    ],
+)
+def test_a_plugin_that_cannot_be_imported_is_refused_in_one_line(tmp_path, plugin, message):
+    (tmp_path / "broken.py").write_text("1 / 0\n")
+    done = mixit(["list"], tmp_path, MIXIT_PLUGINS=plugin)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stdout == ""
+
+
+def test_plugins_load_once_per_process_from_the_environment(tmp_path, monkeypatch):
+    (tmp_path / "counted_plugin.py").write_text("import builtins\nbuiltins.mixit_plugin_loads += 1\n")
+    import builtins
+
+    monkeypatch.setattr(builtins, "mixit_plugin_loads", 0, raising=False)
+    monkeypatch.setenv(ENV, f" {tmp_path / 'counted_plugin.py'} ,")
+    assert plugin_names()[-1] == str(tmp_path / "counted_plugin.py")
+    assert load_plugins() == [str(tmp_path / "counted_plugin.py")]
+    assert load_plugins() == []
+    assert builtins.mixit_plugin_loads == 1
+    monkeypatch.setenv(ENV, "no_such_module_here")
+    with pytest.raises(UsageError, match="no_such_module_here"):
+        load_plugins()
+
+
+def test_the_same_definition_registered_again_replaces_itself_and_another_is_refused():
+    registry: Registry[object] = Registry("thing")
+
+    @dataclass
+    class Thing:
+        size: int
+
+    def cell(body):
+        """A function `f` defined by running a notebook cell (module "cell") with `body`."""
+        namespace = {"__name__": "cell"}
+        exec(f"def f():\n    {body}\n", namespace)
+        return namespace["f"]
+
+    registry.add("a", Thing(1))
+    registry.add("a", Thing(1))  # equal: a notebook cell run again
+    registry.add("f", cell("return 1"))
+    redefined = cell("return 2")  # the cell edited and run again: the same module and name
+    registry.add("f", redefined)
+    assert registry.get("f") is redefined
+    with pytest.raises(ValueError, match="thing 'a' is registered twice"):
+        registry.add("a", Thing(2))
+    with pytest.raises(ValueError, match="thing 'f' is registered twice"):
+        registry.add("f", lambda: 2)
