@@ -48,7 +48,6 @@ def test_step_flops_by_hand(variant, expected):
 
 
 def test_hf_baseline_has_the_standard_models_matmuls():
-    pytest.importorskip("transformers", reason="the Hugging Face baseline needs the bench extra")
     llama = hf_llama(TINY)
     assert hf_step_flops(llama, TINY) == step_flops(tiny_model("standard"), TINY)
     n_mixit = sum(p.numel() for p in tiny_model("standard").parameters())

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import transformers
 
 from mixit import run_config, train
 from mixit.cli import main
@@ -17,8 +18,6 @@ from mixit.export import LLAMA_IGNORES, LLAMA_MAPS, LLAMA_NEEDS, export_run, lla
 from mixit.models import Transformer
 from mixit.run import Run
 from text_fixtures import write_text_corpus
-
-transformers = pytest.importorskip("transformers")
 
 SOFTMAX = ("standard", "frozen_qk", "frozen_mlp")
 TINY = {"d_model": 32, "n_layers": 2, "n_heads": 2, "steps": 12, "batch_size": 16, "test_size": 64, "val_size": 64}

@@ -427,7 +427,6 @@ def test_a_tokenizer_whose_ids_pass_its_size_is_refused(tmp_path, monkeypatch, c
 
 
 def test_local_files_leave_no_cache_behind_and_hub_copies_cache_under_mixit_cache(tmp_path, monkeypatch):
-    pytest.importorskip("datasets")
     from mixit.text.corpora import load_corpus
 
     cache = tmp_path / "mixit-cache"

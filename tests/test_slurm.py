@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import submitit
 
 from mixit.cli import Parser, arguments, build_parser, main
 from mixit.errors import UsageError
@@ -54,7 +55,6 @@ def options(*args: str) -> ReproduceOptions:
 @pytest.fixture
 def recorded(monkeypatch):
     """The submitit executors that mixit makes, recorded; their submissions go nowhere when `submit` is false."""
-    submitit = pytest.importorskip("submitit")
     made = []
 
     class Recording(submitit.AutoExecutor):
@@ -103,7 +103,6 @@ def test_the_sbatch_script_carries_every_parameter_given(tmp_path, recorded, mon
 
 
 def test_the_documented_template_is_accepted_as_written():
-    pytest.importorskip("submitit")
     text = (Path(__file__).parents[1] / "docs" / "scaling.md").read_text()
     block = text.partition("```sh\nmixit reproduce --preset paper --executor slurm")[2].partition("```")[0]
     words = shlex.split(block.replace("\\\n", " "))
@@ -115,7 +114,6 @@ def test_the_documented_template_is_accepted_as_written():
 
 
 def test_values_are_typed_as_submitit_types_them():
-    pytest.importorskip("submitit")
     given = {"cpus-per-task": "8", "mem_gb": 32, "timeout_min": "90", "exclusive": "user", "use_srun": "false"}
     assert slurm_parameters("slurm", given) == {
         "cpus_per_task": 8,
@@ -163,7 +161,6 @@ def test_a_study_runs_on_submitit_local_with_slurm_parameters(tmp_path, recorded
     ],
 )
 def test_bad_items_are_refused_before_anything_is_written(tmp_path, capsys, executor, items, message):
-    pytest.importorskip("submitit")
     spec = tmp_path / "tiny.toml"
     spec.write_text(STUDY)
     out = tmp_path / "study"

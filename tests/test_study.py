@@ -227,8 +227,6 @@ def test_a_killed_study_resumes_where_it_stopped(tmp_path):
 
 @pytest.mark.parametrize("executor, workers", [("local", 2), ("submitit-local", 0)])
 def test_the_pool_and_submitit_executors(tmp_path, executor, workers):
-    if executor == "submitit-local":
-        pytest.importorskip("submitit")
     out = tmp_path / "study"
     tally = execute(tiny_study(), out, Pool(executor, workers), progress=False)
     assert tally["done"] == 2 and tally["failed"] == 0

@@ -103,7 +103,6 @@ def test_reproduce_refuses_a_study_path_that_is_not_a_readable_file(tmp_path, ca
 
 
 def test_reproduce_refuses_slurm_without_slurm(tmp_path, capsys, monkeypatch):
-    pytest.importorskip("submitit")
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch, no srun
     spec = study_file(tmp_path / "tiny.toml")
     args = ["reproduce", "--study", str(spec), "--out", str(tmp_path / "out"), "--executor", "slurm"]
