@@ -139,7 +139,7 @@ def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
     )
     if not is_paper_study(study):
         description = [str(record["description"]), ""] if record.get("description") else []
-        return [f"# {record['name']}", "", *description, runs[0].upper() + runs[1:], ""]
+        return [f"# {record['name']}", "", *description, runs, ""]
     return [
         f"# {record['name']}: the paper's comparison",
         "",
