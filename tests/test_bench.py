@@ -217,3 +217,23 @@ def test_peak_memory_counts_what_is_allocated_after_the_baseline():
     used = _memory_mb(cpu, peak=True) - before
     del block
     assert 44 <= used <= 60
+
+
+def test_memory_check_counts_every_rows_model_but_one_steps_activations(monkeypatch):
+    """All rows are held at once, but a step's activations are freed when it ends: at the GPU shape d 1024,
+    12 layers, batch 64 x 256, six rows' activations (about 140 GiB estimated) would refuse an 80 GiB card that
+    holds the six models and one step easily."""
+    from mixit import bench
+    from mixit.resources import activation_bytes, model_bytes
+
+    shape = Shape(d_model=1024, n_layers=12, n_heads=16, vocab_size=512, seq_len=256, batch_size=64)
+    cfg = shape.model_config("standard")
+    rows = len(VARIANTS.names()) + 1
+    needed = rows * 4 * model_bytes(cfg) + activation_bytes(cfg, 64, 256)
+    assert rows * activation_bytes(cfg, 64, 256) > 80 * 2**30 > needed
+    options = BenchOptions(d_model=1024, n_layers=12, n_heads=16, seq_len=256, device="cpu")
+    monkeypatch.setattr("mixit.resources.available_memory", lambda device: needed)
+    bench._check_room(shape, options, torch.device("cpu"))  # exactly enough: accepted
+    monkeypatch.setattr("mixit.resources.available_memory", lambda device: needed - 1)
+    with pytest.raises(UsageError, match="this benchmark needs about"):
+        bench._check_room(shape, options, torch.device("cpu"))

@@ -112,3 +112,23 @@ def test_a_run_written_before_requests_were_recorded_replays_its_whole_config(tm
     path.write_text(json.dumps(data))
     request = Run.open(tmp_path / "run").request
     assert request["model"]["n_ctx"] == cfg.model.n_ctx and resolve(request) == cfg
+
+
+def test_a_copy_without_git_records_the_commit_it_is_told(monkeypatch):
+    """A source tree copied to another machine without its git history (a GPU machine, a cluster's scratch) has
+    no commit to read: MIXIT_COMMIT names it; unset, none is recorded. In a checkout, git's answer wins."""
+    import subprocess
+
+    from mixit import version
+
+    assert version.git_commit() is not None  # this checkout
+    monkeypatch.setenv(version.COMMIT_VARIABLE, "0123abc")
+    assert version.git_commit() != "0123abc"
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert version.git_commit() == "0123abc"
+    monkeypatch.delenv(version.COMMIT_VARIABLE)
+    assert version.git_commit() is None

@@ -439,6 +439,7 @@ def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], Non
         "threads": torch.get_num_threads(),
         "compile": options.compile,
         "torch": torch.__version__,
+        "cuda": torch.version.cuda if dev.type == "cuda" else None,
         "mixit": __version__,
         "git_commit": git_commit(),
         "timing": {"warmup": options.warmup, "steps": options.steps, "repeats": options.repeats},
@@ -469,14 +470,15 @@ def _check_options(options: BenchOptions) -> None:
 
 def _check_room(shape: Shape, options: BenchOptions, dev: torch.device) -> None:
     """Refuse a benchmark whose rows do not fit in memory together, and autocast off cuda."""
-    # Every row is built and warmed up before the timing starts, so all are held at once.
+    # Every row is built and warmed up before the timing starts, so all models and their optimizer state are held
+    # at once; a step's activations are freed when it ends, so one row's are held at a time.
     cfg = shape.model_config("standard")
     n_rows = len(options.variants) + int(options.baseline)
     check_memory(
         "this benchmark",
         {
             f"{n_rows} models with their optimizer state": n_rows * 4 * model_bytes(cfg),
-            f"{n_rows} rows' activations": n_rows * activation_bytes(cfg, shape.batch_size, shape.seq_len),
+            "one step's activations": activation_bytes(cfg, shape.batch_size, shape.seq_len),
         },
         dev,
         "lower the batch size, the sequence length, the model's size or the number of variants",

@@ -6,6 +6,7 @@ the package's `__init__` (which imports everything).
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -23,14 +24,20 @@ def install_hint(extra: str | None = None) -> str:
     return f"pip install '{DISTRIBUTION}[{extra}]'" if extra else f"pip install {DISTRIBUTION}"
 
 
+COMMIT_VARIABLE = "MIXIT_COMMIT"
+"""Names the commit of a source tree that is not a git checkout (a copy of one sent to another machine)."""
+
+
 def git_commit() -> str | None:
     """The commit of the mixit source tree, if it is a git checkout, with
-    "-dirty" appended when tracked files have uncommitted changes."""
+    "-dirty" appended when tracked files have uncommitted changes; elsewhere the
+    value of the environment variable MIXIT_COMMIT, if set, else None."""
     here = Path(__file__).parent
+    named = os.environ.get(COMMIT_VARIABLE) or None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
         if head.returncode != 0 or not head.stdout.strip():
-            return None
+            return named
         status = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", "."],
             cwd=here,
@@ -39,6 +46,6 @@ def git_commit() -> str | None:
             timeout=5,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return None
+        return named
     dirty = status.returncode == 0 and bool(status.stdout.strip())
     return head.stdout.strip() + ("-dirty" if dirty else "")
