@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU records of docs/performance.md ("On a GPU") and docs/reproduction.md ("On a GPU"), one stage at a time:
 #
-#   scripts/gpu_records.sh OUT STAGE...      STAGE: env, tests, bench, compiled, table4, depth
+#   scripts/gpu_records.sh OUT STAGE...      STAGE: env, tests, bench, compiled, table4, table4-epochs, depth
 #
 # run from a checkout (or a copy of one: set MIXIT_COMMIT to its commit) on a machine with a CUDA GPU and a
 # CUDA build of PyTorch. Each stage writes OUT/STAGE/ (the study stages leave out checkpoints) and its command
@@ -69,17 +69,18 @@ bench_stage() {
     record "$1" mixit bench --device cuda --dtype bf16 --d-model 512 --n-layers 2 --n-heads 4 --task addition \
         -p n_digits=10 --batch-size 1000 --steps 20 --repeats 10 --profile --out "$1/algorithmic-bf16.json" \
         >"$1/algorithmic-bf16.txt" 2>&1
-    grep -v "^ " "$1/lm-bf16.txt" "$1/algorithmic-bf16.txt" | grep -v "^$" | head -40
+    grep -h -A8 "^mixit bench" "$1"/*.txt
+    grep -h "GPU busy" "$1"/*.txt
 }
 
-compiled_stage() {
+compiled_stage() {  # the rows the targets compare; each compiles for about a minute
     record "$1" mixit bench --device cuda --dtype bf16 --d-model 512 --n-layers 2 --n-heads 4 --task addition \
-        -p n_digits=10 --batch-size 1000 --steps 20 --repeats 10 --compile --out "$1/algorithmic-bf16-compiled.json" \
-        >"$1/algorithmic-bf16-compiled.txt" 2>&1
+        -p n_digits=10 --batch-size 1000 --steps 20 --repeats 10 --compile --variants standard,frozen_qk,mixit \
+        --out "$1/algorithmic-bf16-compiled.json" >"$1/algorithmic-bf16-compiled.txt" 2>&1
     record "$1" mixit bench --device cuda --dtype bf16 --d-model 1024 --n-layers 12 --n-heads 16 --seq-len 256 \
-        --batch-size 64 --steps 10 --repeats 10 --compile --out "$1/lm-bf16-compiled.json" \
-        >"$1/lm-bf16-compiled.txt" 2>&1
-    cat "$1"/*.txt | head -40
+        --batch-size 64 --steps 10 --repeats 10 --compile --variants standard,frozen_qk,mixit \
+        --out "$1/lm-bf16-compiled.json" >"$1/lm-bf16-compiled.txt" 2>&1
+    grep -h -A8 "^mixit bench" "$1"/*.txt
 }
 
 study_stage() {  # $1: stage directory, $2: the study file
@@ -99,7 +100,8 @@ for stage in "$@"; do
         bench) bench_stage "$dir" ;;
         compiled) compiled_stage "$dir" ;;
         table4) study_stage "$dir" docs/results/gpu-table4/study.toml ;;
+        table4-epochs) study_stage "$dir" docs/results/gpu-table4-epochs/study.toml ;;
         depth) study_stage "$dir" docs/results/gpu-depth/study.toml ;;
-        *) echo "unknown stage $stage; allowed: env, tests, bench, compiled, table4, depth" >&2; exit 2 ;;
+        *) echo "unknown stage $stage; allowed: env, tests, bench, compiled, table4, table4-epochs, depth" >&2; exit 2 ;;
     esac
 done

@@ -181,7 +181,7 @@ def test_cli_trains_in_bf16_evaluates_and_analyses_on_the_gpu(tmp_path, capsys):
 
 def test_bench_on_the_gpu_in_bf16(gpu):
     options = BenchOptions(d_model=128, n_layers=2, n_heads=4, seq_len=64, batch_size=32, device="cuda", dtype="bf16")
-    options = dataclasses.replace(options, warmup=2, steps=2, repeats=2)
+    options = dataclasses.replace(options, warmup=2, steps=2, repeats=2, profile=True)
     result = run_bench(shape_of(options), options)
     names = [row["name"] for row in result["rows"]]
     assert names == [*VARIANTS.names(), "hf_llama"]
@@ -189,3 +189,6 @@ def test_bench_on_the_gpu_in_bf16(gpu):
     for row in result["rows"]:
         assert 0 < row["mfu"] <= 1, row  # against the peak measured in the same run
         assert row["peak_memory_mb"] > 0
+        # The profile lists GPU kernels, not the operators that launch them (which would count them twice).
+        assert not any(op["op"].startswith("aten::") for op in row["profile"]), row["profile"]
+        assert 0 < row["profile_summary"]["matmul_ms"] <= row["profile_summary"]["busy_ms"]

@@ -114,16 +114,18 @@ def test_a_run_written_before_requests_were_recorded_replays_its_whole_config(tm
     assert request["model"]["n_ctx"] == cfg.model.n_ctx and resolve(request) == cfg
 
 
-def test_a_copy_without_git_records_the_commit_it_is_told(monkeypatch):
-    """A source tree copied to another machine without its git history (a GPU machine, a cluster's scratch) has
-    no commit to read: MIXIT_COMMIT names it; unset, none is recorded. In a checkout, git's answer wins."""
+def test_a_copy_records_the_commit_it_is_told(monkeypatch):
+    """A source tree copied to another machine (a GPU machine, a cluster's scratch) may come without its git
+    history, or with an older one: MIXIT_COMMIT names its commit. Unset, a checkout's HEAD is recorded, and
+    outside a checkout none."""
     import subprocess
 
     from mixit import version
 
+    monkeypatch.delenv(version.COMMIT_VARIABLE, raising=False)
     assert version.git_commit() is not None  # this checkout
     monkeypatch.setenv(version.COMMIT_VARIABLE, "0123abc")
-    assert version.git_commit() != "0123abc"
+    assert version.git_commit() == "0123abc"
 
     def no_git(*args, **kwargs):
         raise FileNotFoundError("git")

@@ -267,24 +267,53 @@ def _memory_baseline(device: torch.device) -> float | None:
     return _memory_mb(device, peak=False)
 
 
+MATMUL_KERNELS = ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_")
+"""Name fragments of the GPU kernels that multiply matrices (cuBLAS's, CUTLASS's), for a profile's roll-up."""
+
+
 def profile_step(contender: Contender, device: torch.device, top: int = 15) -> list[dict[str, Any]]:
-    """Where one step's time goes: torch.profiler over one call of the step,
-    the `top` operators by their own (self) time, each with its call count and
-    its share of the step's total self time."""
+    """Where one step's time goes: torch.profiler over one call of the step, the `top` operators by their own
+    (self) time, each with its call count and its share of the step's total self time. On a CPU these are
+    torch's operators; on a GPU the kernels (the operators that launch them would count their time twice)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         contender.step()
         _sync(device)
-    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, attr) > 0]
+    if device.type == "cuda":
+        events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+        attr = "self_device_time_total"
+    else:
+        attr = "self_cpu_time_total"
+        events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(getattr(e, attr) for e in events)
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
     return [
         {"op": e.key, "self_ms": getattr(e, attr) / 1e3, "calls": e.count, "share": getattr(e, attr) / total}
         for e in events[:top]
-    ]
+    ] + ([_rest(events[top:], attr, total)] if events[top:] else [])
+
+
+def _rest(events: list[Any], attr: str, total: float) -> dict[str, Any]:
+    """The operators a profile does not list by name, together."""
+    spent = sum(getattr(e, attr) for e in events)
+    return {
+        "op": f"({len(events)} others)",
+        "self_ms": spent / 1e3,
+        "calls": sum(e.count for e in events),
+        "share": spent / total,
+    }
+
+
+def profile_summary(profile: list[dict[str, Any]], step_ms: float) -> dict[str, float]:
+    """A GPU profile in three numbers: the time the device was busy in one step, the part of it spent in matrix
+    products (`MATMUL_KERNELS`, among the kernels listed by name), and the step's time (timed, not profiled) the
+    device was idle, waiting for the host to launch work."""
+    busy = sum(op["self_ms"] for op in profile)
+    matmul = sum(op["self_ms"] for op in profile if any(k in op["op"].lower() for k in MATMUL_KERNELS))
+    return {"busy_ms": busy, "matmul_ms": matmul, "idle_share": max(0.0, 1 - busy / step_ms)}
 
 
 def _row(c: Contender, shape: Shape, per_step: list[float], peak: float, memory: float | None) -> dict[str, Any]:
@@ -430,6 +459,8 @@ def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], Non
         for contender, row in zip(contenders, rows):
             say(f"profiling one step of {contender.name}")
             row["profile"] = profile_step(contender, dev)
+            if dev.type == "cuda":
+                row["profile_summary"] = profile_summary(row["profile"], row["step_ms"])
     _compare(rows, data_s)
     return {
         "shape": dataclasses.asdict(shape),
@@ -577,6 +608,12 @@ def format_profiles(result: dict[str, Any]) -> str:
         if "profile" not in row:
             continue
         lines += ["", f"{row['name']}: one step, operators by self time"]
+        if "profile_summary" in row:
+            summary = row["profile_summary"]
+            lines.append(
+                f"  GPU busy {summary['busy_ms']:.1f} ms of a {row['step_ms']:.1f} ms step (idle "
+                f"{100 * summary['idle_share']:.0f}%), matrix products {summary['matmul_ms']:.1f} ms"
+            )
         lines += [
             f"  {100 * op['share']:5.1f}%  {op['self_ms']:9.1f} ms  {op['calls']:5d} calls  {op['op']}"
             for op in row["profile"]

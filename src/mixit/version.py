@@ -25,19 +25,21 @@ def install_hint(extra: str | None = None) -> str:
 
 
 COMMIT_VARIABLE = "MIXIT_COMMIT"
-"""Names the commit of a source tree that is not a git checkout (a copy of one sent to another machine)."""
+"""Names the commit of a copy of a source tree sent to another machine (`git_commit`)."""
 
 
 def git_commit() -> str | None:
-    """The commit of the mixit source tree, if it is a git checkout, with
-    "-dirty" appended when tracked files have uncommitted changes; elsewhere the
-    value of the environment variable MIXIT_COMMIT, if set, else None."""
+    """The commit of the mixit source tree: the environment variable MIXIT_COMMIT where it is set (a copy of a
+    checkout sent to another machine, whose git history, if it came along, may be an older one); else, in a git
+    checkout, its HEAD, with "-dirty" appended when tracked files have uncommitted changes; else None."""
+    named = os.environ.get(COMMIT_VARIABLE)
+    if named:
+        return named
     here = Path(__file__).parent
-    named = os.environ.get(COMMIT_VARIABLE) or None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
         if head.returncode != 0 or not head.stdout.strip():
-            return named
+            return None
         status = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", "."],
             cwd=here,
@@ -46,6 +48,6 @@ def git_commit() -> str | None:
             timeout=5,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return named
+        return None
     dirty = status.returncode == 0 and bool(status.stdout.strip())
     return head.stdout.strip() + ("-dirty" if dirty else "")
