@@ -283,7 +283,13 @@ def profile_step(contender: Contender, device: torch.device, top: int = 15) -> l
         contender.step()
         _sync(device)
     if device.type == "cuda":
-        events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+        events = [
+            e
+            for e in prof.key_averages()
+            if e.device_type == DeviceType.CUDA
+            and e.self_device_time_total > 0
+            and not getattr(e, "is_user_annotation", False)  # a range such as the optimizer's step, not a kernel
+        ]
         attr = "self_device_time_total"
     else:
         attr = "self_cpu_time_total"
