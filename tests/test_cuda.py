@@ -23,6 +23,7 @@ from mixit.bench import BenchOptions, run_bench, shape_of
 from mixit.cli import main
 from mixit.freezing import VARIANTS
 from mixit.precision import DTYPES, Precision
+from tolerance import assert_close
 
 pytestmark = pytest.mark.cuda
 
@@ -60,13 +61,18 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).norm() / expected.norm())
 
 
+def typical_terms(n_layers: int, d_model: int) -> float:
+    """The roundings of a forward pass on the GPU, as tests/tolerance.py's `terms` but a typical count rather
+    than a worst case: the unit roundoff (eps / 2) once per rounded product, summed over the products a layer
+    chains (Q/K/V, scores, softmax, A V, output, gate and up, down: 7) and the head, each an inner product of
+    d_model terms whose reduction order may change (a factor sqrt(d_model), the typical growth of independent
+    roundings). RMSNorm keeps each layer's input at unit scale, so the errors add relative to it."""
+    return (7 * n_layers + 1) * math.sqrt(d_model) / 2
+
+
 def forward_bound(dtype: torch.dtype, n_layers: int, d_model: int) -> float:
-    """A bound on the relative error of a forward pass whose products round to `dtype`: the unit roundoff
-    (eps / 2) once per rounded product, summed over the products a layer chains (Q/K/V, scores, softmax, A V,
-    output, gate and up, down: 7) and the head, each an inner product of d_model terms whose reduction order may
-    change (a factor sqrt(d_model), the typical growth of independent roundings). RMSNorm keeps each layer's
-    input at unit scale, so the errors add relative to it."""
-    return (7 * n_layers + 1) * math.sqrt(d_model) * torch.finfo(dtype).eps / 2
+    """A bound on the relative error of a forward pass whose products round to `dtype` (`typical_terms`)."""
+    return torch.finfo(dtype).eps * typical_terms(n_layers, d_model)
 
 
 def latest(run_dir, part):
@@ -146,7 +152,7 @@ def test_compiled_forward_and_training_on_the_gpu(tmp_path, gpu, variant):
             cfg, tmp_path / name, device="cuda", compile=flag, progress=False,
             on_step=lambda step, loss, name=name: first.setdefault(name, loss),
         )  # fmt: skip
-    assert first["compiled"] == pytest.approx(first["eager"], rel=forward_bound(torch.float32, 2, m.d_model))
+    assert_close(first["compiled"], first["eager"], dtype=torch.float32, terms=typical_terms(2, m.d_model))
     losses = eval_losses(tmp_path / "compiled")
     assert losses[0] > math.log(10) > losses[-1], losses
 
@@ -165,8 +171,7 @@ def test_torchrun_trains_with_nccl_as_one_process_does(tmp_path):
     one = json.loads((tmp_path / "one" / "summary.json").read_text())
     assert ddp["device"].startswith("cuda") and ddp["world_size"] == 1
     # One rank under DDP averages its gradients over one replica: the same arithmetic as one process.
-    bound = forward_bound(torch.float32, 2, 64)
-    assert ddp["test"]["loss"] == pytest.approx(one["test"]["loss"], rel=bound)
+    assert_close(ddp["test"]["loss"], one["test"]["loss"], dtype=torch.float32, terms=typical_terms(2, 64))
 
 
 def test_cli_trains_in_bf16_evaluates_and_analyses_on_the_gpu(tmp_path, capsys):

@@ -3,6 +3,7 @@ refuses the others in one line; nnsight reads and patches any mixit model at its
 
 import ast
 import importlib
+import math
 import re
 import runpy
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from mixit.config import ModelConfig
 from mixit.errors import UsageError
 from mixit.models import Transformer
+from tolerance import assert_close, forward_terms
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "interop.md"
 
@@ -94,10 +96,17 @@ def test_transformer_lens_gives_the_same_logits_and_stream(model):
     assert torch.equal(torch.random.get_rng_state(), random_state)  # the caller's random state is left alone
     logits, cache = bridge.run_with_cache(x)
     expected, ours = model.run_with_cache(x)
-    scale = expected.abs().max().item()
-    torch.testing.assert_close(logits, expected, atol=1e-5 * scale, rtol=1e-5)
-    for name in ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_mid", "blocks.1.attn.hook_pattern"]:
-        torch.testing.assert_close(cache[name], ours[name], atol=1e-5 * scale, rtol=1e-5)
+    # One float32 forward pass rounded in another order: each tensor within `forward_terms` roundings of its own
+    # magnitude (tests/tolerance.py).
+    terms = forward_terms(model.cfg)
+    assert_close(logits, expected, terms=terms)
+    for name in ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_mid"]:
+        assert_close(cache[name], ours[name], terms=terms, msg=name)
+    # A softmax turns an error in a score into that error times the probability: the pattern's scale is the
+    # scores', at most |q| |k| / sqrt(d_head).
+    q, k = (cache[f"blocks.1.attn.hook_{n}"].norm(dim=-1).max() for n in "qk")  # over (B, T, H)
+    scores = q * k / math.sqrt(model.cfg.d_head)
+    assert_close(cache["blocks.1.attn.hook_pattern"], ours["blocks.1.attn.hook_pattern"], terms=terms, scale=scores)
 
 
 def test_transformer_lens_converts_a_trained_variant():
@@ -115,7 +124,7 @@ def test_transformer_lens_converts_a_trained_variant():
         loss.backward()
         optimizer.step()
     x = tokens(seed=9)
-    torch.testing.assert_close(to_transformer_lens(model)(x), model(x), atol=1e-5, rtol=1e-5)
+    assert_close(to_transformer_lens(model)(x), model(x), terms=forward_terms(model.cfg))
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from mixit.tasks.text import TextSource, _sentiment_data, epoch_indices, planned
 from mixit.text.corpora import EMBEDDED_MIN_WORDS
 from mixit.text.tokenizer import MIN_VOCAB, encode_documents
 from text_fixtures import sentiment_rows, write_jsonl, write_text_corpus
+from tolerance import assert_close, forward_terms
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +239,7 @@ def _classifier(variant, causal, pooling, pad_id=1):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_padding_never_changes_a_classification(variant, causal, pooling):
     model = _classifier(variant, causal, pooling)
+    terms = forward_terms(model.cfg)  # one forward pass, its products of another shape
     g = torch.Generator().manual_seed(0)
     lengths = [3, 7, 12, 1]
     for length in lengths:
@@ -245,14 +247,14 @@ def test_padding_never_changes_a_classification(variant, causal, pooling):
         alone = model(x)
         for width in range(length + 1, 13):
             padded = torch.cat([x, torch.full((1, width - length), 1)], dim=1)
-            torch.testing.assert_close(model(padded), alone, rtol=1e-5, atol=1e-5)
+            assert_close(model(padded), alone, terms=terms)
     # ...and in a batch of mixed lengths.
     batch = torch.full((len(lengths), 12), 1)
     rows = []
     for i, length in enumerate(lengths):
         batch[i, :length] = torch.randint(2, 50, (length,), generator=g)
         rows.append(model(batch[i : i + 1, :length]))
-    torch.testing.assert_close(model(batch), torch.cat(rows), rtol=1e-5, atol=1e-5)
+    assert_close(model(batch), torch.cat(rows), terms=terms)
 
 
 @pytest.mark.parametrize("attention", ["softmax", "mixing"])
@@ -269,18 +271,26 @@ def test_non_causal_attention_reads_later_tokens_and_causal_does_not(attention):
         assert first_changed == (not causal)
 
 
+def row_scale(noise):
+    """What a row of I + (W - mean W) sums, bounded: 1 and twice the row's |W| (the mean's |W| at most once more).
+    An entry rounds in the mean's T terms, the subtraction and the addition: T + 2 roundings of that."""
+    return 1 + 2 * noise.abs().sum(-1, keepdim=True)  # (H, T, 1)
+
+
 def test_bidirectional_mixit_rows_sum_to_one_over_the_real_tokens():
     noise = mixit_noise(4, 10, 8, layer_generator(0, 0)).float()
     full = bidirectional_mixing(noise, alpha=1.0, sink="normalised")
-    torch.testing.assert_close(full.sum(-1), torch.ones(4, 10))
+    # float32 entries (T + 2 roundings each, `row_scale`), then the row's T terms.
+    assert_close(full.sum(-1), torch.ones(4, 10), terms=2 * 10 + 2, scale=row_scale(noise)[..., 0])
     assert torch.count_nonzero(torch.triu(full[1], diagonal=1)) > 0  # reads later tokens
     valid = torch.arange(10)[None] < torch.tensor([[6], [10]])
     batched = bidirectional_mixing(noise, 1.0, "normalised", valid)  # (2, 4, 10, 10)
-    torch.testing.assert_close(batched[:, :, :6].sum(-1), torch.ones(2, 4, 6))
+    assert_close(batched[:, :, :6].sum(-1), torch.ones(2, 4, 6), terms=2 * 10 + 2, scale=row_scale(noise)[:, :6, 0])
     assert torch.all(batched[0, :, :6, 6:] == 0)  # real tokens never read padding
     short = bidirectional_mixing(noise[:, :6, :6], 1.0, "normalised")
-    torch.testing.assert_close(batched[0, :, :6, :6], short)  # padded == unpadded
-    torch.testing.assert_close(batched[1], full)
+    # padded == unpadded: the mean over the real columns taken as a sum over all T = 10 (padding zeroed) / 6.
+    assert_close(batched[0, :, :6, :6], short, terms=10 + 2, scale=row_scale(noise[:, :6, :6]))
+    assert_close(batched[1], full, terms=10 + 2, scale=row_scale(noise))  # a sum / count, or a mean
     sink = full[0]
     torch.testing.assert_close(
         sink, 0.5 * torch.eye(10) + 0.5 * torch.nn.functional.one_hot(torch.zeros(10, dtype=torch.long), 10).float()
@@ -295,7 +305,8 @@ def test_non_causal_mixit_state_round_trips_and_exposes_its_pattern():
     # Rows sum to 1, but for row 0 of the reference sink head (docs/fidelity.md): 0.5.
     expected = torch.ones(4, 12)
     expected[0, 0] = 0.5
-    torch.testing.assert_close(attn.fixed_pattern.sum(-1), expected)
+    # float32 entries (T + 2 roundings each, `row_scale`), then the row's T terms.
+    assert_close(attn.fixed_pattern.sum(-1), expected, terms=2 * 12 + 2, scale=row_scale(attn.mixing_noise)[..., 0])
     again = _classifier("mixit", False, "last")
     assert torch.equal(again.blocks[1].attn.mixing_noise, model.blocks[1].attn.mixing_noise)
 

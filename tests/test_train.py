@@ -12,6 +12,7 @@ from mixit import Run, build, run_config, train
 from mixit.config import TrainConfig
 from mixit.errors import UsageError
 from mixit.training.loop import log_spaced_steps
+from tolerance import assert_close, assert_trained_alike, training_terms
 
 
 def tiny_cfg(**kw):
@@ -303,9 +304,11 @@ def test_compiled_training_matches_eager(tmp_path, variant):
     cfg = tiny_cfg(variant=variant, steps=5, eval_every=5, checkpoint_every=5)
     eager = train(cfg, tmp_path / "eager", progress=False)
     compiled = train(cfg, tmp_path / "compiled", progress=False, compile=True)
-    assert compiled["test"]["loss"] == pytest.approx(eager["test"]["loss"], rel=1e-4)
+    # Compiled kernels fuse and order the steps' arithmetic otherwise: the runs train alike (tests/tolerance.py), and
+    # their test losses differ by those roundings on the scale of a uniform guess's loss, about where training started.
+    terms, scale = training_terms(cfg), math.log(cfg.model.vocab_size)
+    assert_close(compiled["test"]["loss"], eager["test"]["loss"], dtype=torch.float32, terms=terms, scale=scale)
     a, b = build(cfg)[1], build(cfg)[1]
     load_latest(tmp_path / "eager", a)
     load_latest(tmp_path / "compiled", b)
-    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=name)
+    assert_trained_alike(b.state_dict(), a.state_dict(), cfg)
