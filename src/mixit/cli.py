@@ -51,6 +51,7 @@ import textwrap
 import time
 import types
 import typing
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -65,7 +66,7 @@ from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
 from mixit.config import ModelConfig, TrainConfig, field_docs, field_hints, type_name
 from mixit.distributed import BadEnvironment, Dist, env_world, refusal_said
-from mixit.errors import UsageError
+from mixit.errors import UsageError, show_warning
 from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
 from mixit.export import export_run
 from mixit.generate import sample_run
@@ -607,6 +608,13 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`mixit ARGS`: its exit status. mixit's own warnings are said in one line each (`show_warning`)."""
+    with warnings.catch_warnings():
+        warnings.showwarning = partial(show_warning, warnings.showwarning)
+        return run_command(argv)
+
+
+def run_command(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args and args[0] in COMMANDS else None
     try:

@@ -22,8 +22,12 @@ its checkpoint that the killed session had sent) are skipped, except by TensorBo
 (SummaryWriter's purge_step) and takes them again. TensorBoard's writer is flushed after every event, so
 that what it was sent is on disk.
 
-A sink that fails (a network, a full disk) is warned about once on stderr and sent nothing more in this
-session; training goes on, and the next session sends it what it missed.
+Before any work, `check_sinks` refuses a sink that cannot work, in one line: its package missing, or its
+settings (each writer's `check`): MLflow's tracking URI of a scheme MLflow does not know, or an http(s) server that
+does not answer; W&B's WANDB_MODE not one of its modes; a local directory a sink writes (trackio's store, MLflow's
+file or sqlite store, RUN/tensorboard/, RUN/wandb/) not writable. A sink that fails later (a network, a full disk)
+is warned about once on stderr and sent nothing more in this session; training goes on, and the next session
+sends it what it missed.
 """
 
 from __future__ import annotations
@@ -33,17 +37,21 @@ import importlib
 import json
 import os
 import secrets
+import socket
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast, get_args
+from typing import Any, Literal, Protocol, cast, get_args, get_origin
 
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
-from mixit.run import Run
+from mixit.files import check_output_dir
+from mixit.run import LOCK, Run
 from mixit.version import install_hint
 
 Sink = Literal["tensorboard", "wandb", "mlflow", "trackio"]
@@ -56,10 +64,15 @@ DEFAULT_PROJECT = "mixit"
 MLFLOW_EXPERIMENT_NAME says), and trackio's project."""
 
 
-def check_sinks(names: Iterable[str], option: str = "--logger") -> tuple[Sink, ...]:
-    """`names` (or one name) as sinks, each once, in order; refused before any work if one is unknown or its
-    package is not installed (naming the command that installs it). `option` is the flag that named them, for the
-    message."""
+REACH_TIMEOUT_S = 2.5
+"""How long an http(s) tracking server has to accept a connection before it is refused as unreachable."""
+
+
+def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | Path | None = None) -> tuple[Sink, ...]:
+    """`names` (or one name) as sinks, each once, in order; refused before any work if one is unknown, its
+    package is not installed (naming the command that installs it), or its settings cannot work (each writer's
+    `check`: module docstring). `option` is the flag that named them, for the message; `run_dir`, the run they
+    will write, whose own directories and tracking.json are checked too if it exists already."""
     chosen: list[Sink] = []
     for name in [names] if isinstance(names, str) else names:
         if name not in SINKS:
@@ -71,7 +84,42 @@ def check_sinks(names: Iterable[str], option: str = "--logger") -> tuple[Sink, .
         except ImportError:
             raise UsageError(f"{option} {name} needs the {name} package: {install_hint(name)}") from None
         chosen.append(cast(Sink, name))
+    run = None if run_dir is None else Run(run_dir)
+    if run is not None and run.state() == "absent":  # a new run: its directory is checked as it is made
+        run = None
+    held = run.tracking() if run is not None and chosen else {}
+    for name in chosen:
+        try:
+            WRITERS[name]().check(run, held.get(name))
+        except UsageError as e:
+            raise UsageError(f"{option} {name}: {e}") from None
     return tuple(chosen)
+
+
+def check_writable(directory: Path, setting: str) -> None:
+    """Refuse `directory`, where a sink writes, unless it is a directory (or creatable as one) and writable
+    (`check_output_dir`), naming what sets it."""
+    try:
+        check_output_dir(directory)
+    except UsageError as e:
+        raise UsageError(f"{e}; {setting}") from None
+
+
+def check_reachable(url: str, setting: str) -> None:
+    """Refuse an http(s) server that does not accept a connection within REACH_TIMEOUT_S (through the proxy
+    the environment names for it, if any), before a sink's library waits minutes on it."""
+    parts = urllib.parse.urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(parts.hostname or ""):
+        parts = urllib.parse.urlsplit(proxy)  # the first hop
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        if not parts.hostname:
+            raise ValueError("no host")
+        socket.create_connection((parts.hostname, port), timeout=REACH_TIMEOUT_S).close()
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+        raise UsageError(f"no server answers at {url} ({reason}); {setting}") from None
 
 
 @dataclass(frozen=True)
@@ -145,6 +193,11 @@ class SinkWriter(Protocol):
     purges: bool
     """It can drop the points it holds from a step on (`open`'s purge_step): TensorBoard."""
 
+    def check(self, run: Run | None, held: Mapping[str, Any] | None) -> None:
+        """Refuse (UsageError, one line naming the setting to change), before any work, settings with which the
+        sink cannot work. `run`: the run it will write, if it exists already; `held`: tracking.json's record."""
+        ...
+
     def open(
         self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
     ) -> dict[str, Any]:
@@ -172,6 +225,10 @@ class TensorBoard:
 
     name = "tensorboard"
     purges = True
+
+    def check(self, run: Run | None, held: Mapping[str, Any] | None) -> None:
+        if run is not None:  # a new run's directory is checked by the run itself
+            check_writable(run.tensorboard_dir, "TensorBoard writes its event files there")
 
     def open(
         self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
@@ -206,6 +263,17 @@ class Wandb:
 
     name = "wandb"
     purges = False
+
+    def check(self, run: Run | None, held: Mapping[str, Any] | None) -> None:
+        """WANDB_MODE, if set, one of the modes the installed W&B accepts; RUN/wandb/ writable (WANDB_DIR is not
+        used: the run directory is given to `wandb.init`)."""
+        mode = os.environ.get("WANDB_MODE")
+        field = getattr(importlib.import_module("wandb").Settings, "model_fields", {}).get("mode")  # pydantic's
+        modes = get_args(field.annotation) if field is not None and get_origin(field.annotation) is Literal else ()
+        if mode is not None and modes and mode not in modes:
+            raise UsageError(f"WANDB_MODE {mode!r} is not a W&B mode; set it to one of {', '.join(modes)}")
+        if run is not None:
+            check_writable(run.path / "wandb", "W&B keeps its local files there")
 
     def open(
         self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
@@ -245,6 +313,28 @@ class Mlflow:
     purges = False
     MAX_BATCH = 100
     """The most params MLflow takes in one log_batch."""
+    LOCAL = ("", "file", "sqlite")
+    """The schemes of a store on this machine, whose directory must be writable: a path, file:, sqlite:."""
+
+    def check(self, run: Run | None, held: Mapping[str, Any] | None) -> None:
+        """The tracking URI of a scheme MLflow knows; an http(s) server answering; a local store's directory
+        writable. The URI is MLFLOW_TRACKING_URI's (or MLflow's default), or for a run MLflow holds already, the
+        one tracking.json records (`open` continues the run there)."""
+        uri = importlib.import_module("mlflow").get_tracking_uri()
+        recorded = None
+        if held and run is not None and "tracking_uri" in held:
+            uri = held["tracking_uri"]
+            recorded = f"{run.tracking_path} records it for the MLflow run this run continues; or leave out mlflow"
+        scheme, known = _mlflow_scheme(uri), _mlflow_schemes()
+        if scheme not in known:
+            allowed = "a path or a URI of " + ", ".join(f"{s}:" for s in known if s)
+            fix = f"{recorded}; allowed: {allowed}" if recorded else f"set MLFLOW_TRACKING_URI to {allowed}"
+            raise UsageError(f"tracking URI {uri!r} has a scheme MLflow does not know; {fix}")
+        if scheme in ("http", "https"):
+            check_reachable(uri, recorded or "start the MLflow server, or set MLFLOW_TRACKING_URI to one that answers")
+        elif scheme in self.LOCAL and uri not in ("databricks", "databricks-uc", "uc"):
+            fix = recorded or "set MLFLOW_TRACKING_URI to a writable place"
+            check_writable(_mlflow_store_dir(uri, scheme), f"MLflow keeps its store there: {fix}")
 
     def open(
         self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
@@ -286,6 +376,12 @@ class Trackio:
     name = "trackio"
     purges = False
 
+    def check(self, run: Run | None, held: Mapping[str, Any] | None) -> None:
+        """trackio's store writable: where the imported trackio keeps it (it reads TRACKIO_DIR when imported)."""
+        store = getattr(importlib.import_module("trackio.utils"), "TRACKIO_DIR", None)
+        if store is not None:
+            check_writable(Path(store), "trackio keeps its store there; set TRACKIO_DIR to a writable directory")
+
     def open(
         self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
     ) -> dict[str, Any]:
@@ -321,6 +417,33 @@ WRITERS: dict[str, Callable[[], SinkWriter]] = {
     "mlflow": Mlflow,
     "trackio": Trackio,
 }
+
+
+def _mlflow_scheme(uri: str) -> str:
+    """The scheme of tracking URI `uri` as MLflow reads it ("" for a path; a database's dialect without its driver)."""
+    try:
+        return cast(str, importlib.import_module("mlflow.utils.uri").get_uri_scheme(uri))
+    except Exception:  # a database dialect MLflow does not know
+        return urllib.parse.urlsplit(uri).scheme
+
+
+def _mlflow_store_dir(uri: str, scheme: str) -> Path:
+    """The directory a local MLflow store is written in: a path's, a file: URI's, a sqlite database's own."""
+    if scheme == "file":
+        return Path(urllib.request.url2pathname(urllib.parse.urlsplit(uri).path))
+    if scheme == "sqlite":  # sqlite:///relative.db, sqlite:////absolute.db
+        return Path(uri.partition(":///")[2].partition("?")[0] or "mlflow.db").parent
+    return Path(uri)
+
+
+def _mlflow_schemes() -> list[str]:
+    """The tracking URI schemes the installed MLflow accepts: a path, file:, its databases, http(s):,
+    databricks:, and those of MLflow plugins (entry points of mlflow.tracking_store)."""
+    from importlib.metadata import entry_points
+
+    engines = importlib.import_module("mlflow.store.db.db_types").DATABASE_ENGINES
+    plugins = [e.name for e in entry_points(group="mlflow.tracking_store")]
+    return ["", "file", *engines, "http", "https", "databricks", *plugins]
 
 
 def _code_block(text: str) -> str:
@@ -436,10 +559,11 @@ class Tracker:
 # -- export-logs ----------------------------------------------------------------------------
 
 
-def check_export(run: Run, sinks: Sequence[Sink]) -> None:
-    """Refuse to export `run` to `sinks` (before anything is written) if a sink already holds its logs
-    (tracking.json records it, or RUN/tensorboard holds event files: they are never overwritten), or if
-    another process holds the run."""
+def check_export(run: Run, sinks: Sequence[Sink]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Refuse to export `run` to `sinks` before anything is written: if a sink already holds its logs
+    (tracking.json records it, or RUN/tensorboard holds event files: they are never overwritten), if a sink cannot
+    write the run (`check_sinks`), if its metrics.jsonl or summary.json is damaged, or if another process holds
+    the run. Returns its events and summary, as read here."""
     state = run.tracking()
     for name in sinks:
         if name == "tensorboard" and run.tensorboard_events():
@@ -449,18 +573,27 @@ def check_export(run: Run, sinks: Sequence[Sink]) -> None:
             )
         if name in state:
             raise UsageError(f"{run.path} has been sent to {name} already ({run.tracking_path}); it is sent once")
-    run.acquire(stamp=False)
-    run.release()
+    check_sinks(sinks, "--to", run.path)
+    logs = run.metrics(), run.summary()
+    if (run.path / LOCK).exists():  # no lock file: no process holds the run (and none is made here)
+        run.acquire(stamp=False)
+        run.release()
+    return logs
 
 
-def export_run(run: Run, sinks: Sequence[Sink], grouping: Grouping) -> list[str]:
-    """Send `run`'s metrics.jsonl and summary (if it has one) to `sinks`, as training with them would have:
-    for runs trained without. Returns the sinks that failed (each warned about on stderr)."""
-    check_export(run, sinks)
+def export_run(
+    run: Run,
+    sinks: Sequence[Sink],
+    grouping: Grouping,
+    events: Sequence[dict[str, Any]],
+    summary: Mapping[str, Any] | None,
+) -> list[str]:
+    """Send `run`'s `events` and `summary` (as `check_export` read them) to `sinks`, as training with them would
+    have: for runs trained without. Returns the sinks that failed (each warned about on stderr)."""
     run.acquire()
     try:
-        tracker = Tracker.open(run, sinks, grouping, run.metrics())
-        tracker.close(run.summary())
+        tracker = Tracker.open(run, sinks, grouping, events)
+        tracker.close(summary)
     finally:
         run.release()
     return tracker.failed

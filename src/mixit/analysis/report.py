@@ -14,7 +14,8 @@
     summary.md                  the strongest heads and the numbers above, in words
 
 The files are derived from the run's checkpoints (the latest, and with over_time every one held)
-and are rewritten by each `analyze`; nothing else in the run directory is touched.
+and are rewritten by each `analyze`; nothing else in the run directory is touched. Every checkpoint is
+read before the first file is written, so a damaged one is refused with analysis/ as it was.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from mixit.analysis.signal import token_similarity
 from mixit.config import ModelConfig, check
 from mixit.errors import UsageError
 from mixit.experiment import build_model
+from mixit.files import check_output_dir
 from mixit.models import Transformer
 from mixit.run import Analysis, Loaded, Run
 from mixit.tasks.base import Batch
@@ -75,9 +77,12 @@ def analyze_run(
     """
     check(batch > 0, f"batch must be a positive integer, got {batch}")
     run = Run.open(run_dir)
+    check_output_dir(run.analysis_dir)  # before any computing
     loaded = run.load(device)
     test_inputs = loaded.task.test_batch().inputs
     x = pattern_input(test_inputs, loaded.cfg.model, example, tokens)
+    # Every checkpoint is read (a damaged one refused) before anything is written into analysis/.
+    history = over_time_history(run, loaded, batch, seed) if over_time else None
     analysis = run.analysis
     analysis.prepare()
     name = f"{loaded.cfg.task}/{loaded.cfg.variant} ({run.path.name}, {loaded.checkpoint.name})"
@@ -93,8 +98,8 @@ def analyze_run(
         files.append(analysis.write_retrieval_by_pairs(by_pairs).name)
 
     findings = summarize(scores, signal)
-    if over_time:
-        history = write_over_time(run, loaded, batch, seed)
+    if history is not None:
+        draw_over_time(run, loaded, history)
         findings["over_time"] = over_time_line(history)
         files += [analysis.write_over_time(history).name, analysis.figure_path("over_time").name]
     text = render_summary(name, findings, has_fixed, files)
@@ -149,9 +154,9 @@ def write_signal(analysis: Analysis, loaded: Loaded, inputs: torch.Tensor) -> di
     return signal
 
 
-def write_over_time(run: Run, loaded: Loaded, batch: int, seed: int) -> dict[str, Any]:
+def over_time_history(run: Run, loaded: Loaded, batch: int, seed: int) -> dict[str, Any]:
     """Score the heads (`head_scores` with `batch` and `seed`) and evaluate the test set at every checkpoint
-    `run` holds, write over_time.json and draw over_time.png; returns what was written.
+    `run` holds (what over_time.json holds); nothing is written.
 
     The model of `loaded` is loaded with each checkpoint in turn, and with its own again at the end."""
     steps = run.checkpoints()
@@ -165,7 +170,7 @@ def write_over_time(run: Run, loaded: Loaded, batch: int, seed: int) -> dict[str
         records.append((scores, test))
     run.load_model_state(model, loaded.checkpoint)
     metric = next((m for m in HEADLINE_METRICS if m in records[-1][1]), "loss")
-    history: dict[str, Any] = {
+    return {
         "steps": steps,
         "metric": metric,
         "test": [test for _, test in records],
@@ -174,16 +179,19 @@ def write_over_time(run: Run, loaded: Loaded, batch: int, seed: int) -> dict[str
         "icl_gap": [None if s["icl"] is None else s["icl"]["loss_gap"] for s, _ in records],
         "probe": records[-1][0]["probe"],
     }
+
+
+def draw_over_time(run: Run, loaded: Loaded, history: dict[str, Any]) -> None:
+    """Draw over_time.png: the strongest head's score of each kind and the test metric against step."""
     title = f"{loaded.cfg.task}/{loaded.cfg.variant} ({run.path.name}): strongest head against step"
     curves = {kind: [h["score"] for h in history["strongest"][kind]] for kind in SCORE_KINDS}
     plot_over_time(
-        steps,
+        history["steps"],
         curves,
-        {f"test {metric}": [t[metric] for t in history["test"]]},
+        {f"test {history['metric']}": [t[history["metric"]] for t in history["test"]]},
         title,
         run.analysis.figure_path("over_time"),
     )
-    return history
 
 
 def _strongest(table: list[list[float]]) -> dict[str, Any]:

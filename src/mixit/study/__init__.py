@@ -36,7 +36,7 @@ from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
 from mixit.study.search import apply, plan_study
 from mixit.study.spec import PlannedRun, Study, load_study_file, merge_planned, plan
-from mixit.tracking import Sink, check_export, check_sinks, export_run, run_grouping, study_grouping
+from mixit.tracking import SINKS, Sink, check_export, check_sinks, export_run, run_grouping, study_grouping
 
 __all__ = [
     "ReproduceOptions",
@@ -205,6 +205,8 @@ def export_logs(directory: Path, to: Sequence[Sink] = ("tensorboard",)) -> dict[
         to: The tracking sinks, any of tensorboard, wandb, mlflow and trackio.
     """
     sinks = check_sinks(to, "--to")
+    if not sinks:
+        raise UsageError(f"--to names no sink; give one or more of {', '.join(SINKS)}")
     directory = Path(directory)
     if Run(directory).state() != "absent":
         run = Run.open(directory)
@@ -218,9 +220,12 @@ def export_logs(directory: Path, to: Sequence[Sink] = ("tensorboard",)) -> dict[
                 runs.append((run, study_grouping(record["name"], entry["id"], run.config, entry.get("role", "final"))))
     else:
         raise UsageError(f"{directory} holds no mixit run and no study")
-    for run, _ in runs:
-        check_export(run, sinks)
-    failed = [f"{run.path} ({name})" for run, grouping in runs for name in export_run(run, sinks, grouping)]
+    logs = [check_export(run, sinks) for run, _ in runs]  # every run checked before any is sent
+    failed = [
+        f"{run.path} ({name})"
+        for (run, grouping), (events, summary) in zip(runs, logs, strict=True)
+        for name in export_run(run, sinks, grouping, events, summary)
+    ]
     if failed:
         raise UsageError(f"export-logs could not send every run: {', '.join(failed)}; see the warnings above")
     return {"runs": [run.path for run, _ in runs], "sinks": sinks}

@@ -47,7 +47,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mixit.errors import UsageError
+from mixit.errors import MixitWarning, UsageError
 from mixit.text.cache import hf_cache_dir
 from mixit.version import install_hint
 
@@ -467,7 +467,7 @@ def load_local(
         )
     skipped = sum(s.skipped for splits in by_split.values() for s in splits)
     if skipped:
-        warnings.warn(f"{root}: skipped {skipped} empty text(s)", stacklevel=2)
+        warnings.warn(f"{root}: skipped {skipped} empty text(s)", MixitWarning, stacklevel=2)
     info = {"source": str(root.resolve()), "split": rule, "empty_texts_skipped": skipped}
     return TextDataset(str(root), train, test, info)
 

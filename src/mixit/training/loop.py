@@ -117,7 +117,7 @@ def train(
     """
     if keep_checkpoints not in KEEP_CHECKPOINTS:
         raise UsageError(f"keep_checkpoints must be one of {', '.join(KEEP_CHECKPOINTS)}, got {keep_checkpoints!r}")
-    sinks = check_sinks(logger)
+    sinks = check_sinks(logger, run_dir=run_dir if resume else None)
     dev = resolve_device(device)
     # Checks that need no other process come first, so that a bad option never waits for the others.
     if cfg.train.dtype == "bf16" and dev.type == "cpu" and not allow_slow_dtype and not fast_bf16():
