@@ -86,6 +86,94 @@ def test_a_plugin_that_cannot_be_imported_is_refused_in_one_line(tmp_path, plugi
     assert len(done.stderr.strip().splitlines()) == 1 and done.stdout == ""
 
 
+def snapshot(root):
+    """Every path under `root` with its mtime and, for a file, its bytes: what a refusal leaves as it was."""
+    return {str(p): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def installed(tmp_path, module):
+    """The environment of a package in `tmp_path` whose entry point of mixit.plugins is `module`."""
+    info = tmp_path / "mixit_plugin_example-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mixit-plugin-example\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[mixit.plugins]\nexample = {module}\n")
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+@pytest.mark.parametrize(
+    "how, source, raised",
+    [
+        ("file", "import sys\nsys.exit(3)\n", "SystemExit: 3"),
+        ("file", "import sys\nsys.exit()\n", "SystemExit"),
+        ("file", "raise KeyboardInterrupt\n", "KeyboardInterrupt"),
+        ("file", "def (:\n", "SyntaxError: invalid syntax"),
+        ("file", "import no_such_module_here\n", "ModuleNotFoundError: No module named 'no_such_module_here'"),
+        ("module", "import sys\nsys.exit('no GPU here,\\nstopping')\n", "SystemExit: no GPU here, stopping"),
+        ("entry point", "raise KeyboardInterrupt\n", "KeyboardInterrupt"),
+        ("entry point", "raise RuntimeError('no licence')\n", "RuntimeError: no licence"),
+    ],
+)
+def test_a_plugin_that_exits_is_interrupted_or_raises_is_refused_before_a_study_writes(tmp_path, how, source, raised):
+    (tmp_path / "bad_plugin.py").write_text(source)
+    (tmp_path / "grid.toml").write_text(STUDY)
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}  # Python's own __pycache__ of the plugin would change the snapshot
+    name = "bad_plugin.py" if how == "file" else "bad_plugin"
+    env |= installed(tmp_path, name) if how == "entry point" else {ENV: name, "PYTHONPATH": str(tmp_path)}
+    before = snapshot(tmp_path)
+    done = mixit(["reproduce", "--study", "grid.toml", "--out", "study", "--no-progress"], tmp_path, **env)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mixit reproduce: error: plugin {name!r} (from MIXIT_PLUGINS")
+    assert lines[0].endswith(f"cannot be imported: {raised}") or f"cannot be imported: {raised} (" in lines[0], lines
+    assert snapshot(tmp_path) == before and not (tmp_path / "study").exists()
+
+
+WORKERS_ONLY = """import multiprocessing, os
+if multiprocessing.parent_process() is not None or any(name.startswith("SUBMITIT_") for name in os.environ):
+    {}
+"""
+"""A plugin that imports in the study's own process, and does `{}` in its pool's workers and submitit's jobs."""
+
+
+@pytest.mark.parametrize("executor", ["local", "submitit-local"])
+def test_a_plugin_that_exits_in_a_studys_workers_fails_their_runs_naming_it(tmp_path, executor):
+    (tmp_path / "worker_plugin.py").write_text(WORKERS_ONLY.format("raise SystemExit(3)"))
+    (tmp_path / "grid.toml").write_text(STUDY.replace('"plugged", ', '"mixit", '))
+    args = ["reproduce", "--study", "grid.toml", "--out", "study", "--workers", "2", "--executor", executor]
+    done = mixit([*args, "--no-progress"], tmp_path, MIXIT_PLUGINS="worker_plugin.py")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "runs: 0 done, 2 failed" in done.stdout
+    for record in (tmp_path / "study" / "failed").iterdir():
+        error = json.loads(record.read_text())["error"]
+        assert error.endswith(
+            "plugin 'worker_plugin.py' (from MIXIT_PLUGINS or the entry points of mixit.plugins) "
+            "cannot be imported: SystemExit: 3"
+        ), error
+
+
+def test_a_worker_interrupted_while_importing_a_plugin_is_interrupted_not_failed(tmp_path):
+    # The KeyboardInterrupt a worker gets when the study stops it (`_stop_pool`) may come while it imports.
+    (tmp_path / "worker_plugin.py").write_text(WORKERS_ONLY.format("raise KeyboardInterrupt"))
+    (tmp_path / "grid.toml").write_text(STUDY.replace('"plugged", ', '"mixit", '))
+    args = ["reproduce", "--study", "grid.toml", "--out", "study", "--workers", "2", "--no-progress"]
+    done = mixit(args, tmp_path, MIXIT_PLUGINS="worker_plugin.py")
+    assert done.returncode == 130 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+    assert done.stderr.startswith("mixit reproduce: interrupted;")
+    assert not (tmp_path / "study" / "failed").exists()
+
+
+def test_a_study_from_python_imports_the_plugins_before_it_writes(tmp_path, monkeypatch):
+    from mixit.study import ReproduceOptions, reproduce
+
+    (tmp_path / "exiting_plugin.py").write_text("import sys\nsys.exit(3)\n")
+    (tmp_path / "grid.toml").write_text(STUDY)
+    monkeypatch.setenv(ENV, str(tmp_path / "exiting_plugin.py"))
+    options = ReproduceOptions(study=tmp_path / "grid.toml", out=tmp_path / "study", progress=False)
+    with pytest.raises(UsageError, match=r"exiting_plugin.py' .*cannot be imported: SystemExit: 3$"):
+        reproduce(options)
+    assert not (tmp_path / "study").exists()
+
+
 def test_plugins_load_once_per_process_from_the_environment(tmp_path, monkeypatch):
     (tmp_path / "counted_plugin.py").write_text("import builtins\nbuiltins.mixit_plugin_loads += 1\n")
     import builtins

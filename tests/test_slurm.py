@@ -2,7 +2,9 @@
 reaches submitit, typed as submitit types it; the same parameters run a tiny study through submitit's local
 executor; a bad key, value or item is refused with one line and exit status 2 before anything is written."""
 
+import math
 import shlex
+import typing
 from pathlib import Path
 
 import pytest
@@ -169,6 +171,49 @@ def test_bad_items_are_refused_before_anything_is_written(tmp_path, capsys, exec
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "executor, item, allowed",
+    [
+        ("submitit-local", "timeout_min=-5", "a time limit in minutes, at least 1"),
+        ("submitit-local", "timeout_min=0", "a time limit in minutes, at least 1"),
+        ("slurm", "time=0", "a time limit in minutes, at least 1"),
+        ("submitit-local", "gpus_per_node=-1", "a number of GPUs, at least 0"),
+        ("slurm", "gpus_per_task=-2", "a number of GPUs, at least 0"),
+        ("slurm", "nodes=0", "a number of nodes, at least 1"),
+        ("submitit-local", "tasks_per_node=0", "a number of tasks, at least 1"),
+        ("slurm", "ntasks_per_node=-1", "a number of tasks, at least 1"),
+        ("submitit-local", "cpus_per_task=0", "a number of CPUs, at least 1"),
+        ("slurm", "cpus_per_gpu=0", "a number of CPUs, at least 1"),
+        ("slurm", "array_parallelism=0", "a number of jobs at once, at least 1"),
+        ("submitit-local", "mem_gb=0", "memory in GB, at least 0.001"),
+        ("slurm", "mem_gb=0.0005", "memory in GB, at least 0.001"),
+        ("slurm", "signal_delay_s=-1", "seconds between the warning signal and the time limit, at least 0"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_before_anything_is_written(tmp_path, capsys, executor, item, allowed):
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(STUDY)
+    out = tmp_path / "study"
+    out.mkdir()  # an empty --out, which a study would take: left as it was
+    before = out.stat().st_mtime_ns
+    assert main(["reproduce", "--study", str(spec), "--out", str(out), "--executor", executor, "--slurm", item]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"mixit reproduce: error: --slurm {item} is out of range: {allowed}"]
+    assert list(out.iterdir()) == [] and out.stat().st_mtime_ns == before
+
+
+def test_every_number_submitit_takes_has_a_range_and_its_least_value_passes():
+    from mixit.study.executors import SLURM_MINIMA, slurm_types
+
+    numbers = {key for key, hint in slurm_types().items() if {int, float} & {hint, *typing.get_args(hint)}}
+    assert numbers == SLURM_MINIMA.keys()  # a number a later submitit adds needs its range decided here
+    least = {key: minimum for key, (minimum, _) in SLURM_MINIMA.items() if key not in ("time", "ntasks_per_node")}
+    assert slurm_parameters("slurm", least)["gpus_per_node"] == 0
+    for key, value in {"mem_gb": math.inf, "timeout_min": True, "gpus_per_node": 1.0}.items():
+        with pytest.raises(UsageError, match=f"--slurm {key}: expected"):
+            slurm_parameters("slurm", {key: value})
 
 
 def test_a_mapping_parameter_takes_repeatable_key_value_items():

@@ -47,23 +47,30 @@ def plugin_names() -> list[str]:
 def load_plugins() -> list[str]:
     """Import every plugin (`plugin_names`) this process has not imported yet, and return those imported now.
 
-    A plugin that cannot be imported (not found, or raising as it runs) is refused in one line naming it and
-    the error."""
+    A plugin that cannot be imported (not found, or raising as it runs: any exception, SystemExit of a
+    ``sys.exit()`` and KeyboardInterrupt included) is refused in one line naming it and what it raised, rather
+    than ending mixit silently with the plugin's exit status or with its traceback. What it raised is kept as the
+    refusal's cause: a study's failure record shows its traceback, and `run_one` tells a stopped worker's
+    KeyboardInterrupt from a failure."""
     imported = []
     for name in plugin_names():
         if name in _loaded:
             continue
         try:
             _import(name)
-        except Exception as e:  # a plugin's own error, whatever it is, is said in one line
-            message = " ".join(str(e).split()) or type(e).__name__
+        except BaseException as e:  # a plugin's own error, whatever it is, is said in one line
             raise UsageError(
-                f"plugin {name!r} (from {ENV} or the entry points of {GROUP}) cannot be imported: "
-                f"{type(e).__name__}: {message}"
-            ) from None
+                f"plugin {name!r} (from {ENV} or the entry points of {GROUP}) cannot be imported: {_raised(e)}"
+            ) from e
         _loaded.add(name)
         imported.append(name)
     return imported
+
+
+def _raised(e: BaseException) -> str:
+    """What `e` says, on one line: its type and its message (``SystemExit: 3`` for ``sys.exit(3)``)."""
+    message = " ".join(str(e).split())
+    return f"{type(e).__name__}: {message}" if message else type(e).__name__
 
 
 def _import(name: str) -> None:

@@ -33,6 +33,7 @@ import collections.abc
 import concurrent.futures
 import ctypes
 import difflib
+import functools
 import math
 import multiprocessing
 import os
@@ -43,6 +44,7 @@ import threading
 import time
 import traceback
 import typing
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -55,7 +57,7 @@ from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import SignalOptions, signal_command
 from mixit.config import check, type_name
 from mixit.distributed import env_world
-from mixit.errors import UsageError
+from mixit.errors import UsageError, show_warning
 from mixit.experiment import RunConfig
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
 from mixit.plugins import load_plugins
@@ -156,6 +158,8 @@ def run_one(
             failed.unlink(missing_ok=True)
         return {"id": run_id, "state": "done", "seconds": time.perf_counter() - start}
     except Exception as e:  # a failed run is recorded, and the study goes on
+        if isinstance(e.__cause__, KeyboardInterrupt):  # a plugin's import stopped (`_stop_pool`): not a failure
+            raise e.__cause__ from None
         message = " ".join(str(e).split()) or type(e).__name__
         if not main:
             return {"id": run_id, "state": "failed", "error": message, "seconds": time.perf_counter() - start}
@@ -186,13 +190,14 @@ def _distributed_job() -> None:
 
 
 def _init_worker(threads: int, study_pid: int) -> None:
-    """Set up a worker of the local pool: its torch threads, how it is interrupted, and its end with the
-    study's process.
+    """Set up a worker of the local pool: its torch threads, mixit's warnings on one line, how it is interrupted,
+    and its end with the study's process.
 
     A Ctrl-C reaches every process of the terminal's group; a worker ignores it and is stopped by the
     study instead (`_stop_pool`), so a SIGINT to the study alone stops its workers too, and a worker
     is never interrupted twice."""
     torch.set_num_threads(threads)
+    warnings.showwarning = functools.partial(show_warning, warnings.showwarning)  # one line, as the CLI's
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _interrupt_worker)
     die_with(study_pid)
@@ -316,6 +321,8 @@ def execute(
     screening runs train beside the runs that need no search, then each searched cell trains with the
     values chosen on validation. Without it, every run trains its request as it is.
     """
+    # The plugins every worker and job imports, imported here first: one that cannot be is refused before any work.
+    load_plugins()
     pool = (pool or Pool()).sized()
     study_dir = Path(study_dir)
     planned = plan_study(study, search)
@@ -460,6 +467,25 @@ SLURM_DEFAULTS: dict[str, tuple[Any, tuple[str, ...]]] = {
 """mixit's default for a parameter of the submitit jobs, and the keys that, given, replace it (submitit's own
 defaults are a 5-minute limit, and Slurm's one CPU per task; Slurm refuses cpus_per_task beside cpus_per_gpu)."""
 
+SLURM_MINIMA: dict[str, tuple[float, str]] = {
+    "timeout_min": (1, "a time limit in minutes"),
+    "time": (1, "a time limit in minutes"),
+    "signal_delay_s": (0, "seconds between the warning signal and the time limit"),
+    "nodes": (1, "a number of nodes"),
+    "tasks_per_node": (1, "a number of tasks"),
+    "ntasks_per_node": (1, "a number of tasks"),
+    "cpus_per_task": (1, "a number of CPUs"),
+    "cpus_per_gpu": (1, "a number of CPUs"),
+    "gpus_per_node": (0, "a number of GPUs"),
+    "gpus_per_task": (0, "a number of GPUs"),
+    "array_parallelism": (1, "a number of jobs at once"),
+    "mem_gb": (0.001, "memory in GB"),
+}
+"""The smallest value of each number submitit's Slurm executor takes, and what the number is: times and counts
+at least 1, GPUs and the signal's delay at least 0, memory at least 1 MB (submitit writes less as 0 MB, which
+Slurm reads as all of a node's memory). A number below is refused, never passed on: Slurm, or submitit's local
+executor, would refuse it only once the study is written, or run jobs that end at once."""
+
 SLURM_RENAMED = {"num_gpus": "gpus_per_node"}
 """Names submitit still reads but has deprecated, and their successors; refused, since the one task per GPU of
 `slurm_parameters` reads gpus_per_node."""
@@ -483,10 +509,10 @@ def slurm_parameters(executor: str, given: Mapping[str, Any]) -> dict[str, Any]:
     (``--slurm KEY=VALUE`` items, or a dict from Python); a bad key or value raises UsageError naming it.
 
     Each key is one submitit's Slurm executor accepts (`slurm_types`; dashes read as underscores, as sbatch spells
-    them), each value of submitit's type for it (`_typed`). Where `given` does not say: `SLURM_DEFAULTS`, and one
-    task per GPU (tasks_per_node = gpus_per_node, or 1), so that each GPU trains one rank of the run
-    (docs/scaling.md, "Slurm"). The generic names go as they are, Slurm's own with submitit's ``slurm_`` prefix,
-    which the local executor ignores."""
+    them), each value of submitit's type for it (`_typed`), a number at least its `SLURM_MINIMA`. Where `given`
+    does not say: `SLURM_DEFAULTS`, and one task per GPU (tasks_per_node = gpus_per_node, or 1), so that each GPU
+    trains one rank of the run (docs/scaling.md, "Slurm"). The generic names go as they are, Slurm's own with
+    submitit's ``slurm_`` prefix, which the local executor ignores."""
     import submitit
 
     types = slurm_types()
@@ -503,6 +529,9 @@ def slurm_parameters(executor: str, given: Mapping[str, Any]) -> dict[str, Any]:
             )
         check(key not in params, f"--slurm {key} is given twice (once as {raw!r})")
         params[key] = _typed(key, value, types[key])
+        if key in SLURM_MINIMA:
+            minimum, what = SLURM_MINIMA[key]
+            check(params[key] >= minimum, f"--slurm {key}={value} is out of range: {what}, at least {minimum}")
     for generic, own in submitit.SlurmExecutor._equivalence_dict().items():
         both = generic != own and {generic, own} <= params.keys()
         check(not both, f"--slurm {generic} and {own} set the same sbatch option; give one of them")
@@ -554,7 +583,9 @@ def _as_type(value: Any, kind: type) -> Any:
         return value if kind is str else None
     if isinstance(value, bool):
         return value if kind is bool else None
-    return value if isinstance(value, kind) or (kind is float and isinstance(value, int)) else None
+    if kind is float and isinstance(value, (int, float)):
+        return value if math.isfinite(value) else None
+    return value if isinstance(value, kind) else None
 
 
 def _submitit(
