@@ -147,6 +147,19 @@ def test_done_runs_are_skipped_and_interrupted_ones_resumed(tmp_path):
         execute(tiny_study(variant=["standard", "frozen_qk"]), out, Pool("sequential"), progress=False)
 
 
+def test_a_study_file_run_from_the_command_line_is_reported_cell_by_cell(tmp_path):
+    """A study file's record names its preset "file": not one of the paper's, so no paper checks or tables."""
+    (tmp_path / "tiny.toml").write_text(STUDY_FILE)
+    out = tmp_path / "study"
+    argv = ["reproduce", "--study", str(tmp_path / "tiny.toml"), "--executor", "sequential", "--no-progress"]
+    assert main([*argv, "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert report.startswith("# tiny\n") and "paper" not in report
+    assert json.loads((out / "checks.json").read_text()) == {}
+    rows = [line for line in report.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| table | variant | seeds done |") and len(rows) == 3  # the header and 2 cells
+
+
 def test_a_study_of_your_own_is_reported_cell_by_cell(tmp_path):
     study = Study("tiny", grid(BASE, {"variant": ["standard", "mixit"]}, 2, {"table": "tiny"}))
     out = tmp_path / "study"

@@ -19,6 +19,7 @@ from typing import Any
 
 from mixit.files import check_output_dir, write_text
 from mixit.study.directory import check_report_paths
+from mixit.study.presets import PRESETS
 from mixit.study.results import (
     Check,
     Result,
@@ -122,8 +123,9 @@ def damaged_runs(results: list[Result]) -> list[str]:
 
 def is_paper_study(study: StudyResults) -> bool:
     """Whether the study is the paper's comparison at a preset (its report: the paper's checks and tables),
-    rather than a study of your own (its report: `cells_section`)."""
-    return bool(study.record.get("preset"))
+    rather than a study of your own, from a file or a `Study` (its report: `cells_section`). A study file's
+    record names its preset "file", which is none of the paper's."""
+    return study.record.get("preset") in PRESETS
 
 
 def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
