@@ -255,6 +255,15 @@ def mlflow_uri(mlflow_store, monkeypatch):
     return mlflow_store
 
 
+def mlflow_points(client, run):
+    """{name: [(step, value), ...]} of every metric of an MLflow run but the summary's, as MLflow holds them."""
+    names = [k for k in run.data.metrics if not k.startswith("summary/")]
+    return {
+        k: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, k), key=lambda m: m.step)]
+        for k in names
+    }
+
+
 def test_mlflow_holds_every_point_once_after_a_resume(tmp_path, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
@@ -265,12 +274,7 @@ def test_mlflow_holds_every_point_once_after_a_resume(tmp_path, mlflow_uri):
     run = client.get_run(held["run_id"])
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
     assert run.data.params["model.d_model"] == "16" and run.data.tags["variant"] == "standard"
-    names = [k for k in run.data.metrics if not k.startswith("summary/")]
-    history = {
-        k: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, k), key=lambda m: m.step)]
-        for k in names
-    }
-    assert_same_points(history, expected(tmp_path / "run"), resumed_in_place=True)
+    assert_same_points(mlflow_points(client, run), expected(tmp_path / "run"), resumed_in_place=True)
     want = summary_points(Run.open(tmp_path / "run").summary())
     assert {k: v for k, v in run.data.metrics.items() if k.startswith("summary/")} == pytest.approx(want)
 
@@ -300,18 +304,8 @@ def wandb_records(run_dir):
     return records
 
 
-def test_wandb_offline_holds_every_point_once_after_a_resume(tmp_path, monkeypatch):
-    for key, value in {"MODE": "offline", "SILENT": "true", "CONSOLE": "off", "X_DISABLE_STATS": "true"}.items():
-        monkeypatch.setenv(f"WANDB_{key}", value)
-    for key in ("CACHE_DIR", "CONFIG_DIR", "DATA_DIR"):  # nothing in the home directory
-        monkeypatch.setenv(f"WANDB_{key}", str(tmp_path / "wandb-home" / key.lower()))
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))  # the run directory wins
-    interrupted_then_resumed(tmp_path / "run", ["wandb"])
-    records = wandb_records(tmp_path / "run")
-    runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-    assert {r.run_id for r in runs} == {Run.open(tmp_path / "run").tracking()["wandb"]["id"]} and len(runs) == 2
-    assert runs[0].project == "mixit" and runs[0].display_name == "run"
-    assert set(runs[0].tags) == {"task=addition", "variant=standard", "seed=0"}
+def wandb_points(records):
+    """{name: [(step, value), ...]} of the history rows among W&B `records`."""
     got = defaultdict(list)
     for record in records:
         if record.WhichOneof("record_type") == "history":
@@ -319,13 +313,50 @@ def test_wandb_offline_holds_every_point_once_after_a_resume(tmp_path, monkeypat
             for name, value in row.items():
                 if not name.startswith("_"):
                     got[name].append((row["_step"], value))
-    assert_same_points(dict(got), expected(tmp_path / "run"), resumed_in_place=True)
+    return dict(got)
+
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    """W&B offline and quiet, with nothing in the home directory."""
+    for key, value in {"MODE": "offline", "SILENT": "true", "CONSOLE": "off", "X_DISABLE_STATS": "true"}.items():
+        monkeypatch.setenv(f"WANDB_{key}", value)
+    for key in ("CACHE_DIR", "CONFIG_DIR", "DATA_DIR"):
+        monkeypatch.setenv(f"WANDB_{key}", str(tmp_path / "wandb-home" / key.lower()))
+
+
+def test_wandb_offline_holds_every_point_once_after_a_resume(tmp_path, monkeypatch, wandb_offline):
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))  # the run directory wins
+    interrupted_then_resumed(tmp_path / "run", ["wandb"])
+    records = wandb_records(tmp_path / "run")
+    runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert {r.run_id for r in runs} == {Run.open(tmp_path / "run").tracking()["wandb"]["id"]} and len(runs) == 2
+    assert runs[0].project == "mixit" and runs[0].display_name == "run"
+    assert set(runs[0].tags) == {"task=addition", "variant=standard", "seed=0"}
+    assert_same_points(wandb_points(records), expected(tmp_path / "run"), resumed_in_place=True)
     summary = {}
     for record in records:
         if record.WhichOneof("record_type") == "summary":
             summary.update({"/".join(u.nested_key) or u.key: json.loads(u.value_json) for u in record.summary.update})
     want = summary_points(Run.open(tmp_path / "run").summary())
     assert {k: summary[k] for k in want} == pytest.approx(want)
+
+
+def test_several_sinks_at_once_each_hold_every_point(tmp_path, mlflow_uri, wandb_offline):
+    """Three live sinks in one run, interrupted and resumed: each holds every point of metrics.jsonl once (the first
+    sink alone used to get them: a short-circuiting any() stopped at the first that took an event)."""
+    from mlflow.tracking import MlflowClient
+
+    interrupted_then_resumed(tmp_path / "run", ["tensorboard", "wandb", "mlflow"])
+    want = expected(tmp_path / "run")
+    held = Run.open(tmp_path / "run").tracking()
+    assert {name: held[name]["events"] for name in held} == dict.fromkeys(
+        held, len(Run.open(tmp_path / "run").metrics())
+    )
+    assert_same_points(split_summary(tensorboard_scalars(tmp_path / "run"))[0], want)
+    assert_same_points(wandb_points(wandb_records(tmp_path / "run")), want, resumed_in_place=True)
+    client = MlflowClient(mlflow_uri)
+    assert_same_points(mlflow_points(client, client.get_run(held["mlflow"]["run_id"])), want, resumed_in_place=True)
 
 
 TRACKIO_SCRIPT = """

@@ -512,7 +512,8 @@ class Tracker:
         """Send metrics.jsonl's next event (already written there) to every sink that does not hold it."""
         index = self.events
         self.events += 1
-        if any(self._send(name, index, event) for name in list(self.writers)):
+        sent = [self._send(name, index, event) for name in list(self.writers)]  # to every sink: no short circuit
+        if any(sent):
             self._save()
 
     def _send(self, name: str, index: int, event: Mapping[str, Any]) -> bool:
