@@ -169,3 +169,23 @@ def test_nnsight_reads_and_patches_the_hook_points(attention):
     ablated = model.run_with_hooks(x, fwd_hooks=[("blocks.1.hook_attn_out", lambda a, hook: torch.zeros_like(a))])
     assert torch.equal(patched, ablated)
     assert not torch.equal(patched, expected)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "mixing"])
+def test_nnsight_reads_and_patches_the_attention_pattern(attention):
+    """hook_pattern runs under nnsight as under a torch hook (the fast path skips it when nothing watches it)."""
+    import nnsight
+
+    model = tiny(attention=attention)
+    x = tokens()
+    traced = nnsight.NNsight(model)
+    with traced.trace(x):
+        pattern = traced.blocks[0].attn.hook_pattern.output.save()
+    _, cache = model.run_with_cache(x, names_filter="blocks.0.attn.hook_pattern")
+    assert torch.equal(pattern, cache["blocks.0.attn.hook_pattern"])
+    uniform = torch.ones_like(pattern).tril() / torch.ones_like(pattern).tril().sum(-1, keepdim=True)
+    with traced.trace(x):
+        traced.blocks[0].attn.hook_pattern.output = uniform
+        patched = traced.output.save()
+    want = model.run_with_hooks(x, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda a, hook: uniform)])
+    assert torch.equal(patched, want) and not torch.equal(patched, model(x))

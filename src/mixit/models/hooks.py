@@ -14,7 +14,8 @@ A hook point is an identity module: with nothing attached it costs one module
 call. Every attention kind passes its (B, H, T, T) pattern through its
 ``hook_pattern``, so analysis never branches on the variant. Fast attention
 kernels never materialise the pattern; an attention module builds it
-explicitly only while a hook is attached (`HookPoint.active`).
+explicitly only while something watches it: a hook attached, or nnsight's
+wrapper (`HookPoint.active`).
 
     capture(model, names_filter)  a dict name -> tensor filled by the forward passes inside the block
     attach(model, fwd_hooks)      run (name, fn) hooks inside the block; fn may return a replacement
@@ -50,7 +51,9 @@ class HookPoint(nn.Module):
 
     @property
     def active(self) -> bool:
-        return bool(self._forward_hooks)
+        """Whether something watches the tensor here, so the model must compute it: a forward hook, or a wrapper
+        that replaced this module's forward (nnsight does, to read and patch module outputs)."""
+        return bool(self._forward_hooks) or "forward" in self.__dict__
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
