@@ -158,6 +158,10 @@ def test_a_study_file_run_from_the_command_line_is_reported_cell_by_cell(tmp_pat
     assert json.loads((out / "checks.json").read_text()) == {}
     rows = [line for line in report.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| table | variant | seeds done |") and len(rows) == 3  # the header and 2 cells
+    assert (
+        "![addition curves](figures/curves-addition.png)" in report
+        and (out / "figures/curves-addition.png").stat().st_size
+    )
 
 
 def test_a_study_of_your_own_is_reported_cell_by_cell(tmp_path):

@@ -30,6 +30,7 @@ from mixit.study.results import (
     fmt,
     headline,
     not_converged,
+    plot_cell_curves,
     results_csv,
     settings,
 )
@@ -154,12 +155,18 @@ def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
     ]
 
 
-def cells_section(study: StudyResults) -> list[str]:
-    """A study of your own, cell by cell: its labels but the seed, how many seeds are done, each test metric
-    (mean ± sample standard deviation over the seeds done) and how many of them converged."""
+def own_cells(study: StudyResults) -> dict[tuple[tuple[str, Any], ...], list[Result]]:
+    """The cells of a study of your own: its final runs grouped by their labels but the seed."""
     cells: dict[tuple[tuple[str, Any], ...], list[Result]] = defaultdict(list)
     for r in study.final:
         cells[tuple((k, v) for k, v in r.labels[0].items() if k != "seed")].append(r)
+    return cells
+
+
+def cells_section(study: StudyResults) -> list[str]:
+    """A study of your own, cell by cell: its labels but the seed, how many seeds are done, each test metric
+    (mean ± sample standard deviation over the seeds done) and how many of them converged."""
+    cells = own_cells(study)
     if not cells:
         return []
     names = list(dict.fromkeys(k for key in cells for k, _ in key))
@@ -174,6 +181,19 @@ def cells_section(study: StudyResults) -> list[str]:
         row = [*(str(labels.get(n, "-")) for n in names), f"{len(done)}/{len(found)}", *values]
         lines.append("| " + " | ".join([*row, converged_cell([(r, r.labels[0]) for r in found])]) + " |")
     return lines
+
+
+def curves_section(study: StudyResults) -> list[str]:
+    """A study of your own: each task's learning curves, one line per cell (`plot_cell_curves`), as figures."""
+    by_task: dict[str, dict[str, list[Result]]] = defaultdict(dict)
+    for key, found in own_cells(study).items():
+        name = ", ".join(str(v) for k, v in key if k != "table") or "all"
+        by_task[found[0].config["task"]][name] = [r for r in found if r.state == "done"]
+    body = []
+    for task, cells in by_task.items():
+        if plot_cell_curves(cells, task, study.figures / f"curves-{task}.png"):
+            body += [f"![{task} curves](figures/curves-{task}.png)", ""]
+    return body
 
 
 def write_report(study_dir: Path) -> dict[str, Any]:
@@ -206,6 +226,7 @@ def write_report(study_dir: Path) -> dict[str, Any]:
         section(table.title, table.section(study))
     if not paper:
         section("Cells", cells_section(study))
+        section("Curves", curves_section(study))
     section("Search: every candidate screened", search_appendix(study))
     failed = [r for r in results if r.state == "failed"]
     section(

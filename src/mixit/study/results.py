@@ -390,6 +390,34 @@ def plot_curves(results: Sequence[Result], table: str, task: str, path: Path, **
     return True
 
 
+def plot_cell_curves(cells: Mapping[str, Sequence[Result]], task: str, path: Path) -> bool:
+    """Test metric against step, one line per cell: the mean over its seeds at the steps all of them evaluated,
+    with a band from the lowest seed to the highest; False, and no file, when no cell has a curve."""
+    curves = {name: [dict(r.curve) for r in found if r.curve] for name, found in cells.items()}
+    curves = {name: seeds for name, seeds in curves.items() if seeds}
+    if not curves:
+        return False
+    fig, ax = _figure()
+    for name, seeds in curves.items():
+        steps = sorted(set.intersection(*(set(c) for c in seeds)))
+        values = [[c[step] for c in seeds] for step in steps]  # (steps, seeds)
+        (line,) = ax.plot(
+            steps, [statistics.fmean(v) for v in values], marker="o", markersize=3, label=f"{name} ({len(seeds)})"
+        )
+        if len(seeds) > 1:
+            ax.fill_between(
+                steps, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.2
+            )
+    column = headline(task)[0]
+    ax.set_xlabel("step")
+    ax.set_ylabel(column + (" (%)" if column == "accuracy" else " (nats)"))
+    ax.set_title(f"{task}: test {column} during training\nmean over the (n) seeds; band: lowest to highest", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+    return True
+
+
 def plot_lines(
     series: dict[str, dict[Any, float]], xlabel: str, ylabel: str, title: str, path: Path, log2: bool = False
 ) -> bool:
