@@ -380,14 +380,20 @@ def plot_curves(results: Sequence[Result], table: str, task: str, path: Path, **
         seen.add(labels["variant"])
         steps, ys = zip(*r.curve)
         ax.plot(steps, ys, marker="o", markersize=3, label=labels["variant"])
+    _finish_curves(fig, ax, task, "", path)
+    return True
+
+
+def _finish_curves(fig: Any, ax: Any, task: str, note: str, path: Path) -> None:
+    """Label a figure of `task`'s learning curves (its headline metric against step), with `note` under the
+    title, and save it to `path`."""
     column = headline(task)[0]
     ax.set_xlabel("step")
     ax.set_ylabel(column + (" (%)" if column == "accuracy" else " (nats)"))
-    ax.set_title(f"{task}: test {column} during training", fontsize=10)
+    ax.set_title(f"{task}: test {column} during training" + (f"\n{note}" if note else ""), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=100)
-    return True
 
 
 def plot_cell_curves(cells: Mapping[str, Sequence[Result]], task: str, path: Path) -> bool:
@@ -408,13 +414,7 @@ def plot_cell_curves(cells: Mapping[str, Sequence[Result]], task: str, path: Pat
             ax.fill_between(
                 steps, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.2
             )
-    column = headline(task)[0]
-    ax.set_xlabel("step")
-    ax.set_ylabel(column + (" (%)" if column == "accuracy" else " (nats)"))
-    ax.set_title(f"{task}: test {column} during training\nmean over the (n) seeds; band: lowest to highest", fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
+    _finish_curves(fig, ax, task, "mean over the (n) seeds; band: lowest to highest", path)
     return True
 
 
