@@ -204,8 +204,14 @@ def _init_worker(threads: int, study_pid: int) -> None:
 
 
 def _interrupt_worker(signum: int, frame: Any) -> None:
-    """A worker's SIGTERM: interrupt its run (once; a second SIGTERM ends it outright)."""
+    """A worker's SIGTERM: interrupt its run (once; a second SIGTERM ends it outright). A worker outside a run
+    (idle, or handing a finished run's outcome back to the study) has nothing to close and ends at once: an
+    interrupt there would print the pool's traceback."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    while frame is not None and frame.f_code is not run_one.__code__:
+        frame = frame.f_back
+    if frame is None:
+        os._exit(128 + signum)
     raise KeyboardInterrupt
 
 
