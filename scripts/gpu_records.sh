@@ -24,14 +24,14 @@ record() {
 
 env_stage() {
     python3 - "$1/env.json" <<'EOF'
-import json, platform, subprocess, sys
+import json, os, platform, subprocess, sys
 import torch
 from mixit.version import __version__, git_commit
 smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit",
                       "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
 info = {"gpu": torch.cuda.get_device_name(0), "nvidia_smi": smi, "torch": torch.__version__,
         "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
-        "mixit": __version__, "git_commit": git_commit(), "cpus": __import__("os").cpu_count()}
+        "mixit": __version__, "git_commit": git_commit(), "cpus": os.cpu_count()}
 json.dump(info, open(sys.argv[1], "w"), indent=1)
 print(json.dumps(info))
 EOF

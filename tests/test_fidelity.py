@@ -14,7 +14,7 @@ from mixit.cli import main
 from mixit.experiment import model_config
 from mixit.models.attention import bidirectional_mixing, mixit_matrices, mixit_noise
 from mixit.models.mlp import ShapedLeakyReLU
-from tolerance import assert_close, forward_terms
+from tolerance import assert_close, forward_terms, sampling_error
 
 H, T, D_HEAD = 3, 9, 8
 
@@ -113,12 +113,6 @@ def test_depth_scaled_form():
 
 def effective_std(linear):
     return (linear.weight * linear.multiplier).std().item()
-
-
-def sampling_error(n):
-    """A tolerance on the standard deviation of n normal draws, relative to the true one: a sampling error, not a
-    rounding one. Its standard error is 1 / sqrt(2 n); five of them."""
-    return 5 / math.sqrt(2 * n)
 
 
 @pytest.mark.parametrize("d", [256, 1024])

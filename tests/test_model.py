@@ -10,7 +10,7 @@ from mixit.errors import UsageError
 from mixit.models import Transformer, capture_patterns, mixit_matrices
 from mixit.models.attention import apply_rope, layer_generator, rope_tables
 from mixit.models.mlp import ShapedLeakyReLU
-from tolerance import assert_close, forward_terms
+from tolerance import assert_close, forward_terms, sampling_error
 
 
 def tiny(attention="softmax", **kw):
@@ -242,8 +242,7 @@ def test_positions_follow_attention_kind():
 def test_initialisation_follows_the_spec():
     model = Transformer(ModelConfig(vocab_size=50, n_ctx=8, d_model=256, n_layers=1, n_heads=4))
     w = model.blocks[0].mlp.up.weight
-    # A sampling error: the std of n normal draws has relative standard error 1 / sqrt(2 n); five of them.
-    assert w.std().item() == pytest.approx(0.02, rel=5 / math.sqrt(2 * w.numel()))
+    assert w.std().item() == pytest.approx(0.02, rel=sampling_error(w.numel()))
     assert torch.all(model.blocks[0].attn.q.bias == 0)
     assert torch.all(model.blocks[0].norm1.weight == 1)
     assert torch.equal(model.embed.weight, Transformer(model.cfg).embed.weight)  # seeded
@@ -262,7 +261,7 @@ def test_shaped_settings_with_fan_in_initialisation():
     assert model.blocks[0].attn.v.multiplier == pytest.approx(math.sqrt(512 / 32))
     # Effective weight variance 1/fan_in.
     w = model.blocks[0].mlp.gate.weight * model.blocks[0].mlp.gate.multiplier
-    assert w.var().item() * 32 == pytest.approx(1, rel=5 * math.sqrt(2 / w.numel()))  # 5 sampling errors
+    assert w.var().item() * 32 == pytest.approx(1, rel=2 * sampling_error(w.numel()))  # a variance: twice a std's
     act = ShapedLeakyReLU(d_model=64, c=-1.0)
     assert act.slope == pytest.approx(1 - 1 / 8)
     x = torch.randn(200_000, generator=torch.Generator().manual_seed(0))

@@ -22,6 +22,7 @@ summed: max |expected| by default, given by the test where the result is smaller
 not the sqrt(n) that independent roundings give typically, so the bound does not depend on luck.
 """
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -125,3 +126,9 @@ def assert_trained_alike(actual: Mapping, expected: Mapping, cfg: Any) -> None:
     """
     moved = sum(cfg.train.lr_at(step) for step in range(cfg.train.steps))
     assert_close(actual, expected, dtype=torch.float32, terms=training_terms(cfg), scale=moved)
+
+
+def sampling_error(n: int) -> float:
+    """A tolerance on the standard deviation of n normal draws, relative to the true one: a sampling error, not a
+    rounding one. Its standard error is 1 / sqrt(2 n); five of them. (A variance's is twice that.)"""
+    return 5 / math.sqrt(2 * n)

@@ -268,8 +268,9 @@ class Wandb:
         """WANDB_MODE, if set, one of the modes the installed W&B accepts; RUN/wandb/ writable (WANDB_DIR is not
         used: the run directory is given to `wandb.init`)."""
         mode = os.environ.get("WANDB_MODE")
-        field = getattr(importlib.import_module("wandb").Settings, "model_fields", {}).get("mode")  # pydantic's
-        modes = get_args(field.annotation) if field is not None and get_origin(field.annotation) is Literal else ()
+        declared = getattr(importlib.import_module("wandb").Settings, "model_fields", {}).get("mode")  # pydantic's
+        annotation = getattr(declared, "annotation", None)
+        modes = get_args(annotation) if get_origin(annotation) is Literal else ()
         if mode is not None and modes and mode not in modes:
             raise UsageError(f"WANDB_MODE {mode!r} is not a W&B mode; set it to one of {', '.join(modes)}")
         if run is not None:
