@@ -70,7 +70,7 @@ def test_flat_names_are_unique_and_cover_every_option():
     model = {f.name for f in dataclasses.fields(ModelConfig)} - set(TASK_DECIDES)
     train_ = {f.name for f in dataclasses.fields(TrainConfig)}
     assert not model & train_
-    assert set(flat_options()) == model | train_ | {"data_seed", "test_size", "val_size"}
+    assert set(flat_options()) == model | train_ | {"data_seed", "test_size", "val_size", "test_seed"}
     assert nest({"d_model": 8, "lr": 0.1, "data_seed": 3}) == {
         "model": {"d_model": 8},
         "train": {"lr": 0.1},
@@ -175,14 +175,14 @@ def test_every_option_parses_from_both_of_its_flags(group, cls):
 def test_options_reach_the_resolved_config(spelling, capsys):
     names = flat_options()
     assert set(NON_DEFAULT) <= set(names)
-    args = ["--task", "addition", "-p", "n_digits=3", "--data-seed", "4", "--test-size", "30"]
+    args = ["--task", "addition", "-p", "n_digits=3", "--data-seed", "4", "--test-size", "30", "--test-seed", "2"]
     for name, (text, _) in NON_DEFAULT.items():
         flag = f"--{names[name]}.{name}" if spelling == "dotted" else f"--{name.replace('_', '-')}"
         args += [flag, text]
     cfg = printed_config(capsys, *args)
     for name, (_, value) in NON_DEFAULT.items():
         assert cfg[names[name]][name] == value, name
-    assert (cfg["data_seed"], cfg["test_size"], cfg["task_params"]["n_digits"]) == (4, 30, 3)
+    assert (cfg["data_seed"], cfg["test_size"], cfg["test_seed"], cfg["task_params"]["n_digits"]) == (4, 30, 2, 3)
 
 
 def test_bool_options_read_like_flags(capsys):
@@ -222,6 +222,8 @@ def test_layers_of_defaults_task_then_variant_then_request():
         ({"model": {"vocab_size": 7}}, "vocab_size comes from the task"),
         ({"variant": "frozen_v"}, "unknown variant 'frozen_v'"),
         ({"data_seed": "1"}, "data_seed must be an integer"),
+        ({"test_seed": 1.5}, "test_seed must be an integer"),
+        ({"test_seed": -1}, r"test_seed must be an integer in \[0, 2\^63\)"),
         ({"model": {"n_ctx": 3}}, "longer than n_ctx=3"),
     ],
 )
@@ -233,6 +235,7 @@ def test_bad_requests_are_refused(request_, message):
 CONFIGS = [
     run_config("addition", "standard", {"n_digits": 3}),
     run_config("addition", "mixit", {"n_digits": 3}, d_model=64, steps=300, lr=0.01, seed=2, data_seed=5),
+    run_config("dyck", "standard", {"max_pairs": 4}, test_seed=3),
     run_config("retrieval", "frozen_qk", {"max_pairs": 4, "vocab": 32}, d_mlp=100, eval_every=7, n_ctx=20),
     run_config("memorization", "random", {"n": 8}, attention="mixing", **ModelConfig.shaped()),
 ]
@@ -245,6 +248,20 @@ def test_a_config_keeps_its_request_which_resolves_back(cfg):
     built = RunConfig.from_dict(cfg.to_dict())  # field by field: its request spells every option out
     assert built.request["model"]["n_ctx"] == cfg.model.n_ctx and "vocab_size" not in built.request["model"]
     assert resolve(built.request) == cfg
+
+
+def test_test_seed_reaches_the_task_and_the_run_id():
+    from mixit.experiment import build_task
+    from mixit.study.spec import run_id
+
+    base, other = (
+        run_config("dyck", "standard", {"max_pairs": 4}),
+        run_config("dyck", "standard", {"max_pairs": 4}, test_seed=3),
+    )
+    assert other.to_dict()["test_seed"] == 3 and RunConfig.from_dict(other.to_dict()).test_seed == 3
+    assert build_task(other).test_seed == 3 and resolve({"task": "dyck", "test_seed": 3}).test_seed == 3
+    assert run_id(other) != run_id(base)
+    assert RunConfig.from_dict({k: v for k, v in base.to_dict().items() if k != "test_seed"}) == base  # older records
 
 
 def test_the_request_is_what_was_asked_for_and_lets_defaults_follow():

@@ -81,12 +81,17 @@ def weights(run_dir):
 def assert_same_test_metrics(actual, expected, cfg):
     """The test metrics of two runs of `cfg` that train alike (tests/tolerance.py, `assert_trained_alike`): the loss
     within the roundings `training_terms` counts, on the scale of a uniform guess's loss, ln of the vocabulary (about
-    where training started, so at least how far it moved the loss); the accuracies, fractions of argmax agreements,
-    equal, as logits moved that little leave every argmax where it was."""
+    where training started, so at least how far it moved the loss), and its standard error, which moves by at most
+    twice what each example's loss moves (the deviations x_i - r n_i move by both); the accuracies, fractions of
+    argmax agreements, and their errors equal, as logits moved that little leave every argmax where it was."""
     assert actual.keys() == expected.keys()
     scale = math.log(cfg.model.vocab_size)
     assert_close(actual["loss"], expected["loss"], dtype=torch.float32, terms=training_terms(cfg), scale=scale)
-    assert {k: v for k, v in actual.items() if k != "loss"} == {k: v for k, v in expected.items() if k != "loss"}
+    assert_close(
+        actual["loss_se"], expected["loss_se"], dtype=torch.float32, terms=2 * training_terms(cfg), scale=scale
+    )
+    rest = ("loss", "loss_se")
+    assert {k: v for k, v in actual.items() if k not in rest} == {k: v for k, v in expected.items() if k not in rest}
 
 
 @pytest.mark.parametrize("variant", ["standard", "mixit"])

@@ -77,7 +77,7 @@ def test_the_examples_register_and_train(examples):
         test_size=20,
     )
     summary = train(cfg, examples / "run", progress=False)
-    assert set(summary["test"]) == {"loss", "token_acc", "exact_match"}
+    assert set(summary["test"]) == {"loss", "token_acc", "exact_match", "loss_se", "token_acc_se", "exact_match_se"}
     frozen = json.loads((examples / "run" / "metrics.jsonl").read_text().splitlines()[0])["frozen"]
     assert sorted({name.split(".")[-2] for name in frozen}) == ["k", "o", "q", "v"]
     model = run_config("copy", "random", {"length": 5}, attention="uniform").model

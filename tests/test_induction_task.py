@@ -5,6 +5,8 @@ splits, validation and scoring."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -143,6 +145,7 @@ def test_wrong_answer_on_a_none_position_costs_token_acc_only():
     preds = batch.targets.clone()
     preds[0, 0] = 1  # NONE expected
     metrics = task.score(preds, batch)
+    assert math.isnan(metrics.pop("token_acc_se"))  # one example: no standard error
     assert metrics == {"token_acc": pytest.approx(8 / 9), "answered_acc": 1.0, "none_fraction": pytest.approx(4 / 9)}
     preds[0, 3] = 0  # 1 expected
     metrics = task.score(preds, batch)

@@ -15,9 +15,11 @@ from mixit import run_config
 from mixit.config import field_docs
 from mixit.errors import UsageError
 from mixit.tasks import IGNORE, TASKS, Batch, ParamCounts, make_batch, make_task, task_parameters
+from mixit.tasks.base import binomial_se, ratio_se
 from mixit.tasks.text import TextTask
 from mixit.text.tokenizer import train_bpe
 from text_fixtures import english_like, sentiment_rows, write_jsonl, write_text_corpus
+from tolerance import assert_close
 
 # Small parameters: every test runs in milliseconds.
 SMALL = {
@@ -155,11 +157,11 @@ def test_every_task_meets_the_contract(name, text_params):
         assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
     assert not torch.equal(train[0].inputs, train[1].inputs)
     assert not torch.equal(train[0].inputs, other_seed.train_batch(0, 16).inputs)
-    # Held out: test and validation sets disjoint, and never trained on; but memorization's, which are
-    # the table it learns and a part of it (docs/tasks.md, "memorization").
+    # Held out: test and validation sets never trained on; but memorization's, which are the table it
+    # learns and a part of it (docs/tasks.md, "memorization"). The two may share examples: the generated
+    # tasks draw them independently (tests of the held-out sets below).
     if name != "memorization":
         seen = set().union(*(_examples(task, b) for b in train))
-        assert not _examples(task, test) & _examples(task, val)
         assert not seen & (_examples(task, test) | _examples(task, val))
 
 
@@ -342,6 +344,9 @@ def test_addition_corrupting_one_digit_costs_one_example():
     metrics = task.score(preds, batch)
     assert metrics["exact_match"] == pytest.approx(1 - 1 / len(batch))
     assert metrics["token_acc"] == pytest.approx(1 - 1 / int(batch.mask.sum()))
+    # exact_match is a fraction of independent examples: its error is binomial.
+    n = len(batch)
+    assert_close(metrics["exact_match_se"], math.sqrt((1 - 1 / n) * (1 / n) / n), dtype=torch.float32, terms=4)
 
 
 def test_test_set_covering_every_example_is_an_error_not_a_hang():
@@ -428,7 +433,7 @@ def test_dyck_majority_baseline_hand_example():
     mask = seq == 3
     batch = make_batch(seq, mask)
     metrics = make_task("dyck", {"max_pairs": 2}).score(perfect_preds(batch), batch)
-    assert metrics == {"token_acc": 1.0, "majority_baseline": pytest.approx(2 / 3)}
+    assert metrics["token_acc"] == 1.0 and metrics["majority_baseline"] == pytest.approx(2 / 3)
     preds = torch.full_like(batch.targets, 1)  # always '(' : right on 2 of 3
     assert make_task("dyck", {"max_pairs": 2}).score(preds, batch)["token_acc"] == pytest.approx(2 / 3)
 
@@ -464,6 +469,13 @@ def test_memorization_bits():
     assert metrics["bits_per_trainable_param"] == pytest.approx(correct * 4 / 100)
     assert metrics["bits_per_param"] == pytest.approx(correct * 4 / 400)
     assert metrics["token_acc"] == pytest.approx(correct / 256)
+    # The bits are linear in the correct count, so their standard errors are token_acc's scaled alike; with
+    # one scored position per row that is sqrt(p (1 - p) / (N - 1)) (`ratio_se` with n_i = 1).
+    p = correct / 256
+    assert_close(metrics["token_acc_se"], math.sqrt(p * (1 - p) / 255), terms=256)
+    assert_close(metrics["bits_se"], metrics["token_acc_se"] * 256 * 4, terms=4)
+    assert_close(metrics["bits_per_trainable_param_se"], metrics["bits_se"] / 100, terms=2)
+    assert_close(metrics["bits_per_param_se"], metrics["bits_se"] / 400, terms=2)
 
 
 # -- retrieval ---------------------------------------------------------------------
@@ -538,3 +550,105 @@ def test_make_task_checks_types_strictly():
 def test_bad_task_or_parameter_is_a_usage_error(name, params, message):
     with pytest.raises(UsageError, match=message):
         make_task(name, params)
+
+
+# -- standard errors (docs/tasks.md, "Standard errors") ----------------------------------
+
+
+def test_ratio_standard_error_by_hand():
+    # Three examples, 2 of 2, 0 of 1 and 1 of 3 positions right: r = 3 / 6 = 0.5, x - r n = 1, -0.5, -0.5,
+    # whose squares sum to 1.5; sqrt(3 / 2 * 1.5) / 6 = 1.5 / 6 = 0.25.
+    assert_close(ratio_se(torch.tensor([2.0, 0.0, 1.0]), torch.tensor([2.0, 1.0, 3.0])), 0.25, terms=8)
+    # One position per example: the standard error of a mean, sd (N - 1 in the denominator) / sqrt(N).
+    x = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.5], dtype=torch.float64)
+    assert_close(ratio_se(x, torch.ones(6)), float(x.std() / math.sqrt(6)), terms=16)
+    # An example without a scored position is no unit; with fewer than two units there is no error.
+    assert math.isnan(ratio_se(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0])))
+    assert binomial_se(0.5, 100) == 0.05 and math.isnan(binomial_se(0.5, 0))
+
+
+def test_dyck_standard_error_and_distinct_strings_by_hand():
+    # "()" three times, "(" once; always answering '(' is wrong on "()" (balanced: ')') and right on "(".
+    seq = np.array([[1, 2, 3, 2, 0, 0, 0]] * 3 + [[1, 3, 1, 0, 0, 0, 0]])
+    batch = make_batch(seq, seq == 3)
+    metrics = make_task("dyck", {"max_pairs": 2}).score(torch.full_like(batch.targets, 1), batch)
+    assert metrics["token_acc"] == 0.25
+    # Per example x = 0, 0, 0, 1 (one position each): sqrt(4 / 3 * (3 * 0.25^2 + 0.75^2)) / 4 = 0.25.
+    assert_close(metrics["token_acc_se"], 0.25, terms=8)
+    # Each distinct string once: (0 + 1) / 2, and over the two strings sqrt(2 * (0.25 + 0.25)) / 2 = 0.5.
+    assert metrics["distinct_token_acc"] == 0.5
+    assert_close(metrics["distinct_token_acc_se"], 0.5, terms=8)
+
+
+@pytest.mark.parametrize("name", EVERY_TASK)
+def test_every_metric_of_evaluate_has_its_standard_error(name, text_params):
+    from mixit.experiment import build
+    from mixit.training.evaluate import evaluate
+    from mixit.training.step import loss_fn
+
+    params = SMALL.get(name) or text_params[name]
+    cfg = run_config(name, "standard", params, d_model=16, n_heads=2, n_layers=1, test_size=40, val_size=30)
+    task, model, _ = build(cfg)
+    batch = task.test_batch()
+    metrics = evaluate(model, task, torch.device("cpu"), batch_size=7)
+    present = [k for k in ("loss", "token_acc", "accuracy", "exact_match") if k in metrics]
+    assert "loss" in present and len(present) >= 2
+    assert all(math.isfinite(metrics[f"{k}_se"]) and metrics[f"{k}_se"] >= 0 for k in present), metrics
+    assert metrics["loss_se"] > 0
+    # The loss and its error from each example's own loss: the mean over scored positions, and `ratio_se`.
+    with torch.no_grad():
+        logits = model.eval()(batch.inputs)
+    counts = batch.mask.reshape(len(batch), -1).sum(dim=1).double()
+    sums = torch.stack([loss_fn(logits[i : i + 1], batch.targets[i : i + 1]).double() for i in range(len(batch))])
+    sums = sums * counts
+    vocab = logits.shape[-1]
+    assert_close(metrics["loss"], float(sums.sum() / counts.sum()), dtype=torch.float32, terms=4 * vocab)
+    assert_close(metrics["loss_se"], ratio_se(sums, counts), dtype=torch.float32, terms=4 * vocab * len(batch))
+    # Chunks change nothing: the same numbers evaluated in one pass.
+    assert_close(evaluate(model, task, torch.device("cpu")), metrics, dtype=torch.float32, terms=4 * vocab)
+
+
+# -- the held-out sets (module docstring of mixit.tasks.base) ----------------------------
+
+
+def test_validation_and_test_sets_are_independent_draws_and_test_seed_redraws_the_test_set_only():
+    task = make_task("dyck", {"max_pairs": 4}, seed=3, test_size=300, val_size=200)
+    test, val = task.test_examples()[0], task.val_examples()[0]
+    assert np.array_equal(test, task.sample(np.random.default_rng([3, 2, 0]), 300)[0])
+    assert np.array_equal(val, task.sample(np.random.default_rng([3, 3]), 200)[0])
+    assert rows(test) & rows(val)  # both are held out: sharing the commonest short strings is right
+    other = make_task("dyck", {"max_pairs": 4}, seed=3, test_size=300, val_size=200, test_seed=1)
+    assert np.array_equal(other.val_examples()[0], val)
+    assert not np.array_equal(other.test_examples()[0], test)
+    # The training stream rejects every held-out string, of either set.
+    held = rows(other.test_examples()[0]) | rows(other.val_examples()[0])
+    assert not set().union(*(rows(other.train_examples(step, 256)[0]) for step in range(10))) & held
+
+
+def test_dyck_validation_and_test_sets_hold_each_string_as_often():
+    # Dyck draws its shortest strings over and over ("()" is about one example in twenty). Split by
+    # distinct string, each of them fell wholly in one set, and validation read 75.8% where test read 66.6%.
+    task = make_task("dyck", {"max_pairs": 10}, seed=0, test_size=4000, val_size=4000)
+    test, val = task.test_examples()[0], task.val_examples()[0]
+    strings, counts = np.unique(np.concatenate([test, val]), axis=0, return_counts=True)
+    for string in strings[np.argsort(counts)[-5:]]:  # the five commonest
+        in_test, in_val = (test == string).all(axis=1).mean(), (val == string).all(axis=1).mean()
+        # Two independent samples of a share of about 5%: they differ by 0.005 (one standard error) typically.
+        assert in_test > 0.005 and in_val > 0.005 and abs(in_test - in_val) < 0.02
+
+
+def test_modular_addition_test_seed_redraws_which_held_out_pairs_are_tested():
+    p = 23
+    base, other = make_task("modular_addition", {"p": p}), make_task("modular_addition", {"p": p}, test_seed=1)
+    assert np.array_equal(base.tables.train, other.tables.train)  # the pairs trained on stay
+    held = rows(base.tables.val) | rows(base.tables.test)
+    assert rows(other.tables.val) | rows(other.tables.test) == held
+    assert rows(other.tables.test) != rows(base.tables.test)
+    assert len(other.tables.test) == len(base.tables.test)
+
+
+def test_test_seed_has_no_effect_where_the_test_set_is_given():
+    base, other = make_task("memorization", {"n": 16}), make_task("memorization", {"n": 16}, test_seed=5)
+    assert np.array_equal(base.test_examples()[0], other.test_examples()[0])
+    with pytest.raises(UsageError, match="test_seed"):
+        make_task("dyck", test_seed=-1)

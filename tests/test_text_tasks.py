@@ -16,7 +16,7 @@ from mixit.freezing import VARIANTS, apply_variant
 from mixit.models import Transformer
 from mixit.models.attention import bidirectional_mixing, layer_generator, mixit_noise
 from mixit.tasks import make_task
-from mixit.tasks.text import TextSource, _sentiment_data, epoch_indices, planned_vocab_size
+from mixit.tasks.text import TextSource, _sentiment_data, epoch_indices, planned_vocab_size, split_held_out
 from mixit.text.corpora import EMBEDDED_MIN_WORDS
 from mixit.text.tokenizer import MIN_VOCAB, encode_documents
 from text_fixtures import sentiment_rows, write_jsonl, write_text_corpus
@@ -70,11 +70,12 @@ def test_lm_streams_come_from_their_own_split(corpus):
     assert np.array_equal(streams["training"], encode_documents(task.tokenizer, data.train.texts))
     held_out = encode_documents(task.tokenizer, data.test.texts)
     assert np.array_equal(task.data.held_out, held_out)
-    # The held-out split is cut at a document boundary into validation (first) and test (second) halves.
+    # The held-out documents are dealt alternately: the even-numbered ones to validation, the odd ones to test.
     val_tokens, test_tokens = streams["validation"], streams["test"]
-    assert np.array_equal(np.concatenate([val_tokens, test_tokens]), held_out)
-    cut = len(val_tokens)
-    assert val_tokens[-1] == task.tokenizer.eos_id and abs(cut - len(held_out) / 2) < len(held_out) / 4
+    docs = [encode_documents(task.tokenizer, [text]) for text in data.test.texts]
+    assert len(docs) >= 2
+    assert np.array_equal(val_tokens, np.concatenate(docs[0::2]))
+    assert np.array_equal(test_tokens, np.concatenate(docs[1::2]))
     seq, mask = task.test_examples()
     assert seq.shape[1] == 17 and mask.all()
     assert np.array_equal(seq[0], test_tokens[:17])
@@ -134,6 +135,26 @@ def test_trained_tiny_lm_beats_the_unigram_baseline(corpus, tmp_path):
     # and within a word the BPE pieces are predictable, so a trained model goes well below it.
     assert test["loss"] < test["unigram_loss"] - 0.3
     assert (tmp_path / "run" / "tokenizer.json").is_file()
+
+
+def test_held_out_documents_alternate_between_validation_and_test():
+    # Documents "1 2", "3", "4 5", "6" and "" (EOS = 0), in stream order: 0 and 2 and 4 validate, 1 and 3 test.
+    stream = np.array([1, 2, 0, 3, 0, 4, 5, 0, 6, 0, 0])
+    val, test = split_held_out(stream, eos_id=0)
+    assert val.tolist() == [1, 2, 0, 4, 5, 0, 0] and test.tolist() == [3, 0, 6, 0]
+    # A single document is cut at its middle token.
+    val, test = split_held_out(np.array([1, 2, 3, 4, 0]), eos_id=0)
+    assert val.tolist() == [1, 2] and test.tolist() == [3, 4, 0]
+
+
+def test_sentiment_accuracy_has_a_binomial_standard_error(reviews):
+    task = make_task("sentiment", {"dataset": reviews, "vocab": 300, "length": 12}, test_size=100)
+    batch = task.test_batch()
+    preds = batch.targets.clone()
+    preds[:20] = 1 - preds[:20]  # 80 of 100 right
+    metrics = task.score(preds, batch)
+    assert metrics["accuracy"] == pytest.approx(0.8)
+    assert_close(metrics["accuracy_se"], (0.8 * 0.2 / 100) ** 0.5, dtype=torch.float32, terms=4)
 
 
 # -- sentiment -------------------------------------------------------------------

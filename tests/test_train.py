@@ -140,6 +140,46 @@ def test_checkpoint_reload_gives_identical_logits(tmp_path):
     assert torch.equal(other.blocks[0].attn.mixing, trained.blocks[0].attn.mixing)
 
 
+def _evals(run_dir):
+    """The eval events of metrics.jsonl: step -> (test metrics, validation metrics)."""
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {
+        e["step"]: (
+            {k: v for k, v in e.items() if k not in ("step", "event") and k[:4] != "val_"},
+            {k[4:]: v for k, v in e.items() if k[:4] == "val_"},
+        )
+        for e in events
+        if e["event"] == "eval"
+    }
+
+
+def test_summary_selects_the_evaluation_with_the_best_validation_metric(tmp_path):
+    # At lr 0.05 the validation token accuracy peaks at step 20 (0.399) and ends lower (0.386 at step 30).
+    cfg = tiny_cfg(lr=0.05, eval_every=5, val_size=200)
+    summary = train(cfg, tmp_path / "run", progress=False)
+    evals = _evals(tmp_path / "run")
+    best = max(evals[s][1]["token_acc"] for s in evals)
+    step = min(s for s in evals if evals[s][1]["token_acc"] == best)  # the earliest of equals
+    assert summary["selected"] == {"step": step, "test": evals[step][0], "val": evals[step][1]}
+    assert step != 30 and summary["test"] == evals[30][0]  # "test" stays the last evaluation's
+    assert summary["convergence"]["best_step"] == step
+
+
+def test_a_resumed_run_selects_from_the_evaluations_before_its_resume_too(tmp_path):
+    cfg = tiny_cfg(lr=0.05, eval_every=5, val_size=200)
+    full = train(cfg, tmp_path / "full", progress=False)
+
+    def stop(step, loss):
+        if step == 25:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(cfg, tmp_path / "cut", progress=False, on_step=stop)
+    resumed = train(cfg, tmp_path / "cut", resume=True, progress=False)
+    assert resumed["resumed_from"] == 20 and full["selected"]["step"] <= 20  # read back from metrics.jsonl
+    assert resumed["selected"] == full["selected"]
+
+
 class Interrupt(Exception):
     pass
 

@@ -386,8 +386,8 @@ def train_parser() -> Parser:
         "--config",
         type=Path,
         help="Start from a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
-        "data_seed, test_size, val_size), or replay a run's config.json or run directory; the flags given beside it "
-        "override it.",
+        "data_seed, test_size, val_size, test_seed), or replay a run's config.json or run directory; the flags "
+        "given beside it override it.",
     )
     p.add_options(RunConfig, skip=("model", "train"), partial=True)
     p.set_defaults(task=DEFAULT_TASK)  # shown in --help; a request without a task gets it from `resolve`

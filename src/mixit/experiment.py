@@ -80,13 +80,18 @@ class RunConfig:
     task_params: TaskConfig | None = None
     """The task's parameters (its Config); None means its defaults."""
     data_seed: int = 0
-    """Seed of the test set and of the training stream (batch k is drawn from (data_seed, k))."""
+    """Seed of the held-out sets and of the training stream (batch k is drawn from (data_seed, k))."""
     test_size: int = 4000
     """Examples in the fixed test set (tasks with a fixed split use their whole test part)."""
     val_size: int | None = None
     """Examples in the fixed validation set, disjoint from the training stream and the test set: settings are
     chosen and training is stopped on it (each task says where it comes from: docs/tasks.md); null means
     test_size."""
+    test_seed: int = 0
+    """Which test set is drawn, independently of the training stream's and the validation set's draws: another
+    value gives a test set that no setting was chosen on. The generated tasks draw it from (data_seed, 2,
+    test_seed); modular_addition re-draws which held-out pairs are tested and which validate; it has no effect
+    on memorization (the test set is the whole table), lm and sentiment (the dataset's held-out split)."""
 
     def __post_init__(self) -> None:
         cls = TASKS.get(self.task)
@@ -105,12 +110,14 @@ class RunConfig:
         RECIPES.get(self.recipe)
         if self.val_size is None:
             self.val_size = self.test_size
-        for name in ("data_seed", "test_size", "val_size"):
+        for name in SEED_OPTIONS:
             value = getattr(self, name)
             check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
         check(self.test_size > 0, f"test_size must be a positive integer, got {self.test_size}")
         check(self.val_size > 0, f"val_size must be a positive integer, got {self.val_size}")
-        check(0 <= self.data_seed < 2**63, f"data_seed must be an integer in [0, 2^63), got {self.data_seed}")
+        for name in ("data_seed", "test_seed"):
+            value = getattr(self, name)
+            check(0 <= value < 2**63, f"{name} must be an integer in [0, 2^63), got {value}")
         self._request: dict[str, Any] | None = None
 
     @property
@@ -145,6 +152,7 @@ class RunConfig:
             "data_seed": self.data_seed,
             "test_size": self.test_size,
             "val_size": self.val_size,
+            "test_seed": self.test_seed,
         }
 
     @classmethod
@@ -168,11 +176,14 @@ class RunConfig:
             data_seed=data.get("data_seed", 0),
             test_size=data.get("test_size", 4000),
             val_size=data.get("val_size"),
+            test_seed=data.get("test_seed", 0),
         )
 
 
 # -- requests --------------------------------------------------------------------------
 
+SEED_OPTIONS = ("data_seed", "test_size", "val_size", "test_seed")
+"""The run options that choose the task's data (its held-out sets and training stream), integers all."""
 TASK_DECIDES = ("vocab_size",)
 """Model options that the task decides; a request may not choose them."""
 SECTIONS = ("model", "train", "task_params")
@@ -235,15 +246,13 @@ def _name(request: Mapping[str, Any], key: str, default: str) -> str:
 
 
 def _seeds(request: Mapping[str, Any]) -> dict[str, int]:
-    """The request's data_seed, test_size and val_size, checked here as well as by RunConfig because the
-    task is constructed before the RunConfig."""
-    seeds = {k: request[k] for k in ("data_seed", "test_size", "val_size") if k in request}
+    """The request's data_seed, test_size, val_size and test_seed, checked here as well as by RunConfig
+    because the task is constructed before the RunConfig."""
+    seeds = {k: request[k] for k in SEED_OPTIONS if k in request}
     for name, value in seeds.items():
         check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
-    check(
-        0 <= seeds.get("data_seed", 0) < 2**63,
-        f"data_seed must be an integer in [0, 2^63), got {seeds.get('data_seed')}",
-    )
+    for name in ("data_seed", "test_seed"):
+        check(0 <= seeds.get(name, 0) < 2**63, f"{name} must be an integer in [0, 2^63), got {seeds.get(name)}")
     return seeds
 
 
@@ -280,7 +289,11 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
         f"task {task_name}", {"its table of examples": params.memory_bytes()}, "cpu", "choose smaller task parameters"
     )
     task = task_cls(
-        params, seed=seeds.get("data_seed", 0), test_size=seeds.get("test_size", 4000), val_size=seeds.get("val_size")
+        params,
+        seed=seeds.get("data_seed", 0),
+        test_size=seeds.get("test_size", 4000),
+        val_size=seeds.get("val_size"),
+        test_seed=seeds.get("test_seed", 0),
     )
     defaults = nest(task_cls.defaults)
     model = _model_options(task, attention, [defaults.get("model", {}), recipe.get("model", {}), requested_model])
@@ -466,7 +479,9 @@ def check_fits(cfg: RunConfig, task: Task) -> None:
 def build_task(cfg: RunConfig, run_dir: Path | None = None) -> Task:
     """The task of `cfg`; with `run_dir`, rebuilt from what the run saved (its tokenizer)."""
     params = cfg.params if run_dir is None else cfg.params.for_run(run_dir)
-    return TASKS.get(cfg.task)(params, seed=cfg.data_seed, test_size=cfg.test_size, val_size=cfg.val_size)
+    return TASKS.get(cfg.task)(
+        params, seed=cfg.data_seed, test_size=cfg.test_size, val_size=cfg.val_size, test_seed=cfg.test_seed
+    )
 
 
 def build_model(cfg: RunConfig) -> tuple[Transformer, FreezeReport]:

@@ -30,7 +30,9 @@ def make_task(
     seed: int = 0,
     test_size: int = 4000,
     val_size: int | None = None,
+    test_seed: int = 0,
 ) -> Task:
     """Build task `name`; `params` are checked strictly by the task's Config (missing ones take their defaults)."""
     cls = TASKS.get(name)
-    return cls(cls.Config.from_dict(params or {}), seed=seed, test_size=test_size, val_size=val_size)
+    config = cls.Config.from_dict(params or {})
+    return cls(config, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)

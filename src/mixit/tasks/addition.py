@@ -60,9 +60,14 @@ class Addition(SequenceTask):
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
     def __init__(
-        self, cfg: AdditionConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
+        self,
+        cfg: AdditionConfig | None = None,
+        seed: int = 0,
+        test_size: int = 4000,
+        val_size: int | None = None,
+        test_seed: int = 0,
     ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
         self.n_digits = self.cfg.n_digits
         self.reference_mask = self.cfg.reference_mask
 

@@ -17,12 +17,17 @@ and scored (docs/tasks.md, "Common rules"). The model never sees the last token,
 
 and one loss (cross-entropy with ``ignore_index=IGNORE``) serves every task.
 
-Determinism: the held-out examples come from ``numpy.random.default_rng([seed,
-0])``: one pool of test_size + val_size draws, split between the test and the
-validation set by example (`split_held_out`), and training batch number
-``step`` from ``default_rng([seed, 1, step])``, minus any held-out example. A
-batch therefore depends only on (seed, step), never on global RNG state or on
-how many batches came before, which is what makes ``--resume`` exact.
+Determinism: the test set is ``test_size`` draws of ``numpy.random.default_rng([seed, 2, test_seed])``,
+the validation set ``val_size`` draws of ``default_rng([seed, 3])``, and training batch number ``step``
+comes from ``default_rng([seed, 1, step])``, minus any test or validation example. A batch therefore
+depends only on (seed, test_seed, step), never on global RNG state or on how many batches came before,
+which is what makes ``--resume`` exact.
+
+The validation and test sets are two independent samples of the same distribution, so a validation
+number predicts the test number: an example the generator draws often (Dyck's shortest strings) is in
+both, as often in each as the generator makes it. They may share examples (both are held out); what
+matters is that neither is in the training stream. ``test_seed`` draws another test set and leaves the
+validation set as it is, so a test set that no setting was chosen on can be drawn after the fact.
 
 Three sets, three uses (docs/reproduction.md, "Protocol"): the model trains on
 the stream, settings are chosen and training is stopped on the validation set,
@@ -84,25 +89,6 @@ def make_batch(seq: np.ndarray, mask: np.ndarray) -> Batch:
     return Batch(inputs=seq_t[:, :-1].contiguous(), targets=targets.contiguous())
 
 
-def split_held_out(keys: np.ndarray, n_test: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row indices (test, validation) of a pool of held-out examples with row hashes `keys`.
-
-    The pool is split by example, not by row: the distinct examples are put in a seeded random order
-    and the test set takes the first `n_test` rows, the validation set the rest less any example the
-    test set holds (so it may come out a few rows short where the test set ends inside a repeated
-    example). Both are then random samples of the same generator, and disjoint. Drawing the validation
-    set separately and removing the test examples from it instead would leave it without the examples
-    the generator draws often (Dyck's shortest strings, all of them in the test set), and so unlike it.
-    """
-    with np.errstate(over="ignore"):
-        scrambled = (keys ^ np.uint64((seed * 0x9E3779B97F4A7C15) % 2**64)) * np.uint64(0xBF58476D1CE4E5B9)
-    order = np.lexsort((np.arange(len(keys)), scrambled))  # by scrambled example, copies together
-    test = np.sort(order[:n_test])
-    rest = order[n_test:]
-    val = np.sort(rest[~np.isin(keys[rest], keys[test])])
-    return test, val
-
-
 def row_hashes(seq: np.ndarray) -> np.ndarray:
     """A 64-bit hash per row (N, L) -> (N,), for test-set exclusion.
 
@@ -115,6 +101,34 @@ def row_hashes(seq: np.ndarray) -> np.ndarray:
         for col in seq.T.astype(np.uint64):
             h = h * mult + col + np.uint64(1)
     return h
+
+
+def per_example(values: torch.Tensor) -> torch.Tensor:
+    """(N, ...) -> (N,): each example's sum (of right predictions, scored positions, losses), as float64."""
+    return values.reshape(len(values), -1).double().sum(dim=1)
+
+
+def ratio_se(sums: torch.Tensor, counts: torch.Tensor) -> float:
+    """Standard error of the ratio r = sum(sums) / sum(counts), the examples being the independent units.
+
+    A metric averaged over all scored positions (loss, token_acc) is such a ratio, with per-example sums
+    x_i (losses, right predictions) and counts n_i (scored positions); the positions of one example are not
+    independent, so the error is the ratio estimator's (cluster) one,
+    sqrt(N / (N - 1) * sum_i (x_i - r n_i)^2) / sum_i n_i over the N examples with a scored position,
+    which is what a bootstrap over examples estimates. nan with fewer than two such examples.
+    """
+    keep = counts > 0
+    x, n = sums[keep].double(), counts[keep].double()
+    if len(x) < 2:
+        return float("nan")
+    total = n.sum()
+    r = x.sum() / total
+    return math.sqrt(len(x) / (len(x) - 1) * float(((x - r * n) ** 2).sum())) / float(total)
+
+
+def binomial_se(p: float, n: int) -> float:
+    """Standard error sqrt(p (1 - p) / n) of a fraction p of n independent examples (nan when n is 0)."""
+    return math.sqrt(p * (1 - p) / n) if n > 0 else float("nan")
 
 
 @dataclass(frozen=True)
@@ -149,17 +163,24 @@ class Task:
     """The validation metric that settings are chosen and convergence is judged by, and whether higher is better."""
 
     def __init__(
-        self, cfg: TaskConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
+        self,
+        cfg: TaskConfig | None = None,
+        seed: int = 0,
+        test_size: int = 4000,
+        val_size: int | None = None,
+        test_seed: int = 0,
     ):
         cfg = self.Config() if cfg is None else cfg
         check(isinstance(cfg, self.Config), f"task {self.name} takes {self.Config.__name__}, got {type(cfg).__name__}")
         check(test_size > 0, f"test_size must be a positive integer, got {test_size}")
         val_size = test_size if val_size is None else val_size
         check(val_size > 0, f"val_size must be a positive integer, got {val_size}")
+        check(test_seed >= 0, f"test_seed must be a non-negative integer, got {test_seed}")
         self.cfg = cfg
         self.seed = seed
         self.test_size = test_size
         self.val_size = val_size
+        self.test_seed = test_seed  # which test set is drawn (each task says how; some have no choice)
 
     @classmethod
     def description(cls) -> str:
@@ -223,19 +244,24 @@ class Task:
 
     # -- scoring --------------------------------------------------------------
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
-        """Metrics of predictions `preds` (N, L-1) (argmax of the logits) on `batch`.
+        """Metrics of predictions `preds` (N, L-1) (argmax of the logits) on `batch`, each with its standard
+        error ``<name>_se`` (docs/tasks.md, "Standard errors").
 
-        token_acc: fraction of scored positions predicted right.
+        token_acc: fraction of scored positions predicted right; its error is `ratio_se` over examples.
         exact_match (tasks with multi-token answers): fraction of examples whose
-        every scored position is right.
+        every scored position is right; its error is `binomial_se`.
         """
         mask = batch.mask
         right = (preds == batch.targets) & mask
         n_scored = int(mask.sum())
-        out = {"token_acc": right.sum().item() / max(n_scored, 1)}
+        out = {
+            "token_acc": right.sum().item() / max(n_scored, 1),
+            "token_acc_se": ratio_se(per_example(right), per_example(mask)),
+        }
         if self.exact_match:
             all_right = (right | ~mask).all(dim=1)
             out["exact_match"] = all_right.float().mean().item()
+            out["exact_match_se"] = binomial_se(out["exact_match"], len(all_right))
         return out
 
     def loss_metrics(self, loss: float) -> dict[str, float]:
@@ -274,10 +300,16 @@ class SequenceTask(Task):
 
     # -- test set, validation set and training stream ---------------------------
     def build_held_out(self) -> tuple[Examples, Examples]:
-        """(test set, validation set): one pool of `sample` draws split by example (`split_held_out`)."""
-        seq, mask = self.sample(np.random.default_rng([self.seed, 0]), self.test_size + self.val_size)
-        test, val = split_held_out(row_hashes(seq), self.test_size, self.seed)
-        return (seq[test], mask[test]), (seq[val], mask[val])
+        """(test set, validation set): two independent samples of `sample` (module docstring), test_size
+        draws from ``default_rng([seed, 2, test_seed])`` and val_size draws from ``default_rng([seed, 3])``.
+
+        Not one pool split in two by example, as before: that put every copy of a frequent example on one
+        side, so the two sets held different mixes of strings (Dyck/MixiT read 75.8% on validation and
+        66.6% on test at every evaluation). The keys leave the training stream's ``[seed, 1, step]`` alone.
+        """
+        test = self.sample(np.random.default_rng([self.seed, 2, self.test_seed]), self.test_size)
+        val = self.sample(np.random.default_rng([self.seed, 3]), self.val_size)
+        return test, val
 
     @functools.cached_property
     def _held_out(self) -> tuple[Examples, Examples]:
@@ -290,11 +322,11 @@ class SequenceTask(Task):
         return np.sort(row_hashes(np.concatenate([self.test_examples()[0], self.val_examples()[0]])))
 
     def test_examples(self) -> Examples:
-        """The fixed test set: test_size examples of the held-out pool."""
+        """The fixed test set: test_size examples."""
         return self._held_out[0]
 
     def val_examples(self) -> Examples:
-        """The fixed validation set: the rest of the held-out pool, none equal to a test example."""
+        """The fixed validation set: val_size examples, drawn independently of the test set."""
         return self._held_out[1]
 
     def train_examples(self, step: int, n: int) -> Examples:
@@ -377,11 +409,19 @@ class FixedSplitTask(SequenceTask):
         return self.tables.train[rows], self._last_token_mask(n)
 
 
-def bits_metrics(correct: int, n_labels: int, counts: ParamCounts | None) -> dict[str, float]:
-    """Capacity in bits (correct * log2 n_labels) and per trainable / total parameter."""
+def bits_metrics(
+    correct: int, n_labels: int, counts: ParamCounts | None, correct_se: float | None = None
+) -> dict[str, float]:
+    """Capacity in bits (correct * log2 n_labels) and per trainable / total parameter; with the standard
+    error of `correct`, each one's ``_se`` too (the bits are linear in `correct`, so its error scales alike)."""
     bits = correct * math.log2(n_labels)
     out = {"bits": bits}
+    if correct_se is not None:
+        out["bits_se"] = correct_se * math.log2(n_labels)
     if counts is not None:
         out["bits_per_trainable_param"] = bits / max(counts.trainable, 1)
         out["bits_per_param"] = bits / max(counts.total, 1)
+        if correct_se is not None:
+            out["bits_per_trainable_param_se"] = out["bits_se"] / max(counts.trainable, 1)
+            out["bits_per_param_se"] = out["bits_se"] / max(counts.total, 1)
     return out

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from mixit.config import TaskConfig, check
-from mixit.tasks.base import TASKS, Batch, Examples, ParamCounts, SequenceTask
+from mixit.tasks.base import TASKS, Batch, Examples, ParamCounts, SequenceTask, per_example, ratio_se
 
 PAD = 0
 OPEN = 1
@@ -103,9 +103,14 @@ class Dyck(SequenceTask):
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
     def __init__(
-        self, cfg: DyckConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
+        self,
+        cfg: DyckConfig | None = None,
+        seed: int = 0,
+        test_size: int = 4000,
+        val_size: int | None = None,
+        test_seed: int = 0,
     ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
         self.max_pairs = self.cfg.max_pairs
 
     @property
@@ -175,8 +180,28 @@ class Dyck(SequenceTask):
 
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
         """token_acc, plus majority_baseline: the accuracy of always answering
-        the batch's most frequent label."""
+        the batch's most frequent label, and distinct_token_acc (`distinct_token_acc`)."""
         out = super().score(preds, batch, counts)
         labels = batch.targets[batch.mask]
         out["majority_baseline"] = torch.bincount(labels).max().item() / len(labels) if len(labels) else 0.0
+        out.update(distinct_token_acc(preds, batch))
         return out
+
+
+def distinct_token_acc(preds: torch.Tensor, batch: Batch) -> dict[str, float]:
+    """Token accuracy with every distinct string counted once: the mean over the batch's distinct input
+    rows of each one's token accuracy (averaged over its copies, which a model answers alike), and its
+    standard error over the distinct strings.
+
+    The generator draws short strings over and over ("()" is about one example in twenty), so the
+    per-example ``token_acc`` weighs a few strings heavily; this is the accuracy on the variety of strings.
+    """
+    _, string = torch.unique(batch.inputs, dim=0, return_inverse=True)  # (N,) each row's distinct string
+    n_strings = int(string.max()) + 1 if len(string) else 0
+    acc = per_example((preds == batch.targets) & batch.mask) / per_example(batch.mask).clamp(min=1)  # (N,)
+    copies = torch.bincount(string, minlength=n_strings).double()
+    per_string = torch.zeros(n_strings, dtype=torch.float64).index_add_(0, string, acc) / copies  # (n_strings,)
+    return {
+        "distinct_token_acc": per_string.mean().item() if n_strings else 0.0,
+        "distinct_token_acc_se": ratio_se(per_string, torch.ones_like(per_string)),
+    }

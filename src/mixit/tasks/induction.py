@@ -103,9 +103,14 @@ class Induction(SequenceTask):
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3}
 
     def __init__(
-        self, cfg: InductionConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
+        self,
+        cfg: InductionConfig | None = None,
+        seed: int = 0,
+        test_size: int = 4000,
+        val_size: int | None = None,
+        test_seed: int = 0,
     ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
         self.k = self.cfg.k
         self.alphabet = self.cfg.alphabet
         self.length = self.cfg.length

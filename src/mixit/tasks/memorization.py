@@ -48,9 +48,9 @@ class Memorization(FixedSplitTask):
     """[x, n + y, z]: recall the random label z of the pair (x, y).
 
     docs/tasks.md, "memorization". There is no held-out set: the test set is
-    the whole (kept) table, whatever ``test_size`` says, the validation set a
-    fixed random ``val_size`` of its rows, and training batches are drawn
-    uniformly with replacement from the same table.
+    the whole (kept) table, whatever ``test_size`` or ``test_seed`` say, the
+    validation set a fixed random ``val_size`` of its rows, and training
+    batches are drawn uniformly with replacement from the same table.
     """
 
     name = "memorization"
@@ -59,9 +59,14 @@ class Memorization(FixedSplitTask):
     defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
     def __init__(
-        self, cfg: MemorizationConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
+        self,
+        cfg: MemorizationConfig | None = None,
+        seed: int = 0,
+        test_size: int = 4000,
+        val_size: int | None = None,
+        test_seed: int = 0,
     ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
         self.n = self.cfg.n
         self.fraction = self.cfg.fraction
 
@@ -92,9 +97,14 @@ class Memorization(FixedSplitTask):
         return Tables(train=table, val=table[np.sort(rows)], test=table)
 
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
-        """token_acc plus capacity: bits = correct * log2(n), and bits per parameter."""
+        """token_acc plus capacity: bits = correct * log2(n), and bits per parameter.
+
+        Each row has one scored position, so correct = token_acc * rows and the bits are linear in
+        token_acc: their standard errors (``bits_se``, ``bits_per_trainable_param_se``, ...) are
+        ``token_acc_se`` scaled alike. The test set is the whole table, the population itself, so these
+        errors say how much the number would move on another table of the same size, not on this one."""
         out = super().score(preds, batch, counts)
         mask = batch.mask
         correct = int(((preds == batch.targets) & mask).any(dim=1).sum())
-        out.update(bits_metrics(correct, self.n, counts))
+        out.update(bits_metrics(correct, self.n, counts, correct_se=out["token_acc_se"] * len(batch)))
         return out

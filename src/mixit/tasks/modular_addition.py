@@ -3,10 +3,13 @@
 
 Unlike the streamed tasks, the example space (p*p pairs) is small enough to
 split once: the pairs are shuffled with ``default_rng([seed, 2])``, the first
-floor(p*p*train_fraction) are the train part and the rest are held out. The
-held-out part is split again: its first min(val_size, half of it) pairs are
-the validation set and the rest the test set, so the model trains on exactly
-the pairs the reference trains on.
+floor(p*p*train_fraction) are the train part and the rest are held out, so the
+model trains on exactly the pairs the reference trains on. The held-out part is
+shuffled again with ``default_rng([seed, 5, test_seed])`` and split: its first
+min(val_size, half of it) pairs are the validation set and the rest the test
+set. ``test_seed`` therefore re-draws which held-out pairs are tested and which
+validate (the two sets partition one finite held-out part, so the validation
+set changes with it), and never changes the train part.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ class ModularAddition(FixedSplitTask):
 
     docs/tasks.md, "modular_addition". ``test_size`` is ignored: the held-out
     part of the split is the validation set (min(val_size, half of it)) and the
-    test set (the rest).
+    test set (the rest), which of its pairs go where drawn by ``test_seed``.
     """
 
     name = "modular_addition"
@@ -65,8 +68,9 @@ class ModularAddition(FixedSplitTask):
         seed: int = 0,
         test_size: int = 4000,
         val_size: int | None = None,
+        test_seed: int = 0,
     ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
         self.p = self.cfg.p
         self.train_fraction = self.cfg.train_fraction
 
@@ -79,12 +83,14 @@ class ModularAddition(FixedSplitTask):
         return 3
 
     def build_tables(self) -> Tables:
-        """All p*p pairs shuffled and cut: the train part, then validation and test from the rest."""
+        """All p*p pairs shuffled and cut: the train part, then validation and test from the rest, shuffled
+        again by test_seed (module docstring)."""
         p = self.p
         n_train = math.floor(p * p * self.train_fraction)
         order = np.random.default_rng([self.seed, 2]).permutation(p * p)
         a, b = np.divmod(order, p)
         table = np.stack([a, b, (a + b) % p], axis=1).astype(np.int64)  # (p*p, 3), shuffled
         held = table[n_train:]
+        held = held[np.random.default_rng([self.seed, 5, self.test_seed]).permutation(len(held))]
         n_val = min(self.val_size, len(held) // 2)
         return Tables(train=table[:n_train], val=held[:n_val], test=held[n_val:])

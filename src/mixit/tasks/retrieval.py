@@ -55,9 +55,14 @@ class Retrieval(SequenceTask):
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 1e-3}
 
     def __init__(
-        self, cfg: RetrievalConfig | None = None, seed: int = 0, test_size: int = 4000, val_size: int | None = None
+        self,
+        cfg: RetrievalConfig | None = None,
+        seed: int = 0,
+        test_size: int = 4000,
+        val_size: int | None = None,
+        test_seed: int = 0,
     ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size)
+        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
         self.max_pairs = self.cfg.max_pairs
         self.vocab = self.cfg.vocab
 

@@ -26,6 +26,7 @@ as flat, which a report shows as such.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,3 +122,43 @@ class Convergence:
             "stopped_early": stopped_early,
             "steps_trained": steps_trained,
         }
+
+
+@dataclass
+class Selection:
+    """The evaluation a run would be stopped at: the one whose validation selection metric is best (the
+    metric of `Convergence`, signed by `higher_is_better`; the earliest of equals; nan counts as worst),
+    with its test and validation metrics. The test number there is what the protocol reports
+    (docs/reproduction.md, "Protocol"): the model chosen on validation, not the last one trained.
+    """
+
+    metric: str
+    higher_is_better: bool
+    step: int | None = None
+    test: dict[str, float] = field(default_factory=dict)
+    val: dict[str, float] = field(default_factory=dict)
+
+    def _signed(self, val: dict[str, float]) -> float:
+        value = float(val[self.metric])
+        return -math.inf if math.isnan(value) else (value if self.higher_is_better else -value)
+
+    def add(self, step: int, test: dict[str, float], val: dict[str, float]) -> None:
+        """Keep the evaluation at `step` if its validation metric beats the best so far (evaluations come in
+        step order, so an equal one is later and is not kept)."""
+        if self.step is None or self._signed(val) > self._signed(self.val):
+            self.step, self.test, self.val = step, dict(test), dict(val)
+
+    def extend(self, events: Iterable[dict[str, Any]], up_to: int) -> None:
+        """Take the metrics.jsonl eval events up to step `up_to` (a resumed run): the test metrics under their
+        names, the validation metrics as ``val_<name>``."""
+        for event in events:
+            if event.get("event") != "eval" or event["step"] > up_to or f"val_{self.metric}" not in event:
+                continue
+            metrics = {k: v for k, v in event.items() if k not in ("step", "event")}
+            test = {k: v for k, v in metrics.items() if not k.startswith("val_")}
+            val = {k.removeprefix("val_"): v for k, v in metrics.items() if k.startswith("val_")}
+            self.add(event["step"], test, val)
+
+    def summary(self) -> dict[str, Any]:
+        """What summary.json records as ``selected``: the step and its test and validation metrics."""
+        return {"step": self.step, "test": self.test, "val": self.val}

@@ -52,7 +52,7 @@ from mixit.run import MetricsLog, Run
 from mixit.runtime import fast_bf16, resolve_device
 from mixit.tasks import IGNORE, Batch, Task
 from mixit.tracking import Grouping, Sink, Tracker, check_sinks, run_grouping
-from mixit.training.convergence import Convergence
+from mixit.training.convergence import Convergence, Selection
 from mixit.training.evaluate import evaluate
 from mixit.training.optim import build_optimizer
 from mixit.training.step import StepParts, accumulated_step
@@ -238,6 +238,8 @@ class Session:
     """The step this session starts from (that of the checkpoint it resumed, else 0)."""
     val_batch: Batch = field(init=False)
     conv: Convergence = field(init=False)
+    selected: Selection = field(init=False)
+    """The evaluation with the best validation metric so far, and its test metrics (summary.json's ``selected``)."""
     log: MetricsLog | None = None
     tracker: Tracker | None = None
     """The tracking sinks, on rank 0 when `logger` names any."""
@@ -303,8 +305,11 @@ class Session:
         self.conv = Convergence(
             *self.task.selection, tc.patience, tc.min_delta, earliest=tc.steps // 2, stop_at=tc.stop_at
         )
+        self.selected = Selection(*self.task.selection)
         if run is not None and self.launch.resume:
-            self.conv.extend(run.metrics(), up_to=self.start)
+            earlier = run.metrics()
+            self.conv.extend(earlier, up_to=self.start)
+            self.selected.extend(earlier, up_to=self.start)
             run.begin()  # every check has passed: the first change to the resumed run
         if run is not None:
             self.log = run.open_metrics(resume_step=self.start if self.launch.resume else None)
@@ -349,6 +354,7 @@ class Session:
         self.test = self.evaluate()
         self.val = self.evaluate(self.val_batch)
         self.conv.add(step, self.val[self.conv.metric])
+        self.selected.add(step, self.test, self.val)
         self.record({"step": step, "event": "eval", **self.test, **{f"val_{k}": v for k, v in self.val.items()}})
         return bool(broadcast(self.cfg.train.early_stop and self.conv.should_stop, self.dist))
 
@@ -431,6 +437,7 @@ class Session:
             "resumed_from": self.start if self.launch.resume else None,
             "test": self.test,
             "val": self.val,
+            "selected": self.selected.summary(),
             "convergence": self.conv.summary(stopped_early=self.trained < tc.steps, steps_trained=self.trained),
             "n_params": report.n_trainable + report.n_frozen,
             "n_trainable": report.n_trainable,
