@@ -34,7 +34,7 @@ from mixit.study.directory import RECORD, load_study_record
 from mixit.study.executors import Executor, Pool, execute, run_dir
 from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
-from mixit.study.search import apply, plan_study
+from mixit.study.search import apply, plan_study, upper_bound
 from mixit.study.spec import PlannedRun, Study, load_study_file, merge_planned, plan
 from mixit.tracking import SINKS, Sink, check_export, check_sinks, export_run, run_grouping, study_grouping
 
@@ -83,18 +83,19 @@ def estimate_seconds(cfg: RunConfig, flops_per_second: float) -> float:
     return (train_flops + eval_flops) / (flops_per_second * EFFICIENCY)
 
 
-def _study(preset: str, study: Path | None, seeds: int) -> Study:
+def _study(preset: str, study: Path | None, seeds: int, first_seed: int = 0) -> Study:
     if study is not None:
-        return load_study_file(study, seeds if seeds != 1 else None)
-    return paper_study(preset, seeds)
+        return load_study_file(study, seeds if seeds != 1 else None, first_seed)
+    return paper_study(preset, seeds, first_seed)
 
 
 def planned_runs(study: Study, search: bool = True) -> list[PlannedRun]:
-    """Every run `study` will train, resolved: its cells (a searched cell with its first candidates, which
-    the search may change for others of the same cost) and its screening runs."""
+    """Every run `study` may train, resolved: its cells (a searched cell with its first candidates, which
+    the search may change for others) and the most screening runs its searches can ask for (`upper_bound`)."""
     planned = plan_study(study, search)
     cells = plan(apply(spec, g.combinations[0]) for g in planned.groups for spec in g.specs)
-    return merge_planned(planned.plain, cells, list(planned.screens.values()))
+    screens = plan((s for g in planned.groups for s in upper_bound(g)), role="screen")
+    return merge_planned(planned.plain, cells, screens)
 
 
 def list_studies(seeds: int = 1) -> str:
@@ -131,6 +132,9 @@ class ReproduceOptions:
     """A TOML study file of your own instead of the paper's comparison."""
     seeds: int = 1
     """Seeds per cell (seed s sets the model's seed and the data seed)."""
+    first_seed: int = 0
+    """The first seed: the cells' seeds are first_seed..first_seed+seeds-1 (a second study, to see whether the
+    verdicts hold on seeds the first never used)."""
     out: Path | None = None
     """The study directory; null means runs/study-<preset or study name>, ending in -nosearch without
     search."""
@@ -175,7 +179,7 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
         return {"listing": list_studies(options.seeds)}
     seeds = options.seeds
     check(isinstance(seeds, int) and seeds >= 1, f"seeds must be a positive integer, got {seeds}")
-    chosen = _study(options.preset, options.study, seeds)
+    chosen = _study(options.preset, options.study, seeds, options.first_seed)
     out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
     start = time.perf_counter()
     tally = execute(chosen, out, options.pool(), options.retry_failed, options.progress, options.search, options.logger)

@@ -34,6 +34,7 @@ import concurrent.futures
 import ctypes
 import difflib
 import functools
+import json
 import math
 import multiprocessing
 import os
@@ -63,8 +64,8 @@ from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
 from mixit.plugins import load_plugins
 from mixit.run import Run
 from mixit.study.directory import check_out, check_same_study
-from mixit.study.search import Group, SearchPlan, apply, choose, plan_study
-from mixit.study.spec import PlannedRun, Study, merge_planned, plan
+from mixit.study.search import Group, Outcome, Score, SearchPlan, apply, decide, plan_study
+from mixit.study.spec import PlannedRun, RunSpec, Study, merge_planned, plan
 from mixit.tracking import Grouping, Sink, check_sinks, study_grouping
 from mixit.training.loop import KeepCheckpoints, train
 from mixit.version import __version__, git_commit, install_hint
@@ -103,14 +104,17 @@ def write_study(
         "description": study.description,
         "preset": study.preset,
         "seeds": study.seeds,
+        "first_seed": study.first_seed,
         "extras": study.extras,
         "search": search,
         "screen_fraction": study.screen_fraction if search else None,
+        "screen_min_steps": study.screen_min_steps if search else None,
         "fingerprint": fingerprint,
         "mixit_version": __version__,
         "git_commit": git_commit(),
         "searches": [
-            {"group": g.key, "candidates": {k: list(v) for k, v in g.specs[0].search.items()}} for g in searches
+            {"group": g.key, "candidates": {k: list(v) for k, v in g.specs[0].search.items()}, "rungs": list(g.rungs)}
+            for g in searches
         ],
         "runs": [p.to_dict() for p in planned],
     }
@@ -324,8 +328,9 @@ def execute(
     grouped under the study's name (`mixit.tracking.study_grouping`).
 
     With `search`, the runs that declare candidates are searched first (`mixit.study.search`): their
-    screening runs train beside the runs that need no search, then each searched cell trains with the
-    values chosen on validation. Without it, every run trains its request as it is.
+    rung-0 screening runs train beside the runs that need no search, then each later stage (rung 1, the
+    edge extension) once the one before has finished, then each searched cell with the values chosen on
+    validation. Without it, every run trains its request as it is.
     """
     # The plugins every worker and job imports, imported here first: one that cannot be is refused before any work.
     load_plugins()
@@ -348,10 +353,19 @@ def execute(
         tally = {"done": 0, "failed": 0, "skipped_failed": 0}
         with tqdm(total=0, disable=not progress, desc=study.name, unit="run", dynamic_ncols=True) as bar:
             _run_phase(first, study_dir, pool, retry_failed, tally, bar, sinks, study.name)
-            if planned.groups:
-                finals = _searched_finals(planned, study_dir)
-                write_study(study, study_dir, merge_planned(first, finals), search, planned.groups)
-                _run_phase(finals, study_dir, pool, retry_failed, tally, bar, sinks, study.name)
+            runs = first
+            while planned.groups:  # the search's later stages (rung 1, then the extension), each once finished
+                outcomes = _search_outcomes(planned, study_dir)
+                known = {p.id for p in runs}
+                new = [p for p in plan((s for o in outcomes for s in o.screens), role="screen") if p.id not in known]
+                if not new:
+                    finals = _searched_finals(planned, outcomes)
+                    write_study(study, study_dir, merge_planned(runs, finals), search, planned.groups)
+                    _run_phase(finals, study_dir, pool, retry_failed, tally, bar, sinks, study.name)
+                    break
+                runs = merge_planned(runs, new)
+                write_study(study, study_dir, runs, search, planned.groups)
+                _run_phase(new, study_dir, pool, retry_failed, tally, bar, sinks, study.name)
         for name, options in study.extras.items():
             if not extra_result(study_dir, name).exists():
                 signal_command(SignalOptions(study_dir / name, **options))
@@ -360,28 +374,53 @@ def execute(
         lock.release()
 
 
-def _searched_finals(planned: SearchPlan, study_dir: Path) -> list[PlannedRun]:
-    """Every searched cell with its chosen values (its request as it is where no screening run finished)."""
+def _search_outcomes(planned: SearchPlan, study_dir: Path) -> list[Outcome]:
+    """Where each search stands, from the screening runs finished in `study_dir` (`mixit.study.search.decide`)."""
+    ids: dict[str, str] = {}
+
+    def score(screen: RunSpec) -> Score:
+        key = json.dumps(screen.request, sort_keys=True, default=str)
+        if key not in ids:
+            ids[key] = plan([screen], role="screen")[0].id
+        return screen_score(ids[key], study_dir)
+
+    return [decide(g, score, planned.screen(g.screens[0]).cfg.train.min_delta) for g in planned.groups]
+
+
+def _searched_finals(planned: SearchPlan, outcomes: Sequence[Outcome]) -> list[PlannedRun]:
+    """Every searched cell with its chosen values; a cell whose search has not finished (a screening run that
+    neither finished nor failed: a Slurm job that died) is left for the next call, which resumes it."""
     finals: list[PlannedRun] = []
-    for group in planned.groups:
-        tolerance = planned.screen(group.screens[0]).cfg.train.min_delta
-        chosen = choose(group, lambda screen: _screen_score(planned.screen(screen).id, study_dir), tolerance) or {}
-        for final in plan(apply(spec, chosen) for spec in group.specs):
-            final.chosen = dict(chosen)
+    for group, outcome in zip(planned.groups, outcomes):
+        if outcome.chosen is None:
+            continue
+        for final in plan(apply(spec, outcome.chosen) for spec in group.specs):
+            final.chosen = dict(outcome.chosen)
             finals.append(final)
     return finals
 
 
-def _screen_score(run_id: str, study_dir: Path) -> tuple[float, bool] | None:
-    """(the validation metric at the end, higher is better) of a finished screening run, or None."""
-    if state(study_dir, run_id) != "done":
+def screen_score(run_id: str, study_dir: Path) -> Score:
+    """(the best validation value over the run's curve, higher is better) of a finished screening run; nan if it
+    failed or logged no value of its metric; None while it has not finished.
+
+    The metric and its direction are the run's convergence record's (summary.json); the values are those of
+    evaluations after step 0 in metrics.jsonl (``val_<metric>``), so a run that learns late is judged at its
+    best (step 0, before training, says nothing of the learning rate)."""
+    got = state(study_dir, run_id)
+    if got == "failed":
+        return math.nan, True
+    if got != "done":
         return None
-    summary = Run.open(run_dir(study_dir, run_id)).summary() or {}
-    convergence = summary.get("convergence", {})
-    metric = convergence.get("metric")
-    if metric is None or metric not in summary.get("val", {}):
-        return None
-    return float(summary["val"][metric]), bool(convergence.get("higher_is_better", True))
+    run = Run(run_dir(study_dir, run_id))
+    convergence = (run.summary() or {}).get("convergence", {})
+    metric, higher = convergence.get("metric"), bool(convergence.get("higher_is_better", True))
+    key = f"val_{metric}"
+    values = [float(e[key]) for e in run.metrics() if e.get("event") == "eval" and e["step"] > 0 and key in e]
+    values = [v for v in values if v == v]
+    if metric is None or not values:
+        return math.nan, higher
+    return (max(values) if higher else min(values)), higher
 
 
 def _run_phase(

@@ -9,26 +9,26 @@ from __future__ import annotations
 
 from mixit.config import check
 from mixit.study.presets import PRESETS
-from mixit.study.spec import Study
+from mixit.study.spec import Study, seed_range
 from mixit.study.tables import TABLES
 
 
-def paper_study(preset: str, seeds: int = 1) -> Study:
-    """The paper's comparison at the scale of `preset` (smoke, quick, gpu or paper), `seeds` seeds per cell."""
+def paper_study(preset: str, seeds: int = 1, first_seed: int = 0) -> Study:
+    """The paper's comparison at the scale of `preset` (smoke, quick, gpu or paper), `seeds` seeds per cell
+    from `first_seed` on (a second study with seeds no other used: `first_seed` past the first's)."""
     check(preset in PRESETS, f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
-    check(
-        isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1,
-        f"seeds must be a positive integer, got {seeds!r}",
-    )
+    chosen = seed_range(seeds, first_seed)
     scale = PRESETS[preset]
     return Study(
         f"paper-{preset}",
-        [spec for table in TABLES for spec in table.runs(scale, seeds)],
+        [spec for table in TABLES for spec in table.runs(scale, chosen)],
         scale.description,
         preset,
         seeds,
+        first_seed,
         extras={name: options for table in TABLES for name, options in table.extras(scale, seeds).items()},
         screen_fraction=scale.screen_fraction,
+        screen_min_steps=dict(scale.screen_min_steps),
     )
 
 

@@ -21,7 +21,6 @@ from mixit.files import check_output_dir, write_text
 from mixit.study.directory import check_report_paths
 from mixit.study.presets import PRESETS
 from mixit.study.results import (
-    Check,
     Result,
     StudyResults,
     collect,
@@ -35,24 +34,63 @@ from mixit.study.results import (
     settings,
 )
 from mixit.study.tables import TABLES
+from mixit.study.verdicts import Check
 from mixit.version import __version__, git_commit
 
 STATES = ("done", "failed", "damaged", "interrupted", "new")
 """The states of a run in the report (`mixit.study.results.Result.state`)."""
 
-SEARCH_LABELS = ("table", "task", "variant", "cell", "group", "seed")
+SEARCH_LABELS = ("table", "task", "variant", "cell", "group", "seed", "rung", "extends")
 """The labels of a screening run that are not its candidate settings."""
 
 
 def checks_table(checks: list[Check]) -> list[str]:
-    lines = ["| finding | verdict | holds in | numbers |", "|---|---|---|---|"]
+    """The findings at a glance: each one's verdict, in how many seeds every part held, and its evidence."""
+    lines = ["| finding | verdict | holds in | evidence |", "|---|---|---|---|"]
     for c in checks:
-        holds = f"{c.holds}/{c.seeds} seeds" if c.verdict != "n/a" else "-"
+        holds = f"{c.holds}/{c.seeds} seeds" if c.parts else "-"
         lines.append(f"| {c.name} | **{c.verdict}** | {holds} | {c.evidence} |")
-    late = [text for c in checks for text in c.unconverged]
-    if late:
-        lines += ["", "Input runs that had not converged (their checks read UNDECIDED):", ""]
-        lines += [f"- {text}" for text in dict.fromkeys(late)]
+    return lines
+
+
+def judgement_section(checks: list[Check]) -> list[str]:
+    """How each finding was judged (docs/reproduction.md, "The rule"): per part and seed its margin, noise
+    floor and projected range at the horizon; the interval over seeds; each cell's drift; what blocks it."""
+    lines: list[str] = []
+    for c in checks:
+        judged = [*c.parts, *([c.precondition] if c.precondition else [])]
+        if not judged:
+            continue
+        lines += [f"**{c.name}**: {c.verdict}", ""]
+        lines += ["| part | seed | margin | noise floor | at the horizon | reads |", "|---|---|---|---|---|---|"]
+        for p in judged:
+            d = p.digits
+            for s in p.seeds:
+                lines.append(
+                    f"| {p.name} | {s.seed} | {s.margin:+.{d}f}{p.unit} | {s.floor:.{d}f} | "
+                    f"{s.worst:+.{d}f} to {s.best:+.{d}f} | {s.reads} |"
+                )
+        lines.append("")
+        for p in judged:
+            bound = "" if p.interval is None else f"; one-sided bounds over seeds {p.interval[0]:+.{p.digits}f} / "
+            bound += "" if p.interval is None else f"{p.interval[1]:+.{p.digits}f} (worst / best at the horizon)"
+            lines.append(f"- {p.name}: **{p.verdict}**{bound}")
+        lines += [
+            "",
+            "| cell | seed | number ± SE | slope per 1k steps | range at the horizon |",
+            "|---|---|---|---|---|",
+        ]
+        for p in judged:
+            for s in p.seeds:
+                for cell in s.cells:
+                    slope = "-" if cell.slope is None else f"{cell.slope:+.3g} ± {cell.slope_se:.2g}"
+                    lines.append(
+                        f"| {cell.cell} | {s.seed} | {cell.value:.4g} ± {cell.se:.2g} | {slope} | "
+                        f"{cell.low:.4g} to {cell.high:.4g} (step {cell.horizon:,}) |"
+                    )
+        if c.blocking:
+            lines += ["", "Undecided because:", "", *[f"- {b}" for b in c.blocking]]
+        lines.append("")
     return lines
 
 
@@ -69,7 +107,8 @@ def _chosen_by(final: list[Result]) -> dict[tuple[str, str, str], list[dict[str,
 
 def search_appendix(study: StudyResults) -> list[str]:
     """Every screening run of the per-architecture search, grouped by task and variant: its candidate
-    settings, its validation metric at the end of screening, and whether it was chosen."""
+    settings (with its rung, and whether it extends the grid), the best validation value of its curve (what
+    the search judged it by), and whether it was chosen."""
     screens = study.screens
     if not screens:
         return []
@@ -83,15 +122,17 @@ def search_appendix(study: StudyResults) -> list[str]:
         lines += [
             f"**{task} / {variant}**",
             "",
-            "| for | candidate | validation metric at the end | converged | chosen |",
+            "| for | candidate | best validation metric | converged | chosen |",
             "|---|---|---|---|---|",
         ]
         for r, labels in sorted(found, key=lambda x: (str(x[1].get("cell")), str(x[1].get("group")))):
             candidate = {k: v for k, v in labels.items() if k not in SEARCH_LABELS}
             done = "-" if r.state != "done" else "yes" if converged(r) else not_converged(r, "no")
             picked = candidate in chosen.get((labels.get("cell", ""), task, variant), [])
+            where = f" (rung {labels['rung']})" if labels.get("rung") else ""
+            where += f" (beyond the grid's {labels['extends'].split('.')[-1]})" if labels.get("extends") else ""
             lines.append(
-                f"| {labels.get('cell', '-')} | {settings(candidate) or '-'} | {selection(r)} | {done} | "
+                f"| {labels.get('cell', '-')} | {settings(candidate) or '-'}{where} | {selection(r)} | {done} | "
                 f"{'**chosen**' if picked else ''} |"
             )
         lines.append("")
@@ -99,11 +140,12 @@ def search_appendix(study: StudyResults) -> list[str]:
 
 
 def selection(r: Result) -> str:
-    """The validation metric a screening run was judged by (its convergence record's), at the end."""
+    """The validation metric a screening run was judged by (its convergence record's), at its best over the
+    curve (the end, for a run whose record has no best)."""
     if r.state != "done":
         return r.state
     name = (r.convergence or {}).get("metric") or headline(r.config["task"])[1]
-    value = r.val.get(name)
+    value = (r.convergence or {}).get("best", r.val.get(name))
     if value is None:
         return "-"
     return f"{name} {100 * value:.1f}%" if "acc" in name else f"{name} {value:.3f}"
@@ -129,12 +171,19 @@ def is_paper_study(study: StudyResults) -> bool:
     return study.record.get("preset") in PRESETS
 
 
+def _seed_span(record: dict[str, Any]) -> str:
+    """ " (seeds 3-5)" for a study whose seeds do not start at 0, else nothing."""
+    first, n = record.get("first_seed") or 0, record.get("seeds") or 1
+    return f" (seeds {first}-{first + n - 1})" if first else ""
+
+
 def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
     """The report's title and its first paragraph: the preset, the runs and their states, and how to read it."""
     record, screened = study.record, len(study.screens)
     damaged = f"{counts['damaged']} damaged, " if counts["damaged"] else ""
     runs = (
-        f"{record.get('seeds')} seed(s) per cell (mean ± sample standard deviation over seeds where there are "
+        f"{record.get('seeds')} seed(s) per cell{_seed_span(record)} (mean ± sample standard deviation over seeds "
+        "where there are "
         f"several); {len(study.results)} runs"
         + (f" ({screened} of them screening runs of the search)" if screened else "")
         + f": {counts['done']} done, {counts['failed']} failed, {damaged}{counts['interrupted'] + counts['new']} not "
@@ -215,6 +264,7 @@ def write_report(study_dir: Path) -> dict[str, Any]:
     checks = [check(study) for table in TABLES for check in table.checks] if paper else []
     if paper:
         lines += ["## The paper's findings, checked", "", *checks_table(checks)]
+        lines += ["", "## How each finding was judged", "", *judgement_section(checks)]
 
     def section(title: str, body: list[str]) -> None:
         while body and not body[-1]:

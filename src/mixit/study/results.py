@@ -4,9 +4,11 @@
     rows, values, by_label, fmt     select runs by their labels; numbers over seeds, mean ± sample std
     variant_table                   a markdown table: a row per variant, the metric, the paper's number,
                                     whether each cell converged, the settings a search chose
+    reported                        the test metrics a run is reported by (at its best validation evaluation)
     plot_curves, plot_lines         the report's figures
-    Check, Cell, judge              a paper finding judged per seed: PASS, FAIL, UNDECIDED or n/a
     results_csv                     one row per run
+
+The verdict rule that judges the paper's findings on these is `mixit.study.verdicts`.
 
 Nothing here knows a paper table: the tables (`mixit.study.tables`) are built from these.
 """
@@ -17,7 +19,7 @@ import csv
 import io
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,7 @@ HEADLINE = {  # task -> (column name, metric key, scale): the accuracy a task is
 }
 EXTRA_COLUMNS = {  # task -> further metrics shown
     "addition": [("exact match", "exact_match", 100)],
-    "dyck": [("majority", "majority_baseline", 100)],
+    "dyck": [("distinct strings", "distinct_token_acc", 100), ("majority", "majority_baseline", 100)],
     "memorization": [("bits/param", "bits_per_trainable_param", 1), ("bits", "bits", 1)],
     "induction": [("answered acc", "answered_acc", 100)],
     "sentiment": [("majority", "majority_baseline", 100)],
@@ -71,6 +73,12 @@ class Result:
     convergence: dict[str, Any] | None = None
     """summary.json "convergence" (metric, converged, reason, best, gain, window, ...); None: not recorded."""
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, headline metric) at each evaluation
+    evals: list[dict[str, float]] = field(default_factory=list)
+    """Every evaluation's metrics, with its "step" (metrics.jsonl eval events: test metrics by name, validation
+    metrics as val_<name>)."""
+    selected: dict[str, Any] = field(default_factory=dict)
+    """summary.json "selected": the step, test and validation metrics of the evaluation whose validation
+    metric was best ({}: a run of older code, which the report reads at its last evaluation)."""
     heads: dict[str, Any] | None = None  # analyze_run's findings, if analysed
     seconds: float | None = None
     error: str | None = None
@@ -169,7 +177,18 @@ def _read_finished(r: Result, task: str) -> None:
     if not all(isinstance(e.get("step"), int) and _is_number(e[key]) for e in evals):
         raise UsageError(f"{run.metrics_path} is damaged: an eval event without a step or a number for {key}")
     r.curve = [(e["step"], scale * e[key]) for e in evals]
+    r.evals = [{k: v for k, v in e.items() if k == "step" or _is_number(v)} for e in evals]
+    selected = summary.get("selected") or {}
+    if not isinstance(selected, dict) or not isinstance(selected.get("test", {}), dict):
+        raise UsageError(f"{run.summary_path} is damaged: its 'selected' is not an object of metrics")
+    r.selected = selected
     r.heads = _heads(run)
+
+
+def reported(r: Result) -> dict[str, float]:
+    """The test metrics a run is reported by: those at its best validation evaluation, or, for a run of
+    older code that did not record it, at its last."""
+    return r.selected.get("test") or r.test
 
 
 def _metrics(summary: dict[str, Any], split: str, run: Run) -> dict[str, float]:
@@ -204,8 +223,10 @@ def rows(results: Sequence[Result], **match: Any) -> list[tuple[Result, dict[str
 
 
 def values(results: Sequence[Result], metric: str, scale: float = 1.0, **match: Any) -> list[float]:
-    """The test metric of every finished run matching `match` (one value per seed)."""
-    return [scale * r.test[metric] for r, _ in rows(results, **match) if r.state == "done" and metric in r.test]
+    """The reported test metric (`reported`) of every finished run matching `match` (one value per seed)."""
+    return [
+        scale * reported(r)[metric] for r, _ in rows(results, **match) if r.state == "done" and metric in reported(r)
+    ]
 
 
 def mean(xs: Sequence[float]) -> float | None:
@@ -226,8 +247,8 @@ def by_label(results: Sequence[Result], key: str, metric: str, scale: float, **m
     """The mean test metric of the finished runs matching `match`, by the value of their label `key`."""
     groups: dict[Any, list[float]] = defaultdict(list)
     for r, labels in rows(results, **match):
-        if r.state == "done" and metric in r.test:
-            groups[labels[key]].append(scale * r.test[metric])
+        if r.state == "done" and metric in reported(r):
+            groups[labels[key]].append(scale * reported(r)[metric])
     return {k: statistics.fmean(v) for k, v in sorted(groups.items())}
 
 
@@ -368,20 +389,13 @@ def _figure(width: float = 6.0, height: float = 4.0) -> Any:
 
 
 def plot_curves(results: Sequence[Result], table: str, task: str, path: Path, **match: Any) -> bool:
-    """Test metric against step, one line per variant (the first seed of each)."""
-    found = [(r, labels) for r, labels in rows(results, table=table, task=task, **match) if r.curve]
-    if not found:
-        return False
-    fig, ax = _figure()
-    seen = set()
-    for r, labels in found:
-        if labels["variant"] in seen:
-            continue
-        seen.add(labels["variant"])
-        steps, ys = zip(*r.curve)
-        ax.plot(steps, ys, marker="o", markersize=3, label=labels["variant"])
-    _finish_curves(fig, ax, task, "", path)
-    return True
+    """Test metric against step, one line per variant: the mean over its seeds with a band from the lowest
+    to the highest (`plot_cell_curves`)."""
+    cells: dict[str, list[Result]] = defaultdict(list)
+    for r, labels in rows(results, table=table, task=task, **match):
+        if r.curve:
+            cells[labels["variant"]].append(r)
+    return plot_cell_curves(cells, task, path)
 
 
 def _finish_curves(fig: Any, ax: Any, task: str, note: str, path: Path) -> None:
@@ -440,142 +454,6 @@ def plot_lines(
     return True
 
 
-# -- checks ----------------------------------------------------------------------------------------
-
-VERDICTS = ("PASS", "FAIL", "UNDECIDED", "n/a")
-
-
-@dataclass
-class Check:
-    """A finding of the paper, judged on a study's results."""
-
-    name: str
-    verdict: str
-    """PASS (holds in every seed), FAIL (not in every seed), UNDECIDED (an input run had not converged,
-    or what the finding needs did not happen) or n/a (an input run is missing or failed)."""
-    evidence: str
-    """The numbers behind the verdict, in words."""
-    seeds: int = 0
-    """Seeds judged."""
-    holds: int = 0
-    """Seeds in which the finding holds."""
-    unconverged: list[str] = field(default_factory=list)
-    """Each input run that had not converged, and how far: "retrieval/mixit seed 1: still improving, ..."."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "evidence": self.evidence,
-            "seeds": self.seeds,
-            "holds": self.holds,
-            "unconverged": self.unconverged,
-        }
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One input of a check: the final runs whose labels match `match` (one per seed), and the number
-    `read` from each finished one (None: the run lacks it)."""
-
-    name: str
-    """How the evidence names it: "retrieval/mixit"."""
-    match: Mapping[str, Any]
-    read: Callable[[Result], float | None]
-    unit: str = "%"
-    digits: int = 1
-    what: str = "test metric"
-    """What `read` reads, for the evidence when a run lacks it."""
-
-
-def metric(key: str, scale: float = 1.0) -> Callable[[Result], float | None]:
-    """A reader of the test metric `key`, times `scale`."""
-    return lambda r: scale * r.test[key] if key in r.test else None
-
-
-def accuracy(name: str, task: str, **match: Any) -> Cell:
-    """The cell `name` read by the headline metric of `task` (accuracy in %, or loss in nats)."""
-    column, key, scale = headline(task)
-    unit, digits = ("%", 1) if column == "accuracy" else (" nats", 3)
-    return Cell(name, {"task": task, **match}, metric(key, scale), unit, digits)
-
-
-def judge(
-    name: str,
-    results: Sequence[Result],
-    cells: Sequence[Cell],
-    holds: Callable[[Mapping[str, float]], bool],
-    requires: Callable[[Mapping[str, float]], bool] | None = None,
-    requirement: str = "",
-) -> Check:
-    """Judge the finding `name` per seed: `holds` gets each seed's numbers (cell name -> number).
-
-    n/a when an input run is missing, failed, unfinished or lacks its number; UNDECIDED when an input
-    run had not converged (the evidence says what the verdict would be), or when `requires` (what the
-    finding presupposes, described by `requirement`) is false in some seed; otherwise PASS when it
-    holds in every seed and FAIL when not.
-    """
-    by_cell, seeds, missing = _inputs(name, [r for r in results if r.role == "final"], cells)
-    if missing or not seeds:
-        return Check(name, "n/a", "missing: " + ("; ".join(missing) or "no runs"), len(seeds))
-    numbers = {s: {cell.name: _number(cell, by_cell[cell.name][s]) for cell in cells} for s in seeds}
-    held = sum(bool(holds(numbers[s])) for s in seeds)
-    evidence = "; ".join(f"{c.name} {fmt([numbers[s][c.name] for s in seeds], c.digits)}{c.unit}" for c in cells)
-    tally = f"holds in {held} of {len(seeds)} seeds"
-    would = "PASS" if held == len(seeds) else "FAIL"
-    unconverged = [
-        text
-        for cell in cells
-        for s in seeds
-        if (text := not_converged(by_cell[cell.name][s], f"{cell.name} seed {s}")) is not None
-    ]
-    unmet = [s for s in seeds if requires is not None and not requires(numbers[s])]
-    doubts = []
-    if unconverged:
-        doubts.append(f"{len(unconverged)} input run(s) had not converged")
-    if unmet:
-        doubts.append(f"not met in seed(s) {', '.join(map(str, unmet))}: {requirement}")
-    if doubts:
-        evidence = f"{'; '.join(doubts)}: would {would} ({tally}); {evidence}"
-        return Check(name, "UNDECIDED", evidence, len(seeds), held, unconverged)
-    return Check(name, would, f"{evidence}; {tally}", len(seeds), held)
-
-
-def _inputs(
-    name: str, results: Sequence[Result], cells: Sequence[Cell]
-) -> tuple[dict[str, dict[int, Result]], list[int], list[str]]:
-    """The inputs of the check `name`: each cell's runs by seed, the seeds, and what is missing of them (a run
-    that is absent, failed or unfinished, or lacks its number)."""
-    missing: list[str] = []
-    by_cell: dict[str, dict[int, Result]] = {}
-    for cell in cells:
-        found = rows(results, **cell.match)
-        if not found:
-            missing.append(f"{cell.name}: no run")
-        by_seed: dict[int, Result] = {}
-        for r, labels in found:
-            seed = labels.get("seed", 0)
-            if seed in by_seed:
-                raise ValueError(f"check {name!r}: cell {cell.name} selects two runs of seed {seed}")
-            by_seed[seed] = r
-            if r.state != "done":
-                missing.append(f"{cell.name} seed {seed}: {r.state}")
-            elif cell.read(r) is None:
-                missing.append(f"{cell.name} seed {seed}: no {cell.what}")
-        by_cell[cell.name] = by_seed
-    seeds = sorted({s for by_seed in by_cell.values() for s in by_seed})
-    missing += [
-        f"{c.name} seed {s}: no run" for c in cells if by_cell[c.name] for s in seeds if s not in by_cell[c.name]
-    ]
-    return by_cell, seeds, missing
-
-
-def _number(cell: Cell, r: Result) -> float:
-    """The number `cell` reads from the run `r`, which `_inputs` found to have it."""
-    x = cell.read(r)
-    assert x is not None  # checked by _inputs
-    return x
-
-
 # -- results.csv -----------------------------------------------------------------------------------
 
 
@@ -605,6 +483,8 @@ def results_csv(results: Sequence[Result]) -> str:
                 **flat("", r.config),
                 **{f"test.{k}": v for k, v in r.test.items()},
                 **{f"val.{k}": v for k, v in r.val.items()},
+                "selected.step": r.selected.get("step"),
+                **{f"selected.test.{k}": v for k, v in (r.selected.get("test") or {}).items()},
                 "converged": converged(r) if r.state == "done" else None,
                 "reason": reason(r) if r.state == "done" else None,
                 "gain": c.get("gain"),

@@ -20,7 +20,9 @@ or from a TOML file a user writes (`load_study_file`):
     variant = ["standard", "mixit"]
     "model.n_heads" = [2, 4, 8]
     [search]                                     # optional: chosen per cell on validation
-    "train.lr" = [1e-3, 3e-3]                    # (screening runs of screen_fraction = 0.25 of the steps)
+    "train.lr" = [1e-3, 3e-3]                    # (screening runs of screen_fraction = 0.25 of the steps,
+    [screen_min_steps]                           #  at least these steps per task: mixit.study.search)
+    addition = 100
 """
 
 from __future__ import annotations
@@ -171,13 +173,26 @@ def merge_planned(*lists: Sequence[PlannedRun]) -> list[PlannedRun]:
     return list(merged.values())
 
 
-def with_seeds(request: Mapping[str, Any], seeds: int) -> list[tuple[int, dict[str, Any]]]:
-    """(seed, request) for seeds 0..seeds-1: the model's seed and the data seed both set to it."""
-    check(
-        isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1,
-        f"seeds must be a positive integer, got {seeds!r}",
-    )
-    return [(s, merge(request, {"model": {"seed": s}, "data_seed": s})) for s in range(seeds)]
+Seeds = int | range
+"""The seeds of a study's cells: a count n (seeds 0..n-1) or the seeds themselves (`seed_range`)."""
+
+
+def seed_range(seeds: int, first: int = 0) -> range:
+    """Seeds first..first+seeds-1, refused in one line unless both are integers, `seeds` positive and `first`
+    not negative."""
+    for name, value, least in (("seeds", seeds, 1), ("first_seed", first, 0)):
+        check(
+            isinstance(value, int) and not isinstance(value, bool) and value >= least,
+            f"{name} must be an integer >= {least}, got {value!r}",
+        )
+    return range(first, first + seeds)
+
+
+def with_seeds(request: Mapping[str, Any], seeds: Seeds) -> list[tuple[int, dict[str, Any]]]:
+    """(seed, request) for each seed (a count n: seeds 0..n-1): the model's seed and the data seed both set
+    to it."""
+    found = seed_range(seeds) if isinstance(seeds, int) else seeds
+    return [(s, merge(request, {"model": {"seed": s}, "data_seed": s})) for s in found]
 
 
 def assign(request: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
@@ -193,7 +208,7 @@ def assign(request: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 def grid(
     base: Mapping[str, Any],
     axes: Mapping[str, Sequence[Any]],
-    seeds: int = 1,
+    seeds: Seeds = 1,
     labels: Mapping[str, Any] | None = None,
     analyze: bool = False,
     search: Mapping[str, Sequence[Any]] | None = None,
@@ -218,6 +233,11 @@ def grid(
     return specs
 
 
+SEARCH_PROCEDURE = 2
+"""The version of `mixit.study.search`'s procedure, part of a searched study's fingerprint: a study directory
+searched by another procedure (1: one rung at seed 0, judged at its end) is another study, never resumed."""
+
+
 @dataclass
 class Study:
     """A named list of runs, with the report's tables and checks (empty for a user's grid)."""
@@ -227,10 +247,14 @@ class Study:
     description: str = ""
     preset: str = ""
     seeds: int = 1
+    first_seed: int = 0
+    """The cells' seeds are first_seed..first_seed+seeds-1."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Work beside the runs (the signal sweeps of Tables 6-7): name -> options of `mixit signal`."""
     screen_fraction: float = 0.25
-    """A search's screening runs train this fraction of the cell's steps (`mixit.study.search`)."""
+    """A search's first rung trains this fraction of the cell's steps (`mixit.study.search`)."""
+    screen_min_steps: dict[str, int] = field(default_factory=dict)
+    """Task -> the fewest steps of a search's first rung on it: what its slowest variant needs to leave chance."""
 
     def fingerprint(self, search: bool = True) -> str:
         """What identifies the study in its directory: its runs as asked for, and how they are searched."""
@@ -239,6 +263,8 @@ class Study:
                 "name": self.name,
                 "specs": [[s.request, s.labels, s.analyze, s.search if search else {}] for s in self.specs],
                 "screen_fraction": self.screen_fraction if search else None,
+                **({"screen_min_steps": self.screen_min_steps} if search and self.screen_min_steps else {}),
+                **({"search_procedure": SEARCH_PROCEDURE} if search else {}),
                 "extras": self.extras,
             },
             sort_keys=True,
@@ -250,8 +276,9 @@ class Study:
         return [s for s in self.specs if all(s.labels.get(k) == v for k, v in labels.items())]
 
 
-def load_study_file(path: Path, seeds: int | None = None) -> Study:
-    """A user's study from a TOML file (module docstring)."""
+def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -> Study:
+    """A user's study from a TOML file (module docstring); `seeds` (when given) overrides the file's, and the
+    seeds start at `first_seed`."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -260,7 +287,17 @@ def load_study_file(path: Path, seeds: int | None = None) -> Study:
         raise UsageError(f"study file {path} is not a readable file ({e.strerror or type(e).__name__})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"study file {path} cannot be parsed: {' '.join(str(e).split())}") from None
-    allowed = ("name", "description", "seeds", "base", "grid", "analyze", "search", "screen_fraction")
+    allowed = (
+        "name",
+        "description",
+        "seeds",
+        "base",
+        "grid",
+        "analyze",
+        "search",
+        "screen_fraction",
+        "screen_min_steps",
+    )
     unknown = sorted(set(data) - set(allowed))
     check(not unknown, f"study file {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
     name = data.get("name", Path(path).stem)
@@ -282,8 +319,23 @@ def load_study_file(path: Path, seeds: int | None = None) -> Study:
         isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction <= 1,
         f"study file {path}: screen_fraction must be a number in (0, 1], got {fraction!r}",
     )
-    specs = grid(base, axes, n_seeds, {"table": name}, analyze, search=search)
-    return Study(name, specs, data.get("description", ""), "file", n_seeds, screen_fraction=float(fraction))
+    least = data.get("screen_min_steps", {})
+    check(
+        isinstance(least, dict)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in least.values()),
+        f"study file {path}: screen_min_steps must be a table of task names to positive integers, got {least!r}",
+    )
+    specs = grid(base, axes, seed_range(n_seeds, first_seed), {"table": name}, analyze, search=search)
+    return Study(
+        name,
+        specs,
+        data.get("description", ""),
+        "file",
+        n_seeds,
+        first_seed,
+        screen_fraction=float(fraction),
+        screen_min_steps=dict(least),
+    )
 
 
 def replace_labels(spec: RunSpec, **labels: Any) -> RunSpec:

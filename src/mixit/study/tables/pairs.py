@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from mixit.study.presets import Scale
 from mixit.study.results import StudyResults, by_label, plot_lines, variant_table
-from mixit.study.spec import RunSpec, grid
+from mixit.study.spec import RunSpec, Seeds, grid
 from mixit.study.tables.base import Table
 
 VARIANTS = ("standard", "mixit")
 
 
-def runs(scale: Scale, seeds: int) -> list[RunSpec]:
+def runs(scale: Scale, seeds: Seeds) -> list[RunSpec]:
     """Beyond the paper: MixiT and the standard model against the number of retrieval pairs (the scale's
     "pairs" request if it has one, else its retrieval)."""
     return grid(

@@ -6,13 +6,14 @@ standard model than MixiT is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
 
 from mixit.experiment import merge
 from mixit.study.presets import TRAINED_VARIANTS, Scale, variant_runs
-from mixit.study.results import Check, StudyResults, accuracy, judge, plot_curves, rows, variant_table
-from mixit.study.spec import RunSpec
+from mixit.study.results import StudyResults, plot_curves, rows, variant_table
+from mixit.study.spec import RunSpec, Seeds
 from mixit.study.tables.base import Table
+from mixit.study.verdicts import Check, Part, accuracy, difference, judge
 
 PAPER = {
     ("lm:wikitext-103", "standard", "loss"): 2.78,
@@ -24,13 +25,17 @@ PAPER = {
 }
 
 
-def runs(scale: Scale, seeds: int) -> list[RunSpec]:
+def runs(scale: Scale, seeds: Seeds) -> list[RunSpec]:
     """Language modelling: held-out log perplexity (nats) of each trained variant."""
     specs = []
     for corpus in scale.lm_corpora:
         base = merge(scale.tasks["lm"], {"task_params": {"corpus": corpus}})
         specs += variant_runs(scale, base, TRAINED_VARIANTS, seeds, "table2", corpus=corpus)
     return specs
+
+
+LM_VARIANTS = ("standard", "frozen_qk", "mixit")
+"""The ordering the paper finds, lowest loss first."""
 
 
 def corpora(study: StudyResults) -> list[str]:
@@ -47,27 +52,27 @@ def section(study: StudyResults) -> list[str]:
     return body
 
 
-def ordered(standard: float, frozen_qk: float, mixit: float) -> bool:
-    return standard < frozen_qk < mixit and frozen_qk - standard < mixit - standard
-
-
 def check_lm(study: StudyResults) -> Check:
-    names = corpora(study)
-    cells = [
-        accuracy(f"{corpus}/{v}", "lm", table="table2", variant=v, corpus=corpus)
-        for corpus in names
-        for v in ("standard", "frozen_qk", "mixit")
-    ]
-
-    def holds(x: Mapping[str, float]) -> bool:
-        return all(ordered(x[f"{c}/standard"], x[f"{c}/frozen_qk"], x[f"{c}/mixit"]) for c in names)
-
+    """The ordering as two parts per corpus: frozen Q/K above the standard model, MixiT above frozen Q/K (the
+    paper's "frozen Q/K's gap smaller than MixiT's" follows from the second)."""
+    parts = []
+    for corpus in corpora(study):
+        cell = {v: accuracy(f"{corpus}/{v}", "lm", table="table2", variant=v, corpus=corpus) for v in LM_VARIANTS}
+        for low, high in itertools.pairwise(LM_VARIANTS):
+            parts.append(
+                Part(
+                    f"{corpus}: {low} below {high}",
+                    [cell[low], cell[high]],
+                    difference(cell[high].name, cell[low].name),
+                    " nats",
+                    3,
+                )
+            )
     return judge(
         "language-model loss ordered standard < frozen Q/K < MixiT, frozen Q/K's gap to standard smaller than "
         "MixiT's (on every corpus)",
         study.final,
-        cells,
-        holds,
+        parts,
     )
 
 

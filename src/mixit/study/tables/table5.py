@@ -8,24 +8,15 @@ from __future__ import annotations
 
 from mixit.experiment import merge
 from mixit.study.presets import Scale
-from mixit.study.results import (
-    Check,
-    StudyResults,
-    accuracy,
-    by_label,
-    headline,
-    judge,
-    plot_lines,
-    rows,
-    variant_table,
-)
-from mixit.study.spec import RunSpec, grid
+from mixit.study.results import StudyResults, by_label, headline, plot_lines, rows, variant_table
+from mixit.study.spec import RunSpec, Seeds, grid
 from mixit.study.tables.base import Table
+from mixit.study.verdicts import Check, Part, accuracy, judge
 
 TASKS = ("addition", "sentiment")
 
 
-def runs(scale: Scale, seeds: int) -> list[RunSpec]:
+def runs(scale: Scale, seeds: Seeds) -> list[RunSpec]:
     """MixiT with more heads, on addition and on sentiment."""
     d_model = scale.extra.get("heads_d_model")
     specs = []
@@ -59,8 +50,9 @@ def check_heads(study: StudyResults) -> Check:
     if len(heads) < 2:
         return Check(name, "n/a", f"missing: runs at two head counts at least (found {heads or 'none'})")
     fewest, most = heads[0], heads[-1]
-    cells = [accuracy(f"{h} heads", "addition", table="table5", n_heads=h) for h in (fewest, most)]
-    return judge(name, study.final, cells, lambda x: x[f"{most} heads"] > x[f"{fewest} heads"])
+    low, high = (accuracy(f"{h} heads", "addition", table="table5", n_heads=h) for h in (fewest, most))
+    rises = Part(f"{most} heads above {fewest}", [low, high], lambda x: x[high.name] - x[low.name])
+    return judge(name, study.final, [rises])
 
 
 TABLE = Table(

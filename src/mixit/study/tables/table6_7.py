@@ -12,21 +12,25 @@ paper's finding is judged on the first; what the sink changes is a finding of it
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
 from typing import Any
 
 from mixit.study.presets import Scale
-from mixit.study.results import Check, StudyResults, accuracy, by_label, judge, plot_lines, rows, variant_table
-from mixit.study.spec import RunSpec, grid
+from mixit.study.results import StudyResults, by_label, plot_lines, rows, variant_table
+from mixit.study.spec import RunSpec, Seeds, grid
 from mixit.study.tables.base import Table
+from mixit.study.verdicts import Check, Part, accuracy, judge
 
 SWEEPS = {"signal": "reference", "signal-nosink": "off"}
 """Each signal sweep of `extras` -> how MixiT's head 0 is built (`signal_command`'s mixing_sink)."""
+DEPTH_POINTS = 5.0
+"""Points of accuracy the random transformer must lose with depth, and MixiT may at most."""
+LEARNS = 90.0
+"""The shallow random transformer's accuracy (%) from which a fall can be judged."""
 RISE = 0.1
 """A change of token cosine with depth larger than this is a rise; a smaller one is flat."""
 
 
-def runs(scale: Scale, seeds: int) -> list[RunSpec]:
+def runs(scale: Scale, seeds: Seeds) -> list[RunSpec]:
     """Depth: the random (embeddings-only) transformer against MixiT on addition, trained (the scale's
     "depth" request if it has one, else its addition)."""
     return grid(
@@ -37,7 +41,7 @@ def runs(scale: Scale, seeds: int) -> list[RunSpec]:
     )
 
 
-def extras(scale: Scale, seeds: int) -> dict[str, dict[str, Any]]:
+def extras(scale: Scale, seeds: Seeds) -> dict[str, dict[str, Any]]:
     """The signal sweeps at initialisation, with and without the sink head (their own seeds: scale.signal)."""
     variants = ("standard", "mixit", "random")
     return {name: {**scale.signal, "variants": variants, "mixing_sink": sink} for name, sink in SWEEPS.items()}
@@ -92,25 +96,30 @@ def check_depth(study: StudyResults) -> Check:
     if len(depths) < 2:
         return Check(name, "n/a", f"missing: runs at two depths at least (found {depths or 'none'})")
     lo, hi = depths[0], depths[-1]
-    cells = [
-        accuracy(f"{v} {d} layers", "addition", table="table6", variant=v, n_layers=d)
+    cell = {
+        (v, d): accuracy(f"{v} {d} layers", "addition", table="table6", variant=v, n_layers=d)
         for v in ("random", "mixit")
         for d in (lo, hi)
-    ]
-
-    def holds(x: Mapping[str, float]) -> bool:
-        random_falls = x[f"random {lo} layers"] - x[f"random {hi} layers"] >= 5
-        return random_falls and x[f"mixit {hi} layers"] >= x[f"mixit {lo} layers"] - 5
-
-    return judge(
-        name,
-        study.final,
-        cells,
-        holds,
-        requires=lambda x: x[f"random {lo} layers"] >= 90,
-        requirement=f"the random transformer learns addition at {lo} layers (token accuracy >= 90%); "
-        "without it there is nothing to fall from",
+    }
+    shallow_random, deep_random = cell["random", lo].name, cell["random", hi].name
+    shallow_mixit, deep_mixit = cell["mixit", lo].name, cell["mixit", hi].name
+    falls = Part(
+        f"the random transformer falls {DEPTH_POINTS:g} points",
+        [cell["random", lo], cell["random", hi]],
+        lambda x: x[shallow_random] - x[deep_random] - DEPTH_POINTS,
     )
+    holds = Part(
+        f"MixiT within {DEPTH_POINTS:g} points",
+        [cell["mixit", lo], cell["mixit", hi]],
+        lambda x: x[deep_mixit] - (x[shallow_mixit] - DEPTH_POINTS),
+    )
+    learns = Part(
+        f"the random transformer learns addition at {lo} layers (token accuracy >= {LEARNS:g}%), without which "
+        "there is nothing to fall from",
+        [cell["random", lo]],
+        lambda x: x[shallow_random] - LEARNS,
+    )
+    return judge(name, study.final, [falls, holds], precondition=learns)
 
 
 def cosines(signal: dict[str, Any], variant: str) -> dict[int, float]:
