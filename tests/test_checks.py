@@ -4,7 +4,7 @@ per seed."""
 
 import pytest
 
-from mixit.study.report import search_appendix
+from mixit.study.report import judgement_section, search_appendix
 from mixit.study.results import Result, StudyResults, variant_table
 from mixit.study.tables import TABLES, table1, table2, table3, table4, table5, table6_7
 
@@ -286,3 +286,13 @@ def test_tables_show_convergence_and_the_chosen_settings_and_the_appendix_every_
     assert appendix[0] == "**addition / standard**"
     assert "| table3 | lr=0.001 | token_acc 50.0% | yes |  |" in appendix
     assert "| table3 | lr=0.003 | token_acc 90.0% | yes | **chosen** |" in appendix
+
+
+def test_the_report_shows_each_step_of_the_rule_and_each_cell_once_per_seed():
+    check = table4.check_bits(table4_study(converged=False))
+    lines = judgement_section([check])
+    assert lines[0] == f"**{check.name}**: UNDECIDED"
+    assert "| standard above frozen_qk | 0 | +0.800 bits/param | 0.000 | +0.800 to +0.800 | holds |" in lines
+    drift_rows = [line for line in lines if line.startswith("| memorization/")]
+    assert len(drift_rows) == 4  # four cells, one seed, though each is read by two parts
+    assert "- mixit above frozen_mlp, seed 0: drift could flip its sign" in "\n".join(lines)

@@ -60,6 +60,18 @@ def test_grid_expands_every_combination_with_seeds():
     assert seeded.request["model"]["d_model"] == 16  # the base is kept beside the grid's values
 
 
+def test_a_second_study_takes_seeds_the_first_never_used():
+    first, second = paper_study("smoke", seeds=2), paper_study("smoke", seeds=1, first_seed=2)
+    assert {s.labels["seed"] for s in first.specs} == {0, 1}
+    assert {s.labels["seed"] for s in second.specs} == {2}
+    assert {(s.request["model"]["seed"], s.request["data_seed"]) for s in second.specs} == {(2, 2)}
+    assert (second.seeds, second.first_seed) == (1, 2)
+    with pytest.raises(UsageError, match=r"first_seed must be an integer >= 0, got -1"):
+        paper_study("smoke", first_seed=-1)
+    with pytest.raises(UsageError, match=r"seeds must be an integer >= 1, got 0"):
+        paper_study("smoke", seeds=0)
+
+
 def test_run_ids_are_stable_hashes_of_the_resolved_config():
     cfg = run_config("addition", "mixit", {"n_digits": 2}, d_model=16, n_heads=2)
     assert run_id(cfg) == run_id(run_config("addition", "mixit", {"n_digits": 2}, d_model=16, n_heads=2))

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # The determinism statement's measurement (docs/reproduction.md, "Determinism"): one small run trained twice
-# with this CPU's own kernels and twice with the AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, what a CPU without
-# AVX-512 runs), then every run's final weights and test metrics compared.
+# with this CPU's own kernels and twice with AVX2 kernels only (ATen, MKL and oneDNN each held to AVX2, as on a
+# CPU without AVX-512), then every run's final weights and test metrics compared.
 # Usage: bash docs/results/determinism/run.sh OUT   (OUT: a scratch directory; results.json is written here)
 set -euo pipefail
+export OMP_NUM_THREADS=1  # one thread, as each worker of a study trains
 out=${1:?usage: run.sh OUT}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 train() {
     mixit train --task dyck -p max_pairs=10 --variant standard --d-model 64 --n-heads 4 --n-layers 2 \
-        --steps 300 --batch-size 64 --eval-every 100 --test-size 500 --progress false --out "$1" >/dev/null
+        --steps 100 --batch-size 64 --eval-every 50 --test-size 500 --progress false --out "$1" >/dev/null
 }
 train "$out/native-1"
 train "$out/native-2"
-ATEN_CPU_CAPABILITY=avx2 train "$out/avx2-1"
-ATEN_CPU_CAPABILITY=avx2 train "$out/avx2-2"
+ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 train "$out/avx2-1"
+ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 train "$out/avx2-2"
 python - "$out" "$here/results.json" <<'PY'
 import hashlib, json, sys
 from pathlib import Path

@@ -80,9 +80,13 @@ def judgement_section(checks: list[Check]) -> list[str]:
             "| cell | seed | number ± SE | slope per 1k steps | range at the horizon |",
             "|---|---|---|---|---|",
         ]
+        shown = set()  # a cell two parts read is shown once per seed
         for p in judged:
             for s in p.seeds:
                 for cell in s.cells:
+                    if (cell.cell, s.seed) in shown:
+                        continue
+                    shown.add((cell.cell, s.seed))
                     slope = "-" if cell.slope is None else f"{cell.slope:+.3g} ± {cell.slope_se:.2g}"
                     lines.append(
                         f"| {cell.cell} | {s.seed} | {cell.value:.4g} ± {cell.se:.2g} | {slope} | "
