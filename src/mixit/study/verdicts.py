@@ -472,12 +472,18 @@ def metric(
         if key not in test:
             return None
         curve = tuple((step, scale * value) for step, value in selected_curve(r, key))
-        steps = int((r.convergence or {}).get("steps_trained") or (curve[-1][0] if curve else 0))
-        cap = int(r.config.get("train", {}).get("steps") or steps)
+        steps, cap = budget(r, curve)
         solved = (r.convergence or {}).get("reason") == "solved"
         return Reading(scale * test[key], scale * test.get(f"{key}_se", 0.0), curve, steps, cap, bounds, solved)
 
     return read
+
+
+def budget(r: Result, curve: Sequence[tuple[int, float]]) -> tuple[int, int]:
+    """(steps trained, step cap) of a run: its convergence record's steps, else its curve's last step; its
+    config's cap, else the steps trained."""
+    steps = int((r.convergence or {}).get("steps_trained") or (curve[-1][0] if curve else 0))
+    return steps, int(r.config.get("train", {}).get("steps") or steps)
 
 
 def selected_curve(r: Result, key: str) -> list[tuple[int, float]]:

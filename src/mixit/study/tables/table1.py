@@ -18,7 +18,7 @@ from mixit.study.presets import Scale, variant_runs
 from mixit.study.results import Result, StudyResults, mean, plot_curves, plot_lines, rows, variant_table
 from mixit.study.spec import RunSpec, Seeds
 from mixit.study.tables.base import Table
-from mixit.study.verdicts import Cell, Check, Part, Reading, accuracy, judge
+from mixit.study.verdicts import Cell, Check, Part, Reading, accuracy, budget, judge
 
 VARIANTS = ("standard", "frozen_qk", "mixit")
 TASKS = ("retrieval", "induction")
@@ -136,9 +136,7 @@ def head_score(r: Result) -> Reading | None:
     curve: tuple[tuple[int, float], ...] = ()
     if history is not None:
         curve = tuple(zip(history["steps"], (h["score"] for h in history["strongest"]["induction"])))
-    steps = int((r.convergence or {}).get("steps_trained") or (curve[-1][0] if curve else 0))
-    cap = int(r.config.get("train", {}).get("steps") or steps)
-    return Reading(r.heads["induction"]["score"], 0.0, curve, steps, cap, (0.0, 1.0))
+    return Reading(r.heads["induction"]["score"], 0.0, curve, *budget(r, curve), (0.0, 1.0))
 
 
 def induction_score(variant: str) -> Cell:
