@@ -72,7 +72,6 @@ class Result:
     """Validation metrics at the end of training (summary.json "val")."""
     convergence: dict[str, Any] | None = None
     """summary.json "convergence" (metric, converged, reason, best, gain, window, ...); None: not recorded."""
-    curve: list[tuple[int, float]] = field(default_factory=list)  # (step, headline metric) at each evaluation
     evals: list[dict[str, float]] = field(default_factory=list)
     """Every evaluation's metrics, with its "step" (metrics.jsonl eval events: test metrics by name, validation
     metrics as val_<name>)."""
@@ -88,6 +87,12 @@ class Result:
     """For a final run that was searched, the chosen settings: dotted request path -> value."""
     run: Run | None = None
     """The run (its analysis holds the figures and files the sections show)."""
+
+    @property
+    def curve(self) -> list[tuple[int, float]]:
+        """(step, headline test metric in the report's units) at each evaluation: what the figures draw."""
+        _, key, scale = headline(self.config["task"])
+        return [(int(e["step"]), scale * e[key]) for e in self.evals if key in e]
 
 
 @dataclass
@@ -157,7 +162,7 @@ def _result(study_dir: Path, entry: dict[str, Any]) -> Result:
             _read_finished(r, entry["config"]["task"])
         except UsageError as e:
             r.state, r.error = "damaged", str(e)
-            r.test, r.val, r.convergence, r.seconds, r.curve, r.heads = {}, {}, None, None, [], None
+            r.test, r.val, r.convergence, r.seconds, r.evals, r.selected, r.heads = {}, {}, None, None, [], {}, None
     elif r.state == "failed":
         r.error = failure_record(study_dir, entry["id"])["error"]
     return r
@@ -172,11 +177,10 @@ def _read_finished(r: Result, task: str) -> None:
     r.convergence, r.seconds = summary.get("convergence"), summary.get("train_seconds_this_session")
     if r.convergence is not None and not isinstance(r.convergence, dict):
         raise UsageError(f"{run.summary_path} is damaged: its 'convergence' is not an object")
-    _, key, scale = headline(task)
+    key = headline(task)[1]
     evals = [e for e in run.metrics() if isinstance(e, dict) and e.get("event") == "eval" and key in e]
     if not all(isinstance(e.get("step"), int) and _is_number(e[key]) for e in evals):
         raise UsageError(f"{run.metrics_path} is damaged: an eval event without a step or a number for {key}")
-    r.curve = [(e["step"], scale * e[key]) for e in evals]
     r.evals = [{k: v for k, v in e.items() if k == "step" or _is_number(v)} for e in evals]
     selected = summary.get("selected") or {}
     if not isinstance(selected, dict) or not isinstance(selected.get("test", {}), dict):

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mixit.study.results import Result, headline, reported, rows
+from mixit.training.convergence import Selection
 
 VERDICTS = ("PASS", "FAIL", "UNTESTABLE", "UNDECIDED", "n/a")
 
@@ -488,22 +489,16 @@ def budget(r: Result, curve: Sequence[tuple[int, float]]) -> tuple[int, int]:
 
 def selected_curve(r: Result, key: str) -> list[tuple[int, float]]:
     """The test metric `key` as the run reports it after each evaluation: at the best validation evaluation so
-    far (the run's convergence metric; ties to the earliest), or at each evaluation where the run recorded no
-    validation metric. Past its best, an overfitting run's curve is flat: more training would not change
-    what it reports unless validation improved again."""
+    far (`mixit.training.convergence.Selection`, as the run itself chose it), or at each evaluation where the
+    run recorded no validation metric. Past its best, an overfitting run's curve is flat: more training would
+    not change what it reports unless validation improved again."""
     c = r.convergence or {}
-    val_key, sign = f"val_{c.get('metric')}", 1.0 if c.get("higher_is_better", True) else -1.0
+    selection = Selection(str(c.get("metric")), bool(c.get("higher_is_better", True)))
     curve: list[tuple[int, float]] = []
-    best: tuple[float, float] | None = None  # (signed validation value, test value there)
     for e in r.evals:
-        if key not in e:
-            continue
-        if val_key in e:
-            if best is None or sign * e[val_key] > best[0]:
-                best = (sign * e[val_key], e[key])
-            curve.append((int(e["step"]), best[1]))
-        else:
-            curve.append((int(e["step"]), e[key]))
+        if key in e:
+            selection.extend([{**e, "event": "eval"}], up_to=int(e["step"]))
+            curve.append((int(e["step"]), selection.test[key] if selection.step is not None else e[key]))
     return curve
 
 
