@@ -116,7 +116,7 @@ _SMALL = {"d_model": 64, "n_heads": 4, "n_layers": 2, "qk_init": "paper"}
 def _stop(steps: int, evaluations: int = 20, stop_at: str = "solved", **train: Any) -> dict[str, Any]:
     """A step cap with early stopping on the validation curve, evaluated `evaluations` times. The synthetic
     tasks learn in steps (a digit, a pair, a hop at a time), where a plateau may be a stair: they stop
-    early only when solved. The text tasks overfit within the cap, so they stop on a plateau."""
+    early only when solved. Sentiment overfits within a few hundred steps, so it stops on a plateau."""
     return {
         "steps": steps,
         "eval_every": steps // evaluations,
@@ -131,9 +131,10 @@ _LR = {"train.lr": (1e-3, 3e-3)}
 # MixiT's grid after the reference's (heads {4, 32, 64} x width {512, 1024} at 2 layers, where the softmax
 # model runs at width 512 with 4 heads), scaled to the preset's width 64: heads {4, 16} x width {64, 128}.
 _MIXIT_GRID = {**_LR, "model.n_heads": (4, 16), "model.d_model": (64, 128)}
-CONFIRMATORY_TEST_SEED = 1
+CONFIRMATORY_TEST_SEED = 2
 """The quick preset's test sets are drawn with this `test_seed`, which no run that sized the preset or set the
-verdict rule's constants read (they read the default, 0): its test numbers are confirmatory."""
+verdict rule's constants read: its test numbers are confirmatory. The calibrations read the default, 0; the
+30eb8b8 records read 1, and the preset was changed after them (docs/reproduction.md, deviations log, entry 5)."""
 
 
 def _confirmatory(tasks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -152,23 +153,26 @@ QUICK = Scale(
                 _stop(4000, batch_size=32),
                 test_size=500,
             ),
-            # 100 chapters (about 150,000 tokens): small enough that the validation loss reaches its minimum
-            # within the budget, so the comparison is between converged models.
+            # 60 chapters (about 90,000 tokens), a fifth held out: small enough that every model reaches its
+            # validation minimum in the first half of the cap and overfits after it, so the comparison is between
+            # converged models. It trains the whole cap: a plateau stop ends a run four evaluations after its
+            # best, while its curve is still creeping down (deviations log, entry 5; docs/results/lm-calibration).
             "lm": _run(
                 "lm",
-                {"length": 64, "vocab": 2048, "max_documents": 100, "held_out": 0.1},
+                {"length": 64, "vocab": 2048, "max_documents": 60, "held_out": 0.2},
                 _SMALL,
-                _stop(800, stop_at="plateau", batch_size=32, lr=2e-3),
+                _stop(800, batch_size=32, lr=2e-3),
                 test_size=500,
             ),
             "addition": _run("addition", {"n_digits": 3}, _SMALL, _stop(1500, batch_size=128), test_size=1000),
             "dyck": _run("dyck", {"max_pairs": 10}, _SMALL, _stop(1500, batch_size=128), test_size=1000),
             "modular_addition": _run("modular_addition", {"p": 97}, _SMALL, _stop(8000, 32, batch_size=256)),
-            # Table 4 scaled down with the paper's proportions: width 128 -> 16 and n = 512 -> 64 shrink the
-            # trainable parameters and the table by about the same factor (about 65), so the standard model
-            # can just store the table, as in the paper, and memorization converges in seconds.
+            # Table 4 scaled down: width 128 -> 16 and a table (n = 96) that no variant can store whole, so the
+            # numbers measure capacity, not the table. No cell converges within an affordable cap (at 9,000
+            # steps every one was still storing more): the cap is a budget, cut to 6,000 steps to pay for the
+            # retrieval and language-model changes (deviations log, entry 5).
             "memorization": _run(
-                "memorization", {"n": 96}, {**_SMALL, "d_model": 16}, _stop(9000, 30, batch_size=512, lr=1e-2)
+                "memorization", {"n": 96}, {**_SMALL, "d_model": 16}, _stop(6000, 30, batch_size=512, lr=1e-2)
             ),
             "sentiment": _run(
                 "sentiment",
@@ -201,8 +205,10 @@ QUICK = Scale(
     },
     screen_fraction=0.2,
     # MixiT on modular addition sits at chance for about 750-1000 steps (docs/results/study-quick-3seeds,
-    # curves-modular_addition.png); every other variant leaves chance within a fifth of its cap there.
-    screen_min_steps={"modular_addition": 1200},
+    # curves-modular_addition.png); every other variant leaves chance within a fifth of its cap there. On
+    # retrieval the trained-attention models sit on a plateau near 25% until about step 600-900 at lr 1e-3
+    # (the same record's pairs sweep): 400-step screens could only compare plateaus (deviations log, entry 5).
+    screen_min_steps={"modular_addition": 1200, "retrieval": 1000},
 )
 
 # Sized for one GPU (an H100) in about an hour; the whole preset has not been timed (docs/reproduction.md, "On a
