@@ -96,6 +96,22 @@ def test_reproduce_refuses_an_output_directory_that_holds_something_else(study, 
     assert_refused(capsys, reproduce_args(spec, out), "holds another study (?", out)
 
 
+def test_a_study_grows_by_seeds_in_its_directory_and_keeps_its_runs(study, tmp_path, capsys):
+    out, spec = study
+    kept = {p.parent.name: p.read_bytes() for p in (out / "runs").glob("*/summary.json")}
+    stamps = {name: (out / "runs" / name / "summary.json").stat().st_mtime_ns for name in kept}
+    # Refused, nothing changed: seeds that do not include the directory's (seed 5 only), and fewer seeds.
+    assert_refused(capsys, reproduce_args(spec, out, "--first-seed", "5"), "holds another study", out)
+    assert main(reproduce_args(spec, out, "--seeds", "2")) == 0
+    assert "runs: 4 done" in capsys.readouterr().out
+    assert {p.parent.name for p in (out / "runs").glob("*/summary.json")} > set(kept)
+    for name, data in kept.items():  # seed 0's runs adopted as they were, not trained again
+        path = out / "runs" / name / "summary.json"
+        assert path.read_bytes() == data and path.stat().st_mtime_ns == stamps[name]
+    assert json.loads((out / "study.json").read_text())["seeds"] == 2
+    assert_refused(capsys, reproduce_args(spec, out), "holds another study", out)
+
+
 def test_reproduce_refuses_a_study_path_that_is_not_a_readable_file(tmp_path, capsys):
     out = tmp_path / "out"
     assert_refused(capsys, reproduce_args(tmp_path, out), f"study file {tmp_path} is not a readable file", tmp_path)

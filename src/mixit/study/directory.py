@@ -1,6 +1,7 @@
 """What a study directory may hold, checked before anything is written (docs/reliability.md, "Studies and reports").
 
-    check_out(study_dir, name, fingerprint)   `mixit reproduce --out`: absent, empty, or this same study
+    check_out(study_dir, name, fingerprint)   `mixit reproduce --out`: absent, empty, this same study, or
+                                              (`grows`) this study with fewer seeds, which it continues
     load_study_record(study_dir)              study.json, its schema checked (`mixit report`, resume)
     failure_record(study_dir, run_id)         failed/<id>.json, checked
     check_report_paths(study_dir)             report.md, results.csv, checks.json and figures/ writable as such
@@ -12,6 +13,7 @@ command changes nothing in the directory.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,10 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 """A run id or an extra's name: one path component of the study directory, never `..` or a path."""
 
 
-def check_out(study_dir: Path, name: str, fingerprint: str) -> None:
+def check_out(study_dir: Path, name: str, fingerprint: str, grows: Callable[[Any], bool] | None = None) -> None:
     """Refuse `study_dir` as the directory of the study `name` unless it is absent, empty (a lock file
-    aside: a study killed before it wrote study.json) or holds this same study, which is resumed.
+    aside: a study killed before it wrote study.json) or holds this same study, which is resumed, or one
+    `grows` accepts (given its study.json: the same study with fewer seeds, `Study.grows`), which it continues.
 
     A directory holding a `mixit train` run, another study, or files of a user's own is refused: the
     study would write into it, and its report would overwrite a report.md, results.csv or checks.json there."""
@@ -39,7 +42,7 @@ def check_out(study_dir: Path, name: str, fingerprint: str) -> None:
     if not study_dir.exists():
         return
     if (study_dir / RECORD).exists():
-        check_same_study(study_dir, read_json(study_dir / RECORD, RECORD), name, fingerprint)
+        check_same_study(study_dir, read_json(study_dir / RECORD, RECORD), name, fingerprint, grows)
         return
     if Run(study_dir).state() != "absent":
         raise UsageError(f"{study_dir} holds a mixit run, not a study; choose another output directory")
@@ -51,8 +54,13 @@ def check_out(study_dir: Path, name: str, fingerprint: str) -> None:
         )
 
 
-def check_same_study(study_dir: Path, old: Any, name: str, fingerprint: str) -> None:
-    """Refuse `study_dir` if its study.json (`old`) is not the study `name` with `fingerprint`."""
+def check_same_study(
+    study_dir: Path, old: Any, name: str, fingerprint: str, grows: Callable[[Any], bool] | None = None
+) -> None:
+    """Refuse `study_dir` if its study.json (`old`) is not the study `name` with `fingerprint`, nor one that
+    `grows` accepts."""
+    if grows is not None and grows(old):
+        return
     if not isinstance(old, dict) or old.get("name") != name or old.get("fingerprint") != fingerprint:
         raise UsageError(
             f"{study_dir} holds another study ({old.get('name') if isinstance(old, dict) else '?'}, "

@@ -93,6 +93,11 @@ def extra_result(study_dir: Path, name: str) -> Path:
     return Path(study_dir) / name / "signal.json"
 
 
+def _grows(study: Study, search: bool) -> Callable[[Any], bool]:
+    """Accepts a directory's study.json that records `study` with fewer of its seeds (`Study.grows`)."""
+    return lambda old: study.grows(old, search)
+
+
 def write_study(
     study: Study, study_dir: Path, planned: Sequence[PlannedRun], search: bool, searches: Sequence[Group] = ()
 ) -> None:
@@ -119,7 +124,7 @@ def write_study(
         "runs": [p.to_dict() for p in planned],
     }
     if path.exists():  # checked before the study started (`check_out`); again here, under the lock
-        check_same_study(study_dir, read_json(path, "study.json"), study.name, fingerprint)
+        check_same_study(study_dir, read_json(path, "study.json"), study.name, fingerprint, _grows(study, search))
     write_json(path, record)
 
 
@@ -341,7 +346,7 @@ def execute(
     # The searched cells with each of their candidates resolved too, so a bad one is refused at once.
     plan(apply(spec, combination) for g in planned.groups for spec in g.specs for combination in g.combinations)
     # Everything that can refuse reads only, and comes before the first write (the probe of writability).
-    check_out(study_dir, study.name, study.fingerprint(search))
+    check_out(study_dir, study.name, study.fingerprint(search), _grows(study, search))
     pool.check_available()
     sinks = check_sinks(logger)
     check_output_dir(study_dir)

@@ -29,6 +29,7 @@ def paper_study(preset: str, seeds: int = 1, first_seed: int = 0) -> Study:
         extras={name: options for table in TABLES for name, options in table.extras(scale, seeds).items()},
         screen_fraction=scale.screen_fraction,
         screen_min_steps=dict(scale.screen_min_steps),
+        rebuild=lambda more, first: paper_study(preset, more, first),
     )
 
 

@@ -32,7 +32,7 @@ import hashlib
 import itertools
 import json
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,6 +255,21 @@ class Study:
     """A search's first rung trains this fraction of the cell's steps (`mixit.study.search`)."""
     screen_min_steps: dict[str, int] = field(default_factory=dict)
     """Task -> the fewest steps of a search's first rung on it: what its slowest variant needs to leave chance."""
+    rebuild: Callable[[int, int], Study] | None = field(default=None, repr=False, compare=False)
+    """Builds this study with other seeds (seeds, first_seed), so that it can grow in its directory (`grows`)."""
+
+    def grows(self, old: Any, search: bool = True) -> bool:
+        """Whether `old` (a directory's study.json) records this study with some of its seeds: the same study,
+        built with those seeds, has `old`'s fingerprint. Its runs are then this study's runs of those seeds
+        (and its screening runs, which do not depend on the seeds), and the study may continue in place."""
+        if self.rebuild is None or not isinstance(old, dict) or old.get("name") != self.name:
+            return False
+        seeds, first = old.get("seeds"), old.get("first_seed", 0)
+        if not (isinstance(seeds, int) and isinstance(first, int) and seeds >= 1):
+            return False
+        if not (self.first_seed <= first and first + seeds <= self.first_seed + self.seeds):
+            return False
+        return self.rebuild(seeds, first).fingerprint(search) == old.get("fingerprint")
 
     def fingerprint(self, search: bool = True) -> str:
         """What identifies the study in its directory: its runs as asked for, and how they are searched."""
@@ -335,6 +350,7 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -
         first_seed,
         screen_fraction=float(fraction),
         screen_min_steps=dict(least),
+        rebuild=lambda more, first: load_study_file(path, more, first),
     )
 
 
