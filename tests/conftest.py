@@ -14,6 +14,9 @@ os.environ["HF_DATASETS_CACHE"] = os.path.join(_CACHE, "hf-datasets")
 # MLflow reads these at import: no usage reports, and no telemetry.json written under ~/.config.
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["XDG_CONFIG_HOME"] = os.path.join(_CACHE, "config")
+# The Jupyter kernels of tests/test_notebook.py: IPython's profile and the kernels' connection files.
+os.environ["IPYTHONDIR"] = os.path.join(_CACHE, "ipython")
+os.environ["JUPYTER_RUNTIME_DIR"] = os.path.join(_CACHE, "jupyter-runtime")
 # cuBLAS is deterministic only with a fixed workspace, which it reads when CUDA starts: the bit-exact tests of
 # tests/test_cuda.py need it (no effect without a GPU).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

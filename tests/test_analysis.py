@@ -6,8 +6,15 @@ import math
 import numpy as np
 import pytest
 import torch
+from matplotlib.figure import Figure
 
-from mixit.analysis.attention_maps import attention_patterns, fixed_patterns
+from mixit.analysis.attention_maps import (
+    attention_patterns,
+    fixed_patterns,
+    plot_over_time,
+    plot_pattern_grid,
+    plot_score_tables,
+)
 from mixit.analysis.induction import head_scores, icl_gap, repeated_sequences, score_patterns
 from mixit.cli import main
 from mixit.config import ModelConfig
@@ -179,6 +186,44 @@ def test_mixit_scores_read_the_fixed_matrices():
     x = torch.arange(7)
     np.testing.assert_array_equal(attention_patterns(model, x)[1], fixed[1, :, :7, :7])  # the matrices, copied
     assert fixed_patterns(Transformer(ModelConfig(vocab_size=20, n_ctx=12, d_model=16, n_heads=2))) is None
+
+
+def test_the_plots_return_their_figures_and_save_only_when_asked(tmp_path, monkeypatch):
+    """plot_pattern_grid draws each head's pattern as it is (a signed set on a map centred on 0), plot_score_tables
+    writes every score in its cell, plot_over_time draws each series; none writes a file unless given a path."""
+    monkeypatch.chdir(tmp_path)
+    patterns = hand_patterns().numpy()  # (1, 4, 12, 12)
+    grid = plot_pattern_grid(patterns, title="hand-built")
+    images = [ax.images[0] for ax in grid.axes if ax.images]  # the colour bar's axes hold no image
+    assert [image.get_array().tolist() for image in images] == [p.tolist() for p in patterns[0]]
+    assert [ax.get_title() for ax in grid.axes[:4]] == ["L0 H0", "L0 H1", "L0 H2", "L0 H3"]
+    assert images[0].get_cmap().name == "viridis" and images[0].get_clim() == (0.0, 1.0)
+    signed = plot_pattern_grid(patterns - 0.25).axes[0].images[0]  # weights in [-0.25, 0.75]
+    assert signed.get_cmap().name == "RdBu_r" and signed.get_clim() == (-0.75, 0.75)
+
+    scores = {"previous_token": [[1.0, 0.25]], "induction": [[0.5, 0.125]], "duplicate_token": [[0.0, 0.75]]}
+    tables = plot_score_tables(scores, title="hand-written")
+    axes = [ax for ax in tables.axes if ax.texts]
+    assert [ax.get_title() for ax in axes] == ["previous token", "induction", "duplicate token"]
+    assert [[t.get_text() for t in ax.texts] for ax in axes] == [["1.00", "0.25"], ["0.50", "0.12"], ["0.00", "0.75"]]
+
+    over_time = plot_over_time([1, 10, 100], {"induction": [0.1, 0.5, 0.9]}, {"test token_acc": [0.2, 0.6, 1.0]}, "t")
+    (ax,) = over_time.axes
+    assert ax.get_xscale() == "log"
+    assert [(line.get_label(), line.get_ydata().tolist()) for line in ax.lines] == [
+        ("induction", [0.1, 0.5, 0.9]),
+        ("test token acc", [0.2, 0.6, 1.0]),
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+    saved = [
+        plot_pattern_grid(patterns, tmp_path / "grid.png", "hand-built"),
+        plot_score_tables(scores, tmp_path / "tables.png", "hand-written"),
+        plot_over_time([1, 10], {"induction": [0.1, 0.5]}, {}, "t", tmp_path / "over_time.png"),
+    ]
+    assert all(isinstance(fig, Figure) for fig in saved)
+    for name in ("grid.png", "tables.png", "over_time.png"):
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
 
 TINY = [

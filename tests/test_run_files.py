@@ -2,12 +2,13 @@
 ask of a run (its state, its summary, its analysis) are answered by `Run`."""
 
 import ast
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mixit import Run, run_config
+from mixit import Run, run_config, train
 from mixit.errors import UsageError
 from mixit.run import FIGURES
 
@@ -138,3 +139,34 @@ def test_analysis_refuses_a_file_in_its_place_and_a_corrupt_file(tmp_path):
     (run.analysis.path / "signal.json").write_text("[1, 2]")
     with pytest.raises(UsageError, match="not a JSON object"):
         run.analysis.signal()
+
+
+def test_metrics_frame_is_a_row_per_event_and_a_column_per_number(tmp_path):
+    cfg = run_config(
+        "addition", "standard", {"n_digits": 2}, d_model=16, n_heads=2, n_layers=1, steps=6, eval_every=3, log_every=2
+    )
+    train(cfg, tmp_path / "r", progress=False)
+    run = Run(tmp_path / "r")
+    events, frame = run.metrics(), run.metrics_frame()
+    assert frame.columns[:2].tolist() == ["step", "event"]
+    assert frame[["step", "event"]].values.tolist() == [[e["step"], e["event"]] for e in events]
+    assert frame[frame.event == "eval"].step.tolist() == [0, 3, 6]
+    for (_, row), event in zip(frame.iterrows(), events):
+        numbers = {k: v for k, v in event.items() if k not in ("step", "event") and type(v) in (int, float)}
+        assert row[list(numbers)].tolist() == list(numbers.values())
+        assert row.drop(["step", "event", *numbers]).isna().all()  # what other kinds of event hold
+    assert {"variant", "frozen", "trainable"}.isdisjoint(frame.columns)  # the freeze report's name and lists
+
+
+def test_metrics_frame_of_a_run_without_events_or_without_a_run(tmp_path, monkeypatch):
+    Run.create(tmp_path / "r", tiny_cfg()).release()  # started: its config, no event yet
+    empty = Run(tmp_path / "r").metrics_frame()
+    assert empty.columns.tolist() == ["step", "event"] and len(empty) == 0
+    with pytest.raises(UsageError, match=r"^\S+nothing holds no mixit run \(no config.json\)$"):
+        Run(tmp_path / "nothing").metrics_frame()
+    monkeypatch.setitem(sys.modules, "pandas", None)  # how Python sees an environment without pandas
+    with pytest.raises(UsageError) as refused:
+        Run(tmp_path / "r").metrics_frame()
+    assert str(refused.value) == (
+        "a DataFrame needs pandas, which is not installed: pip install 'mixit-transformers[notebook]'"
+    )

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from matplotlib.figure import Figure
 
 from mixit.analysis.signal import Probe, pairwise_stats, plot_signal, signal_propagation, token_similarity
 from mixit.cli import main
@@ -166,10 +167,26 @@ def test_bad_inputs_are_refused(kwargs, message):
 def test_plot_signal_writes_a_png(tmp_path):
     result = signal_propagation(["standard", "mixit"], [1, 2], Probe(seeds=(0, 1), **TINY))
     path = tmp_path / "signal.png"
-    plot_signal(result, path)
+    assert isinstance(plot_signal(result, path), Figure)
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 1000
+
+
+def test_plot_signal_returns_its_figure_and_writes_nothing_unasked(tmp_path, monkeypatch):
+    """Without a path: a Figure of two panels (cosine, covariance), a line per variant through the result's means
+    at each depth, and no file anywhere."""
+    monkeypatch.chdir(tmp_path)
+    result = signal_propagation(["standard", "mixit"], [1, 2], Probe(seeds=(0, 1), **TINY))
+    fig = plot_signal(result)
+    assert isinstance(fig, Figure) and list(tmp_path.iterdir()) == []
+    assert len(fig.axes) == 2
+    for ax, key in zip(fig.axes, ("cosine", "covariance")):
+        for container, variant in zip(ax.containers, ("standard", "mixit")):
+            line = container.lines[0]  # the errorbar's line through the means
+            assert container.get_label().startswith(f"{variant} (")
+            assert line.get_xdata().tolist() == [1, 2]
+            assert line.get_ydata().tolist() == [result["results"][variant][d][key] for d in ("1", "2")]
 
 
 SMALL_CLI = [

@@ -48,7 +48,8 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from types import ModuleType
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -63,6 +64,10 @@ from mixit.models import Transformer
 from mixit.precision import Precision
 from mixit.runtime import resolve_device
 from mixit.tasks import Task
+from mixit.version import install_hint
+
+if TYPE_CHECKING:
+    import pandas
 
 CONFIG = "config.json"
 LOCK = DirectoryLock.NAME
@@ -112,6 +117,17 @@ def _fsync_dir(path: Path) -> None:
 def load_config_file(path: Path) -> RunConfig:
     """The RunConfig stored in a run's config.json, with the request it was resolved from (`read_record`)."""
     return read_record(read_json(path, "config.json"), str(path))
+
+
+def require_pandas() -> ModuleType:
+    """The pandas module, which the DataFrames of a notebook need (`Run.metrics_frame`,
+    `mixit.study.results.results_frame`); UsageError naming the install command where it is missing. Imported
+    here, not at the top: pandas is an optional dependency (the `notebook` extra)."""
+    try:
+        import pandas
+    except ImportError:
+        raise UsageError(f"a DataFrame needs pandas, which is not installed: {install_hint('notebook')}") from None
+    return pandas
 
 
 def load_request(path: str | Path) -> dict[str, Any]:
@@ -321,6 +337,19 @@ class Run:
                 raise UsageError(f"{self.metrics_path} is corrupt at line {i + 1} (no integer step >= 0)")
             events.append(event)
         return events
+
+    def metrics_frame(self) -> pandas.DataFrame:
+        """`metrics` as a pandas DataFrame: one row per event, in order, with the columns step, event and every
+        number an event holds (the freeze report's counts; a train event's loss, lr and elapsed_s; an eval
+        event's test metrics, and its validation metrics as val_<name>), NaN where an event has none. As in
+        metrics.jsonl, `loss` is the training loss on a train row and the test loss on an eval row. The freeze
+        report's lists of parameters are not numbers, and are left out (`metrics` has them). Needs pandas (the
+        `notebook` extra); a directory that holds no run is refused."""
+        pd = require_pandas()
+        if self.state() == "absent":
+            raise UsageError(f"{self.path} holds no mixit run (no {CONFIG})")
+        rows = [{k: v for k, v in e.items() if k in ("step", "event") or _is_number(v)} for e in self.metrics()]
+        return pd.DataFrame(rows, columns=list(dict.fromkeys(["step", "event", *(k for row in rows for k in row)])))
 
     def open_metrics(self, resume_step: int | None = None) -> MetricsLog:
         """The metrics log, for appending. With `resume_step`, events after that
@@ -581,6 +610,11 @@ class Analysis:
     def _write_json(self, name: str, data: dict[str, Any]) -> Path:
         write_json(self.path / name, data)
         return self.path / name
+
+
+def _is_number(value: Any) -> bool:
+    """Whether `value`, read from a run's file, is a number (an int or a float, not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _is_count(value: Any) -> bool:

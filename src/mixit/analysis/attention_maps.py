@@ -1,7 +1,10 @@
 """Attention maps: every layer's and head's pattern on one input, as arrays and a PNG grid.
 
 Figures are drawn with matplotlib's object interface (`Figure`), never
-pyplot, so no backend or global state is touched.
+pyplot, so no backend or global state is touched. Each plot function returns
+its Figure, and saves it only when given a path. pyplot does not hold such a
+Figure, so there is nothing to close: a caller that only wants the file drops
+it, and a notebook shows it (after `%matplotlib inline`).
 
 Patterns come through the model's pattern hook (`capture_patterns`), so a
 softmax head and a MixiT head are drawn by the same code. Models whose attention
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +24,9 @@ from torch import nn
 
 from mixit.models.hooks import capture_patterns
 from mixit.models.transformer import Transformer
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @torch.no_grad()
@@ -43,8 +50,10 @@ def fixed_patterns(model: Transformer) -> np.ndarray | None:
     return np.stack([m.float().cpu().numpy() for m in mats if m is not None])
 
 
-def plot_pattern_grid(patterns: np.ndarray, path: str | Path, title: str, labels: Sequence[str] | None = None) -> None:
-    """A layers x heads grid of (T, T) patterns with one shared colour bar.
+def plot_pattern_grid(
+    patterns: np.ndarray, path: str | Path | None = None, title: str = "", labels: Sequence[str] | None = None
+) -> Figure:
+    """A layers x heads grid of (T, T) patterns with one shared colour bar; saved to `path` if one is given.
 
     Non-negative patterns (softmax) use a sequential map on [0, 1]; patterns
     with negative weights (MixiT) a diverging map centred on 0.
@@ -79,11 +88,14 @@ def plot_pattern_grid(patterns: np.ndarray, path: str | Path, title: str, labels
     assert image is not None
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     fig.suptitle(title, fontsize=11)
-    fig.savefig(path, dpi=110)
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
 
 
-def plot_score_tables(scores: dict[str, list[list[float]]], path: str | Path, title: str) -> None:
-    """Heatmaps (layers x heads) of the head scores, values written in the cells."""
+def plot_score_tables(scores: dict[str, list[list[float]]], path: str | Path | None = None, title: str = "") -> Figure:
+    """Heatmaps (layers x heads) of the head scores, values written in the cells; saved to `path` if one is
+    given."""
     from matplotlib.figure import Figure
 
     keys = ["previous_token", "induction", "duplicate_token"]
@@ -110,7 +122,9 @@ def plot_score_tables(scores: dict[str, list[list[float]]], path: str | Path, ti
         ax.set_ylabel("layer")
     fig.colorbar(image, ax=axes, shrink=0.8, label="mean attention on target")
     fig.suptitle(title, fontsize=11)
-    fig.savefig(path, dpi=110)
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
 
 
 def plot_over_time(
@@ -118,10 +132,10 @@ def plot_over_time(
     scores: Mapping[str, Sequence[float]],
     metrics: Mapping[str, Sequence[float]],
     title: str,
-    path: str | Path,
-) -> None:
+    path: str | Path | None = None,
+) -> Figure:
     """Score against training step on a log-scale x axis: one solid line per score kind (`scores`), one
-    dashed line per test metric (`metrics`), on one axis (all are fractions)."""
+    dashed line per test metric (`metrics`), on one axis (all are fractions); saved to `path` if one is given."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
@@ -136,4 +150,6 @@ def plot_over_time(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
-    fig.savefig(path, dpi=110)
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig

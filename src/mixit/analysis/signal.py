@@ -9,7 +9,8 @@ vector. This module measures that for freshly initialised models:
     pairwise_stats(h)          cosine, covariance and RMS of one residual stream (B, T, d)
     token_similarity(model, x) those statistics after the embedding and after every block
     signal_propagation(...)    the same for fresh models over variants x depths x seeds (`Probe`)
-    plot_signal(result, path)  cosine and covariance against depth, one line per variant
+    plot_signal(result, path)  cosine and covariance against depth, one line per variant (a Figure; saved
+                               to `path` if one is given)
 
 Rank collapse shows as cosine -> 1 (and covariance -> 1) as depth grows.
 The paper does not give its normalisation of the covariance; ours is defined
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from mixit.freezing import VARIANTS
 from mixit.models import Transformer
 from mixit.resources import activation_bytes, check_memory, model_bytes
 from mixit.version import __version__
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # Random inputs are drawn from a generator of their own, so they do not share a
 # stream with the parameter initialisation that uses `seed` directly.
@@ -232,8 +236,9 @@ def _measure(probe: Probe, variant: str, depth: int, inputs: dict[int, torch.Ten
     return entry
 
 
-def plot_signal(result: dict[str, Any], path: str | Path) -> None:
-    """Two panels from a `signal_propagation` result: last-layer cosine and covariance against depth.
+def plot_signal(result: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """Two panels from a `signal_propagation` result: last-layer cosine and covariance against depth; saved
+    to `path` if one is given. pyplot does not hold the Figure: a caller that only wants the file drops it.
 
     One line per variant with error bars of one seed standard deviation; depth
     on a log2 axis. Variants that coincide at initialisation (standard and
@@ -286,7 +291,9 @@ def plot_signal(result: dict[str, Any], path: str | Path) -> None:
         f"n_ctx={cfg['n_ctx']}, {settings}{extra}, {len(cfg['seeds'])} seeds",
         fontsize=10,
     )
-    fig.savefig(path, dpi=110)
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
 
 
 @dataclass(frozen=True)

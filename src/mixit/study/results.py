@@ -5,8 +5,9 @@
     variant_table                   a markdown table: a row per variant, the metric, the paper's number,
                                     whether each cell converged, the settings a search chose
     reported                        the test metrics a run is reported by (at its best validation evaluation)
-    plot_curves, plot_lines         the report's figures
-    results_csv                     one row per run
+    plot_curves, plot_lines         the report's figures (each a Figure, saved if given a path; None: nothing
+                                    to plot)
+    results_csv, results_frame      one row per run: results.csv's text, or the same table as a pandas DataFrame
 
 The verdict rule that judges the paper's findings on these is `mixit.study.verdicts`.
 
@@ -22,14 +23,19 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mixit.analysis.report import summarize
 from mixit.errors import UsageError
 from mixit.files import read_json
-from mixit.run import Run
+from mixit.run import Run, require_pandas
 from mixit.study.directory import failure_record, load_study_record
 from mixit.study.executors import extra_result, run_dir, state
+
+if TYPE_CHECKING:
+    import pandas
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 HEADLINE = {  # task -> (column name, metric key, scale): the accuracy a task is judged by
     "addition": ("accuracy", "token_acc", 100),
@@ -383,18 +389,23 @@ def variant_table(
 
 
 # -- figures ---------------------------------------------------------------------------------------
+# Each returns its Figure, saved to `path` if one is given, or None when there is nothing to plot (so the report's
+# `if plot_lines(...):` reads as "if it drew one"). pyplot does not hold these figures, so nothing needs closing:
+# the report, which only wants the files, drops them.
 
 
-def _figure(width: float = 6.0, height: float = 4.0) -> Any:
+def _figure(width: float = 6.0, height: float = 4.0) -> tuple[Figure, Axes]:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), layout="constrained")
     return fig, fig.subplots()
 
 
-def plot_curves(results: Sequence[Result], table: str, task: str, path: Path, **match: Any) -> bool:
+def plot_curves(
+    results: Sequence[Result], table: str, task: str, path: str | Path | None = None, **match: Any
+) -> Figure | None:
     """Test metric against step, one line per variant: the mean over its seeds with a band from the lowest
-    to the highest (`plot_cell_curves`)."""
+    to the highest (`plot_cell_curves`); None when no run matching `table`, `task` and `match` has a curve."""
     cells: dict[str, list[Result]] = defaultdict(list)
     for r, labels in rows(results, table=table, task=task, **match):
         if r.curve:
@@ -402,25 +413,26 @@ def plot_curves(results: Sequence[Result], table: str, task: str, path: Path, **
     return plot_cell_curves(cells, task, path)
 
 
-def _finish_curves(fig: Any, ax: Any, task: str, note: str, path: Path) -> None:
+def _finish_curves(fig: Figure, ax: Axes, task: str, note: str, path: str | Path | None) -> None:
     """Label a figure of `task`'s learning curves (its headline metric against step), with `note` under the
-    title, and save it to `path`."""
+    title, and save it to `path` if one is given."""
     column = headline(task)[0]
     ax.set_xlabel("step")
     ax.set_ylabel(column + (" (%)" if column == "accuracy" else " (nats)"))
     ax.set_title(f"{task}: test {column} during training" + (f"\n{note}" if note else ""), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
+    if path is not None:
+        fig.savefig(path, dpi=100)
 
 
-def plot_cell_curves(cells: Mapping[str, Sequence[Result]], task: str, path: Path) -> bool:
+def plot_cell_curves(cells: Mapping[str, Sequence[Result]], task: str, path: str | Path | None = None) -> Figure | None:
     """Test metric against step, one line per cell: the mean over its seeds at the steps all of them evaluated,
-    with a band from the lowest seed to the highest; False, and no file, when no cell has a curve."""
+    with a band from the lowest seed to the highest; None, and no file, when no cell has a curve."""
     curves = {name: [dict(r.curve) for r in found if r.curve] for name, found in cells.items()}
     curves = {name: seeds for name, seeds in curves.items() if seeds}
     if not curves:
-        return False
+        return None
     fig, ax = _figure()
     for name, seeds in curves.items():
         steps = sorted(set.intersection(*(set(c) for c in seeds)))
@@ -433,16 +445,21 @@ def plot_cell_curves(cells: Mapping[str, Sequence[Result]], task: str, path: Pat
                 steps, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.2
             )
     _finish_curves(fig, ax, task, "mean over the (n) seeds; band: lowest to highest", path)
-    return True
+    return fig
 
 
 def plot_lines(
-    series: dict[str, dict[Any, float]], xlabel: str, ylabel: str, title: str, path: Path, log2: bool = False
-) -> bool:
-    """One line per series (x -> y); False, and no file, when every series is empty."""
+    series: dict[str, dict[Any, float]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    path: str | Path | None = None,
+    log2: bool = False,
+) -> Figure | None:
+    """One line per series (x -> y); None, and no file, when every series is empty."""
     series = {k: v for k, v in series.items() if v}
     if not series:
-        return False
+        return None
     fig, ax = _figure()
     for name, points in series.items():
         xs = sorted(points)
@@ -454,16 +471,17 @@ def plot_lines(
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
-    return True
+    if path is not None:
+        fig.savefig(path, dpi=100)
+    return fig
 
 
 # -- results.csv -----------------------------------------------------------------------------------
 
 
-def results_csv(results: Sequence[Result]) -> str:
-    """One row per run: id, state, role, labels, every config field, every test and validation metric,
-    whether it converged, and the settings a search chose."""
+def results_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """One row per run, as a mapping of column to value: id, state, role, labels, every config field (dotted
+    paths), every test and validation metric, whether it converged, and the settings a search chose."""
 
     def flat(prefix: str, d: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -499,9 +517,30 @@ def results_csv(results: Sequence[Result]) -> str:
                 "error": r.error,
             }
         )
-    fields = list(dict.fromkeys(k for row in table for k in row))
+    return table
+
+
+def _columns(table: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every column of `table`, in the order the rows first name them."""
+    return list(dict.fromkeys(k for row in table for k in row))
+
+
+def results_csv(results: Sequence[Result]) -> str:
+    """`results_rows` as CSV text: what the report writes to results.csv."""
+    table = results_rows(results)
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=fields)
+    writer = csv.DictWriter(out, fieldnames=_columns(table))
     writer.writeheader()
     writer.writerows(table)
     return out.getvalue()
+
+
+def results_frame(study_dir: str | Path) -> pandas.DataFrame:
+    """The table of results.csv as a pandas DataFrame, one row per run, read from the study's runs as they are
+    now (no report needed; a run still training has its state and no metrics).
+
+    The columns and rows are results.csv's; the values keep their Python types (a missing value is None, or
+    NaN in a numeric column) instead of CSV text. Needs pandas (the `notebook` extra)."""
+    pd = require_pandas()
+    table = results_rows(collect(Path(study_dir)).results)
+    return pd.DataFrame(table, columns=_columns(table))
