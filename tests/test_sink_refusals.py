@@ -155,6 +155,32 @@ def test_a_resume_checks_the_run_s_own_sink_directories_and_mlflow_store(run, ca
     refused(capsys, [*resume, "--logger", "mlflow"], run, f"no server answers at {closed_url}", "tracking.json")
 
 
+@pytest.mark.parametrize(
+    "option, value, why",
+    [
+        ("--tracking-project", "team/mixit", "it holds /; give 1 to 128 printable characters, none of / \\ # ? % :"),
+        ("--tracking-project", "a:b", "it holds :"),
+        ("--tracking-project", "", "it is blank"),
+        ("--tracking-project", "p" * 129, "it is 129 characters long"),
+        ("--tracking-name", "  ", "it is blank; give 1 to 128 printable characters"),
+        ("--tracking-name", "two\nlines", "it holds \\n"),
+    ],
+)
+def test_a_bad_tracking_project_or_name_is_refused_before_anything_is_written(
+    run, tmp_path, capsys, option, value, why
+):
+    """By every command that takes them, in one line naming the option, before the sinks are checked: train,
+    reproduce (whose workers get them as checked), export-logs."""
+    wanted = f"{option} {value!r}: {why}"
+    out = tmp_path / "new"
+    refused(capsys, ["train", *TRAIN, "--logger", "tensorboard", option, value, "--out", str(out)], out, wanted)
+    (tmp_path / "s.toml").write_text(STUDY_FILE)
+    study = tmp_path / "study"
+    argv = ["reproduce", "--study", str(tmp_path / "s.toml"), "--out", str(study), "--logger", "tensorboard"]
+    refused(capsys, [*argv, option, value], study, wanted)
+    refused(capsys, ["export-logs", str(run), "--to", "tensorboard", option, value], run, wanted)
+
+
 # -- export-logs ------------------------------------------------------------------------------
 
 

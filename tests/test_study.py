@@ -3,10 +3,12 @@
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -99,6 +101,110 @@ def test_a_study_file_is_a_grid(tmp_path):
     path.write_text(STUDY_FILE.replace('variant = ["standard", "mixit"]', 'variant = ["standard", "nope"]'))
     with pytest.raises(UsageError, match="unknown variant 'nope'"):
         plan(load_study_file(path).specs)
+
+
+FULL_TOML = """
+name = "full"
+description = "every key"
+seeds = 2
+analyze = true
+screen_fraction = 0.5
+[base]
+task = "addition"
+task_params = {n_digits = 2}
+model = {d_model = 16, n_layers = 1}
+train = {steps = 40, batch_size = 16, lr = 1e-3}
+test_size = 40
+[grid]
+variant = ["standard", "mixit"]
+"model.n_heads" = [1, 2]
+[search]
+"train.lr" = [1e-3, 3e-3]
+[screen_min_steps]
+addition = 15
+"""
+
+FULL_YAML = """
+name: full
+description: every key
+seeds: 2
+analyze: true
+screen_fraction: 0.5
+base:
+  task: addition
+  task_params: {n_digits: 2}
+  model: {d_model: 16, n_layers: 1}
+  train: {steps: 40, batch_size: 16, lr: 1e-3}   # an exponent: a number, as in TOML
+  test_size: 40
+grid:
+  variant: [standard, mixit]
+  model.n_heads: [1, 2]
+search:
+  train.lr: [1e-3, 3e-3]
+screen_min_steps:
+  addition: 15
+"""
+
+
+def test_a_yaml_study_file_is_the_study_its_toml_twin_is(tmp_path):
+    from mixit.study import planned_runs
+
+    (tmp_path / "full.toml").write_text(FULL_TOML)
+    (tmp_path / "full.yml").write_text(FULL_YAML)
+    toml, yaml = load_study_file(tmp_path / "full.toml"), load_study_file(tmp_path / "full.yml")
+    assert yaml == toml and len(toml.specs) == 2 * 2 * 2  # variants x heads x seeds
+    assert yaml.specs[0].request["train"]["lr"] == 1e-3 and yaml.screen_min_steps == {"addition": 15}
+    assert all(s.analyze for s in yaml.specs)
+    assert yaml.fingerprint() == toml.fingerprint() and yaml.fingerprint(search=False) == toml.fingerprint(False)
+    assert [p.id for p in planned_runs(yaml)] == [p.id for p in planned_runs(toml)]  # screening runs included
+    assert yaml.rebuild(3, 1) == toml.rebuild(3, 1)  # a study grows alike in either format
+
+
+@pytest.mark.parametrize(
+    "name, text, wanted",
+    [
+        (
+            "s.yaml",
+            "name: x\ngrid: [unclosed\n",
+            "cannot be parsed: while parsing a flow sequence: expected ',' or ']'",
+        ),
+        ("s.yml", "name: x\nname: y\n", "cannot be parsed: key 'name' is given twice (at line 2, column 1)"),
+        ("s.yaml", "grid:\n  1: [a]\n", "cannot be parsed: key 1 is not a string (at line 2, column 3)"),
+        ("s.yaml", "- name\n- grid\n", "must hold a mapping of keys (name, base, grid, ...), got list"),
+        ("s.yaml", "name: x\nanalyze: maybe\n", ": analyze must be true or false"),
+        ("s.toml", 'name = "x"\nanalyze = "maybe"\n', ": analyze must be true or false"),
+        ("s.YAML", "gird: {variant: [mixit]}\n", ": unknown key(s) gird; allowed: name, description, seeds, base"),
+        ("s.yaml", b"name: \xff\n", "cannot be parsed: 'utf-8' codec can't decode byte 0xff"),
+    ],
+)
+def test_a_bad_study_file_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, name, text, wanted):
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert main(["reproduce", "--study", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mixit reproduce: error: study file {path}") and err.count("\n") == 1, err
+    assert wanted in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_examples_of_the_study_files_page_load_and_resolve(tmp_path):
+    """Every TOML and YAML example of docs/studies.md is a study whose runs resolve; examples of one name (a TOML
+    file and its YAML twin) are the same study."""
+    from mixit.study import planned_runs
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "studies.md").read_text()
+    blocks = re.findall(r"```(toml|yaml)\n(.*?)```", text, re.S)
+    studies = {}
+    for i, (kind, body) in enumerate(blocks):
+        path = tmp_path / f"example{i}.{kind}"
+        path.write_text(body)
+        study = load_study_file(path)
+        assert planned_runs(study), path  # every run resolved, screening runs included
+        studies.setdefault(study.name, []).append(study)
+    assert sorted(studies) == ["heads", "induction-heads", "variants"]
+    for name, same in studies.items():
+        assert all(s == same[0] and s.fingerprint() == same[0].fingerprint() for s in same), name
+    assert [len(s) for s in studies.values()] == [2, 2, 1] and len(studies["variants"][0].specs) == 12
 
 
 def test_the_presets_plan_every_table():

@@ -1,6 +1,7 @@
 """Tracking sinks (docs/tracking.md): what TensorBoard, W&B, MLflow and trackio are sent equals metrics.jsonl,
 every point once after a resume; a sink changes no config or run id; a missing package is refused in one line;
-a failing sink never stops training; export-logs sends the runs trained without a sink."""
+a failing sink never stops training; export-logs sends the runs trained without a sink; --tracking-project and
+--tracking-name name the runs, a study's runs are named readably; TensorBoard's HParams tab compares runs."""
 
 import json
 import os
@@ -46,6 +47,18 @@ variant = ["standard", "mixit"]
 """
 
 
+SEARCHED_STUDY_FILE = (
+    STUDY_FILE
+    + """
+[search]
+"train.lr" = [1e-3, 1e-2]
+"""
+)
+
+TRAIN_ARGS = ["--task", "addition", "-p", "n_digits=2", "--d-model", "16", "--n-heads", "2", "--n-layers", "1"]
+TRAIN_ARGS += ["--steps", "4", "--batch-size", "8", "--test-size", "20", "--no-progress"]
+
+
 def tiny_cfg(**kw):
     return run_config("addition", "standard", {"n_digits": 2}, **{**TINY, **kw})
 
@@ -87,6 +100,21 @@ def tensorboard_scalars(run_dir):
     reader = EventAccumulator(str(Path(run_dir) / "tensorboard"))
     reader.Reload()
     return {tag: [(e.step, e.value) for e in reader.Scalars(tag)] for tag in reader.Tags()["scalars"]}
+
+
+def tensorboard_reader(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    reader = EventAccumulator(str(Path(run_dir) / "tensorboard"))
+    reader.Reload()
+    return reader
+
+
+def tensorboard_text(run_dir, name):
+    """The text TensorBoard holds under `name` (config, tags) at step 0."""
+    (event,) = tensorboard_reader(run_dir).Tensors(f"{name}/text_summary")
+    assert event.step == 0
+    return event.tensor_proto.string_val[0].decode()
 
 
 def assert_same_points(got, want, resumed_in_place=False):
@@ -225,14 +253,16 @@ def test_a_study_groups_its_runs_and_keeps_its_ids(tmp_path, mlflow_uri, capsys)
     client = MlflowClient(mlflow_uri)
     experiment = client.get_experiment_by_name("tiny")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert sorted(runs) == sorted(r["id"] for r in logged)
+    names = {entry["id"]: f"addition-{entry['config']['variant']}-seed0-{entry['id']}" for entry in logged}
+    assert sorted(runs) == sorted(names.values())  # readable, then the run id (study.json's, the directory's)
     for entry in logged:
         run_dir = tmp_path / "logged" / "runs" / entry["id"]
         plain = tmp_path / "plain" / "runs" / entry["id"]
         assert (run_dir / "config.json").read_bytes() == (plain / "config.json").read_bytes()
         variant = entry["config"]["variant"]
-        tags = {"task": "addition", "variant": variant, "seed": "0", "role": "final"}
-        assert {k: runs[entry["id"]].data.tags[k] for k in tags} == tags
+        tags = {"task": "addition", "variant": variant, "seed": "0", "role": "final", "study": "tiny"}
+        assert {k: runs[names[entry["id"]]].data.tags[k] for k in tags} == tags
+        assert tensorboard_text(run_dir, "tags").startswith(f"name={names[entry['id']]}, group=tiny, task=addition")
         assert split_summary(tensorboard_scalars(run_dir))[0].keys() == expected(run_dir).keys()
     # export-logs of a study made without a sink groups its runs alike
     assert main(["export-logs", str(tmp_path / "plain"), "--to", "mlflow"]) == 0
@@ -392,3 +422,150 @@ def test_trackio_holds_every_point_once_after_a_resume(tmp_path):
             if name not in ("step", "timestamp") and not name.startswith("summary/"):
                 got[name].append((row["step"], value))
     assert_same_points(dict(got), expected(tmp_path / "run"), resumed_in_place=True)
+
+
+# -- names and projects -------------------------------------------------------------------------
+
+
+def test_the_options_name_the_project_and_the_run_and_the_environment_names_the_project_without_them(
+    tmp_path, monkeypatch, mlflow_uri, wandb_offline
+):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
+    train_args = ["train", *TRAIN_ARGS, "--logger", "tensorboard,wandb,mlflow"]
+    assert main([*train_args, "--out", str(tmp_path / "plain")]) == 0
+    named = ["--tracking-project", "proj", "--tracking-name", "first try"]
+    assert main([*train_args, *named, "--out", str(tmp_path / "named")]) == 0
+    client = MlflowClient(mlflow_uri)
+    for out, project, name in ((tmp_path / "plain", "from-env", "plain"), (tmp_path / "named", "proj", "first try")):
+        held = Run.open(out).tracking()
+        run = client.get_run(held["mlflow"]["run_id"])
+        assert (client.get_experiment(run.info.experiment_id).name, run.info.run_name) == (project, name)
+        (started,) = [r.run for r in wandb_records(out) if r.WhichOneof("record_type") == "run"]
+        assert (started.project, started.display_name, held["wandb"]["project"]) == (project, name, project)
+        about = "name=first try, project=proj, " if name == "first try" else "name=plain, "
+        assert tensorboard_text(out, "tags") == about + "task=addition, variant=standard, seed=0"
+    # Names are no part of the run: the same config, the same id.
+    assert (tmp_path / "plain" / "config.json").read_bytes() == (tmp_path / "named" / "config.json").read_bytes()
+
+
+TRACKIO_NAMED_SCRIPT = """
+import json, sys
+from mixit import run_config, train
+from trackio.sqlite_storage import SQLiteStorage
+cfg = run_config("addition", "standard", {"n_digits": 2}, **json.loads(sys.argv[2]))
+train(cfg, sys.argv[1], progress=False, logger=["trackio"], tracking_project="proj", tracking_name="named")
+print(json.dumps([len(SQLiteStorage.get_logs("proj", "named")), len(SQLiteStorage.get_logs("mixit", "named"))]))
+"""
+
+
+def test_trackio_takes_the_project_and_the_name(tmp_path):
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
+    result = subprocess.run(
+        [sys.executable, "-c", TRACKIO_NAMED_SCRIPT, str(tmp_path / "run"), json.dumps(TINY)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    in_project, in_default = json.loads(result.stdout.splitlines()[-1])
+    assert in_project == len(Run.open(tmp_path / "run").metrics()) + 1 and in_default == 0  # every event, the summary
+    assert Run.open(tmp_path / "run").tracking()["trackio"] | {"events": 0} == {
+        "project": "proj",
+        "name": "named",
+        "events": 0,
+    }
+
+
+def test_a_study_in_worker_processes_names_its_runs_readably_under_the_project_and_prefix(tmp_path, mlflow_uri):
+    """A searched study on a pool of two workers: every run is named PREFIX-task-variant-seedN-ID (a screening
+    run PREFIX-task-variant-screen-ID) in the experiment --tracking-project names, tagged with its study; its id
+    and directory stay the id."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_uri)
+    client.search_experiments()  # the store's tables made here: two workers making them at once collide in MLflow
+    (tmp_path / "s.toml").write_text(SEARCHED_STUDY_FILE)
+    argv = ["reproduce", "--study", str(tmp_path / "s.toml"), "--out", str(tmp_path / "study"), "--no-progress"]
+    argv += ["--executor", "local", "--workers", "2", "--threads", "1", "--logger", "mlflow"]
+    assert main([*argv, "--tracking-project", "searched", "--tracking-name", "trial"]) == 0
+    record = json.loads((tmp_path / "study" / "study.json").read_text())["runs"]
+    assert {r["role"] for r in record} == {"final", "screen"}
+    held = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("searched").experiment_id])}
+    want = {}
+    for entry in record:
+        assert Run.open(tmp_path / "study" / "runs" / entry["id"]).state() == "done"
+        marked = "screen" if entry["role"] == "screen" else f"seed{entry['config']['model']['seed']}"
+        want[f"trial-addition-{entry['config']['variant']}-{marked}-{entry['id']}"] = entry["role"]
+    assert {name: run.data.tags["role"] for name, run in held.items()} == want
+    assert {run.data.tags["study"] for run in held.values()} == {"tiny"}
+
+
+# -- the HParams tab -----------------------------------------------------------------------------
+
+
+def flattened(config, prefix=""):
+    """A nested config as {dotted.key: value}, by hand."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat.update(flattened(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def session_groups(logdir):
+    """TensorBoard's HParams tab, as its backend lists it: {run: (hparams, {metric: value})}, one row per run."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
+    tb = base_plugin.TBContext(logdir=str(logdir), multiplexer=multiplexer, data_provider=provider)
+    request = api_pb2.ListSessionGroupsRequest(start_index=0, slice_size=100, allowed_statuses=[api_pb2.STATUS_SUCCESS])
+    response = list_session_groups.Handler(context.RequestContext(), backend_context.Context(tb), "", request).run()
+    return {
+        group.name: (dict(group.hparams), {m.name.tag: m.value for m in group.metric_values})
+        for group in response.session_groups
+    }
+
+
+def test_tensorboard_hparams_hold_each_runs_config_and_the_tab_compares_runs(tmp_path):
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+
+    for variant, lr in (("standard", 3e-3), ("mixit", 1e-2)):
+        cfg = run_config("addition", variant, {"n_digits": 2}, **{**TINY, "lr": lr})
+        train(cfg, tmp_path / "runs" / variant, progress=False, logger=["tensorboard"])
+    for variant, lr in (("standard", 3e-3), ("mixit", 1e-2)):
+        run_dir = tmp_path / "runs" / variant
+        content = tensorboard_reader(run_dir).PluginTagToContent("hparams")
+        start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+        end = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_end_info"])
+        assert end.session_end_info.status == api_pb2.STATUS_SUCCESS
+        got = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.session_start_info.hparams.items()}
+        config = flattened(Run.open(run_dir).config.to_dict())
+        assert got == {k: v for k, v in config.items() if v is not None}  # the whole config, null left out
+        assert {k: got[k] for k in ("task", "variant", "train.lr", "model.d_model", "model.n_heads", "model.seed")} == {
+            "task": "addition",
+            "variant": variant,
+            "train.lr": lr,
+            "model.d_model": 16,
+            "model.n_heads": 2,
+            "model.seed": 0,
+        }
+    # The HParams tab: one row per run, its config beside its final metrics.
+    rows = session_groups(tmp_path / "runs")
+    assert sorted(rows) == ["mixit/tensorboard", "standard/tensorboard"]
+    for variant, lr in (("standard", 3e-3), ("mixit", 1e-2)):
+        hparams, metrics = rows[f"{variant}/tensorboard"]
+        assert (hparams["variant"].string_value, hparams["train.lr"].number_value) == (variant, lr)
+        summary = Run.open(tmp_path / "runs" / variant).summary()
+        assert_close(metrics["summary/test/exact_match"], summary["test"]["exact_match"], dtype=torch.float32)
+        assert metrics["summary/steps_trained"] == 10

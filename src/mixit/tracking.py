@@ -9,9 +9,10 @@ metrics.jsonl stays the record; a sink receives the same events, from rank 0 onl
 train/lr and train/elapsed_s, each evaluation as test/<metric> and val/<metric>; and once the run is
 done its summary (`summary_points`) as summary/test/<metric>, summary/val/<metric>, summary/n_params,
 summary/n_trainable, summary/steps_trained, summary/converged and summary/stopped_early. The resolved
-config goes with the run (W&B and trackio config, MLflow params, TensorBoard text), and so do its name,
-group and tags (`Grouping`). Which sinks a session uses changes no result: it is no part of config.json
-or of a run id.
+config goes with the run (W&B and trackio config, MLflow params, TensorBoard text and hparams), and so do its
+name, project, group and tags (`Grouping`; the project and name a user chose, --tracking-project and
+--tracking-name, are a `Naming`). Which sinks a session uses, and how it names the runs, changes no result: it
+is no part of config.json or of a run id.
 
 What a sink holds of a run is recorded in the run's tracking.json (`Run.tracking`): for each sink, what
 identifies the run there (W&B's id, MLflow's run id and tracking URI, trackio's project and name) and how
@@ -60,8 +61,16 @@ Sink = Literal["tensorboard", "wandb", "mlflow", "trackio"]
 SINKS: tuple[str, ...] = get_args(Sink)
 
 DEFAULT_PROJECT = "mixit"
-"""W&B's project (unless WANDB_PROJECT says), MLflow's experiment for a run of no study (unless
-MLFLOW_EXPERIMENT_NAME says), and trackio's project."""
+"""W&B's project (unless --tracking-project or WANDB_PROJECT says), MLflow's experiment for a run of no study
+(unless --tracking-project or MLFLOW_EXPERIMENT_NAME says), and trackio's project (unless --tracking-project
+says)."""
+
+NAME_MAX = 128
+"""The longest project or run name a user may give: W&B's limit for a project."""
+
+PROJECT_FORBIDDEN = "/\\#?%:"
+"""What a project's name may not hold: the characters W&B refuses in one (trackio makes a file of it, which
+takes no / either)."""
 
 
 REACH_TIMEOUT_S = 2.5
@@ -123,25 +132,72 @@ def check_reachable(url: str, setting: str) -> None:
 
 
 @dataclass(frozen=True)
+class Naming:
+    """The project and name a user gives the runs in the sinks (--tracking-project, --tracking-name); None: the
+    defaults (docs/tracking.md, "Names and projects"). Checked at construction, before any work: a bad value is
+    refused in one line naming the option."""
+
+    project: str | None = None
+    """W&B's project, MLflow's experiment, trackio's project (TensorBoard has none: noted in its tags text)."""
+    name: str | None = None
+    """A run's name; for a study, the prefix of each of its runs' names."""
+
+    def __post_init__(self) -> None:
+        for option, value, forbidden in (
+            ("--tracking-project", self.project, PROJECT_FORBIDDEN),
+            ("--tracking-name", self.name, ""),
+        ):
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise UsageError(f"{option} must be a string, got {value!r}")
+            held = sorted({repr(c)[1:-1] for c in value if c in forbidden or not c.isprintable()})
+            why = (
+                f"it holds {' '.join(held)}" if held
+                else "it is blank" if not value.strip()
+                else f"it is {len(value)} characters long" if len(value) > NAME_MAX
+                else None
+            )  # fmt: skip
+            if why is not None:
+                refused = f", none of {' '.join(forbidden)}" if forbidden else ""
+                raise UsageError(f"{option} {value!r}: {why}; give 1 to {NAME_MAX} printable characters{refused}")
+
+
+@dataclass(frozen=True)
 class Grouping:
     """How a run is named, grouped and tagged in the sinks; plain data, so that it travels to a study's workers."""
 
     name: str
-    """The run's name: its directory's name (a study's run: its id)."""
+    """The run's name: --tracking-name, else its directory's name (a study's run: `study_run_name`)."""
     group: str | None = None
-    """The study it belongs to: W&B's and trackio's group, MLflow's experiment; None for a run of its own."""
+    """The study it belongs to: W&B's and trackio's group, MLflow's tag study and its experiment (unless `project`
+    is given); None for a run of its own."""
     tags: Mapping[str, str] = field(default_factory=dict)
     """task, variant and seed, and a study run's role (final or screen): MLflow's tags, W&B's as key=value."""
+    project: str | None = None
+    """--tracking-project: W&B's and trackio's project, MLflow's experiment; None: each sink's default."""
 
 
-def run_grouping(run_dir: str | Path, cfg: RunConfig) -> Grouping:
-    """A run of its own: named after its directory, tagged with its task, variant and seed."""
-    return Grouping(Path(run_dir).resolve().name, None, _tags(cfg))
+def run_grouping(run_dir: str | Path, cfg: RunConfig, naming: Naming = Naming()) -> Grouping:
+    """A run of its own: named `naming.name`, else after its directory; tagged with its task, variant and seed."""
+    return Grouping(naming.name or Path(run_dir).resolve().name, None, _tags(cfg), naming.project)
 
 
-def study_grouping(study: str, run_id: str, cfg: RunConfig, role: str) -> Grouping:
-    """A run of the study `study`: named by its id, grouped under the study, tagged with its role too."""
-    return Grouping(run_id, study, {**_tags(cfg), "role": role})
+def study_grouping(study: str, run_id: str, cfg: RunConfig, role: str, naming: Naming = Naming()) -> Grouping:
+    """A run of the study `study`: named readably (`study_run_name`, after the prefix `naming.name`), grouped under
+    the study, tagged with its role too."""
+    name = study_run_name(run_id, cfg, role)
+    return Grouping(
+        f"{naming.name}-{name}" if naming.name else name, study, {**_tags(cfg), "role": role}, naming.project
+    )
+
+
+def study_run_name(run_id: str, cfg: RunConfig, role: str) -> str:
+    """A study's run as the sinks name it, readable first and unique by its id: addition-mixit-seed0-1a2b3c4d5e6f;
+    a screening run (of the search's own seed) addition-mixit-screen-1a2b3c4d5e6f. Only the name changes: the
+    run's id and directory are its id."""
+    marked = "screen" if role == "screen" else f"seed{cfg.model.seed}"
+    return "-".join([cfg.task, cfg.variant, marked, run_id])
 
 
 def _tags(cfg: RunConfig) -> dict[str, str]:
@@ -220,8 +276,10 @@ class SinkWriter(Protocol):
 
 
 class TensorBoard:
-    """Event files in RUN/tensorboard/ (`Run.tensorboard_dir`): ``tensorboard --logdir runs/`` shows every run.
-    The config and tags are text at step 0; the summary, scalars at the last step."""
+    """Event files in RUN/tensorboard/ (`Run.tensorboard_dir`): ``tensorboard --logdir runs/`` shows every run,
+    named by its directory (TensorBoard has no run names and no projects: the name and project are noted in the
+    tags text). The config and tags are text at step 0; the summary, scalars at the last step, beside the run's
+    hparams (`hparams`) for the HParams tab."""
 
     name = "tensorboard"
     purges = True
@@ -238,9 +296,11 @@ class TensorBoard:
         if held is None and run.tensorboard_events():  # files of a session that died before it was recorded
             purge_step = 0
         self.writer = SummaryWriter(str(run.tensorboard_dir), purge_step=purge_step)
+        self.hparams = hparams(run.config.to_dict(), grouping)
         if held is None:
             self.writer.add_text("config", _code_block(json.dumps(run.config.to_dict(), indent=2)), 0)
-            about = {"group": grouping.group, **grouping.tags} if grouping.group else dict(grouping.tags)
+            named = {"name": grouping.name, "project": grouping.project, "group": grouping.group}
+            about = {**{k: v for k, v in named.items() if v}, **grouping.tags}
             self.writer.add_text("tags", ", ".join(f"{k}={v}" for k, v in about.items()), 0)
         return {}
 
@@ -250,7 +310,19 @@ class TensorBoard:
         self.writer.flush()
 
     def summary(self, step: int, values: Mapping[str, float]) -> None:
+        """The summary as scalars, then the run's hparams: TensorBoard's HParams tab shows each run's config
+        beside the last value of each of its scalars (summary/...: its final metrics). The experiment summary
+        that torch's `add_hparams` writes too is left out: TensorBoard takes one run's for every run, whose
+        config keys may differ (another task's parameters); without it, it takes the union of every run's."""
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
         self.log(step, values)
+        events = self.writer.file_writer  # the run's event file, which `log` has just written to
+        assert events is not None
+        _, start, end = hparams_summaries(self.hparams, {})  # its metrics: the run's scalars
+        for part in (start, end):
+            events.add_summary(part, step)
+        self.writer.flush()
 
     def close(self, completed: bool) -> None:
         self.writer.close()
@@ -259,7 +331,7 @@ class TensorBoard:
 class Wandb:
     """A W&B run whose local files are in RUN/wandb/, resumed by its id (resume="allow"). Mode, entity and the
     rest come from W&B's own environment variables (WANDB_MODE=offline, WANDB_ENTITY, ...); the project from
-    WANDB_PROJECT, else "mixit". Tags are key=value."""
+    --tracking-project, else WANDB_PROJECT, else "mixit". Tags are key=value."""
 
     name = "wandb"
     purges = False
@@ -281,7 +353,7 @@ class Wandb:
     ) -> dict[str, Any]:
         wandb = importlib.import_module("wandb")
         run_id = held["id"] if held else secrets.token_hex(6)
-        project = held["project"] if held else os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
+        project = held["project"] if held else grouping.project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
         self.run = wandb.init(
             id=run_id,
             project=project,
@@ -307,8 +379,9 @@ class Wandb:
 
 class Mlflow:
     """An MLflow run, through MlflowClient (no active run is set): the tracking URI from MLFLOW_TRACKING_URI or
-    MLflow's default (recorded, so that a resumed run goes on in the same store), the experiment the study's
-    name, or MLFLOW_EXPERIMENT_NAME, or "mixit"; the config as params (dotted paths), the tags as tags."""
+    MLflow's default (recorded, so that a resumed run goes on in the same store), the experiment
+    --tracking-project, else the study's name, else MLFLOW_EXPERIMENT_NAME, else "mixit"; the config as params
+    (dotted paths), the tags as tags (and a study's run tagged study=NAME)."""
 
     name = "mlflow"
     purges = False
@@ -347,15 +420,29 @@ class Mlflow:
             self.run_id = held["run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
             return {"run_id": self.run_id, "tracking_uri": uri}
-        name = grouping.group or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
-        experiment = self.client.get_experiment_by_name(name)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-        created = self.client.create_run(experiment_id, run_name=grouping.name, tags=dict(grouping.tags))
+        name = grouping.project or grouping.group or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
+        tags = {**grouping.tags, **({"study": grouping.group} if grouping.group else {})}
+        created = self.client.create_run(self._experiment(name), run_name=grouping.name, tags=tags)
         self.run_id = created.info.run_id
-        params = [mlflow.entities.Param(k, v) for k, v in _flat(run.config.to_dict()).items()]
+        params = [mlflow.entities.Param(k, _text(v)) for k, v in _flat(run.config.to_dict()).items()]
         for i in range(0, len(params), self.MAX_BATCH):
             self.client.log_batch(self.run_id, params=params[i : i + self.MAX_BATCH])
         return {"run_id": self.run_id, "tracking_uri": uri}
+
+    def _experiment(self, name: str) -> str:
+        """The id of the experiment `name`, made if there is none. Two runs of a study, in two workers, may both
+        find none and make it: the second to make it takes the first's."""
+        refused = importlib.import_module("mlflow").exceptions.MlflowException
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return cast(str, found.experiment_id)
+        try:
+            return cast(str, self.client.create_experiment(name))
+        except refused:
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return cast(str, found.experiment_id)
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         metric = importlib.import_module("mlflow").entities.Metric
@@ -371,8 +458,8 @@ class Mlflow:
 
 class Trackio:
     """A trackio run in trackio's local store (TRACKIO_DIR, by default ~/.cache/huggingface/trackio; `trackio show`
-    opens it), project "mixit", grouped by study; continued by its name (resume="allow"). trackio has no tags; its
-    config holds the task, variant and seed. What trackio prints goes to stderr."""
+    opens it), project --tracking-project, else "mixit", grouped by study; continued by its name (resume="allow").
+    trackio has no tags; its config holds the task, variant and seed. What trackio prints goes to stderr."""
 
     name = "trackio"
     purges = False
@@ -387,7 +474,9 @@ class Trackio:
         self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
     ) -> dict[str, Any]:
         trackio = importlib.import_module("trackio")
-        project, name = (held["project"], held["name"]) if held else (DEFAULT_PROJECT, grouping.name)
+        project, name = (
+            (held["project"], held["name"]) if held else (grouping.project or DEFAULT_PROJECT, grouping.name)
+        )
         with contextlib.redirect_stdout(sys.stderr):
             self.run = trackio.init(
                 project=project,
@@ -452,15 +541,31 @@ def _code_block(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
-def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """A nested config as dotted keys and string values (MLflow's params)."""
+def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys (model.d_model) and the values at its leaves."""
     flat = {}
     for key, value in config.items():
         if isinstance(value, Mapping) and value:
             flat.update(_flat(value, f"{prefix}{key}."))
         else:
-            flat[f"{prefix}{key}"] = value if isinstance(value, str) else json.dumps(value)
+            flat[f"{prefix}{key}"] = value
     return flat
+
+
+def _text(value: Any) -> str:
+    """A config value as MLflow's params hold it: a string as it is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def hparams(config: Mapping[str, Any], grouping: Grouping) -> dict[str, Any]:
+    """A run's hyperparameters as TensorBoard's HParams tab compares them: its config flattened (task, variant,
+    model.d_model, train.lr, task_params.n_digits, ...; a number, string or bool as it is, null left out, a list
+    as JSON), and a study's run's study and role."""
+    values = {
+        k: v if v is None or isinstance(v, (str, int, float)) else json.dumps(v) for k, v in _flat(config).items()
+    }
+    study = {"study": grouping.group, "role": grouping.tags.get("role")} if grouping.group else {}
+    return {k: v for k, v in {**values, **study}.items() if v is not None}
 
 
 # -- the tracker ----------------------------------------------------------------------------

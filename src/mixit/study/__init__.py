@@ -36,7 +36,7 @@ from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
 from mixit.study.search import apply, plan_study, upper_bound
 from mixit.study.spec import PlannedRun, Study, load_study_file, merge_planned, plan
-from mixit.tracking import SINKS, Sink, check_export, check_sinks, export_run, run_grouping, study_grouping
+from mixit.tracking import SINKS, Naming, Sink, check_export, check_sinks, export_run, run_grouping, study_grouping
 
 __all__ = [
     "ReproduceOptions",
@@ -129,7 +129,8 @@ class ReproduceOptions:
     cores), gpu (one GPU in about an hour) or paper (the paper's scales and the reference recipes, for
     clusters)."""
     study: Path | None = None
-    """A TOML study file of your own instead of the paper's comparison."""
+    """A study file of your own (TOML, or YAML if it ends in .yaml or .yml: docs/studies.md) instead of the
+    paper's comparison."""
     seeds: int = 1
     """Seeds per cell (seed s sets the model's seed and the data seed)."""
     first_seed: int = 0
@@ -165,6 +166,12 @@ class ReproduceOptions:
     logger: tuple[Sink, ...] = ()
     """Tracking sinks that every run's metrics and summary go to as well, any of tensorboard, wandb, mlflow and
     trackio, grouped under the study's name and tagged with task, variant, seed and role (docs/tracking.md)."""
+    tracking_project: str | None = None
+    """The W&B project, MLflow experiment and trackio project of every run (TensorBoard has none); null means
+    WANDB_PROJECT for W&B if set, the study's name for MLflow, else mixit."""
+    tracking_name: str | None = None
+    """A prefix of every run's name in the tracking sinks, which is task-variant-seedN-ID after it (ID the run's
+    id; a screening run's is task-variant-screen-ID); null means no prefix."""
 
     def pool(self) -> Pool:
         """Where the runs execute: the executor, the local pool, and the Slurm jobs' parameters."""
@@ -179,10 +186,13 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
         return {"listing": list_studies(options.seeds)}
     seeds = options.seeds
     check(isinstance(seeds, int) and seeds >= 1, f"seeds must be a positive integer, got {seeds}")
+    naming = Naming(options.tracking_project, options.tracking_name)
     chosen = _study(options.preset, options.study, seeds, options.first_seed)
     out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
     start = time.perf_counter()
-    tally = execute(chosen, out, options.pool(), options.retry_failed, options.progress, options.search, options.logger)
+    tally = execute(
+        chosen, out, options.pool(), options.retry_failed, options.progress, options.search, options.logger, naming
+    )
     report = write_report(out)
     return {"tally": tally, "report": report, "seconds": time.perf_counter() - start, "text": format_checks(report)}
 
@@ -197,7 +207,12 @@ def report(study_dir: Path) -> dict[str, Any]:
     return {"report": result, "text": format_checks(result)}
 
 
-def export_logs(directory: Path, to: Sequence[Sink] = ("tensorboard",)) -> dict[str, Any]:
+def export_logs(
+    directory: Path,
+    to: Sequence[Sink] = ("tensorboard",),
+    tracking_project: str | None = None,
+    tracking_name: str | None = None,
+) -> dict[str, Any]:
     """Send the logs of a run trained without a tracking sink, or of every run of a study, to tracking sinks.
 
     Each run's metrics.jsonl and summary go to the sinks as `mixit train --logger` would have sent them (a study's
@@ -207,21 +222,28 @@ def export_logs(directory: Path, to: Sequence[Sink] = ("tensorboard",)) -> dict[
     Args:
         directory: A run directory, or a study directory (every run it has started).
         to: The tracking sinks, any of tensorboard, wandb, mlflow and trackio.
+        tracking_project: The W&B project, MLflow experiment and trackio project of the runs (TensorBoard has
+            none); null means WANDB_PROJECT for W&B if set, the study's name or MLFLOW_EXPERIMENT_NAME for
+            MLflow, else mixit.
+        tracking_name: The run's name in the sinks, or for a study the prefix of each run's name; null means the
+            run directory's name (a study's run: task-variant-seedN-ID).
     """
+    naming = Naming(tracking_project, tracking_name)
     sinks = check_sinks(to, "--to")
     if not sinks:
         raise UsageError(f"--to names no sink; give one or more of {', '.join(SINKS)}")
     directory = Path(directory)
     if Run(directory).state() != "absent":
         run = Run.open(directory)
-        runs = [(run, run_grouping(directory, run.config))]
+        runs = [(run, run_grouping(directory, run.config, naming))]
     elif (directory / RECORD).exists():
         record = load_study_record(directory)
         runs = []
         for entry in record["runs"]:
             if Run(run_dir(directory, entry["id"])).state() != "absent":
                 run = Run.open(run_dir(directory, entry["id"]))
-                runs.append((run, study_grouping(record["name"], entry["id"], run.config, entry.get("role", "final"))))
+                role = entry.get("role", "final")
+                runs.append((run, study_grouping(record["name"], entry["id"], run.config, role, naming)))
     else:
         raise UsageError(f"{directory} holds no mixit run and no study")
     logs = [check_export(run, sinks) for run, _ in runs]  # every run checked before any is sent

@@ -66,7 +66,7 @@ from mixit.run import Run
 from mixit.study.directory import check_out, check_same_study
 from mixit.study.search import Group, Outcome, Score, SearchPlan, apply, decide, plan_study
 from mixit.study.spec import PlannedRun, RunSpec, Study, merge_planned, plan
-from mixit.tracking import Grouping, Sink, check_sinks, study_grouping
+from mixit.tracking import Grouping, Naming, Sink, check_sinks, study_grouping
 from mixit.training.loop import KeepCheckpoints, train
 from mixit.version import __version__, git_commit, install_hint
 
@@ -327,10 +327,11 @@ def execute(
     progress: bool = True,
     search: bool = True,
     logger: Sequence[Sink] = (),
+    naming: Naming | None = None,
 ) -> dict[str, Any]:
     """Run every run of `study` not yet done into `study_dir` on `pool` (default: a local pool sized by
     `default_pool`), then its extras; return a tally. `logger`: tracking sinks every run is sent to as well,
-    grouped under the study's name (`mixit.tracking.study_grouping`).
+    grouped under the study's name and named readably, in `naming`'s project (`mixit.tracking.study_grouping`).
 
     With `search`, the runs that declare candidates are searched first (`mixit.study.search`): their
     rung-0 screening runs train beside the runs that need no search, then each later stage (rung 1, the
@@ -357,7 +358,8 @@ def execute(
         write_study(study, study_dir, first, search, planned.groups)
         tally = {"done": 0, "failed": 0, "skipped_failed": 0}
         with tqdm(total=0, disable=not progress, desc=study.name, unit="run", dynamic_ncols=True) as bar:
-            _run_phase(first, study_dir, pool, retry_failed, tally, bar, sinks, study.name)
+            grouping = functools.partial(_grouping, study.name, naming or Naming())
+            _run_phase(first, study_dir, pool, retry_failed, tally, bar, sinks, grouping)
             runs = first
             while planned.groups:  # the search's later stages (rung 1, then the extension), each once finished
                 outcomes = _search_outcomes(planned, study_dir)
@@ -366,11 +368,11 @@ def execute(
                 if not new:
                     finals = _searched_finals(planned, outcomes)
                     write_study(study, study_dir, merge_planned(runs, finals), search, planned.groups)
-                    _run_phase(finals, study_dir, pool, retry_failed, tally, bar, sinks, study.name)
+                    _run_phase(finals, study_dir, pool, retry_failed, tally, bar, sinks, grouping)
                     break
                 runs = merge_planned(runs, new)
                 write_study(study, study_dir, runs, search, planned.groups)
-                _run_phase(new, study_dir, pool, retry_failed, tally, bar, sinks, study.name)
+                _run_phase(new, study_dir, pool, retry_failed, tally, bar, sinks, grouping)
         for name, options in study.extras.items():
             if not extra_result(study_dir, name).exists():
                 signal_command(SignalOptions(study_dir / name, **options))
@@ -436,10 +438,10 @@ def _run_phase(
     tally: dict[str, int],
     bar: Any,
     logger: tuple[Sink, ...] = (),
-    study_name: str = "",
+    grouping: Callable[[PlannedRun], Grouping] | None = None,
 ) -> None:
     """Run what of `planned` is not done (and, with `retry_failed`, what failed), counting into `tally`; each
-    sent to the tracking sinks `logger` too, under `study_name`."""
+    sent to the tracking sinks `logger` too, as `grouping` names, groups and tags it."""
     states = {p.id: state(study_dir, p.id) for p in planned}
     todo = [p for p in planned if states[p.id] in ("new", "interrupted") or (retry_failed and states[p.id] == "failed")]
     tally["done"] += sum(s == "done" for s in states.values())
@@ -451,7 +453,7 @@ def _run_phase(
             {"config": p.cfg.to_dict(), "request": p.cfg.request},
             p.analyze,
             logger,
-            study_grouping(study_name, p.id, p.cfg, p.role),
+            grouping(p) if grouping else None,
         )
         for p in todo
     ]
@@ -473,6 +475,11 @@ def _run_phase(
         _local_pool(jobs, pool, record)
     else:
         _submitit(pool.executor, study_dir, jobs, pool.slurm, record)
+
+
+def _grouping(study_name: str, naming: Naming, planned: PlannedRun) -> Grouping:
+    """How the sinks name, group and tag the run `planned` of the study `study_name`."""
+    return study_grouping(study_name, planned.id, planned.cfg, planned.role, naming)
 
 
 def _local_pool(jobs: list[tuple[Any, ...]], pool: Pool, record: Callable[[dict[str, Any]], None]) -> None:

@@ -8,7 +8,7 @@ for by two tables is trained once, and a study run again finds its runs
 where it left them.
 
 Studies come from Python (`mixit.study.paper`, from the tables of `mixit.study.tables`)
-or from a TOML file a user writes (`load_study_file`):
+or from a TOML or YAML file a user writes (`load_study_file`; docs/studies.md is its user's page):
 
     name = "heads"
     seeds = 2                                    # seeds 0..seeds-1 of every run (model and data)
@@ -23,6 +23,9 @@ or from a TOML file a user writes (`load_study_file`):
     "train.lr" = [1e-3, 3e-3]                    # (screening runs of screen_fraction = 0.25 of the steps,
     [screen_min_steps]                           #  at least these steps per task: mixit.study.search)
     addition = 100
+
+A YAML file (.yaml, .yml) holds the same keys, read as YAML 1.2 reads numbers (1e-3 is a number, as in TOML),
+with TOML's refusals of a key given twice and of a key that is not a string.
 """
 
 from __future__ import annotations
@@ -31,11 +34,14 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from mixit.config import check
 from mixit.errors import UsageError
@@ -291,17 +297,67 @@ class Study:
         return [s for s in self.specs if all(s.labels.get(k) == v for k, v in labels.items())]
 
 
-def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -> Study:
-    """A user's study from a TOML file (module docstring); `seeds` (when given) overrides the file's, and the
-    seeds start at `first_seed`."""
+class StudyYamlLoader(yaml.SafeLoader):
+    """YAML read as a study file's TOML would be: a number in exponent form (1e-3, 3E5) is a float, as in YAML
+    1.2 and TOML (PyYAML, which reads YAML 1.1, would read a string), and a mapping whose key is given twice or
+    is not a string is refused (`construct_mapping`)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: keys given after it override its keys
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str) or key in seen:
+                problem = f"key {key!r} is " + ("not a string" if not isinstance(key, str) else "given twice")
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+StudyYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def read_study_data(path: Path) -> dict[str, Any]:
+    """What a study file holds, read as TOML, or as YAML if its name ends in .yaml or .yml (`StudyYamlLoader`);
+    refused in one line if it does not exist, cannot be read, cannot be parsed or holds no mapping."""
     try:
-        data = tomllib.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        if Path(path).suffix.lower() not in (".yaml", ".yml"):
+            return tomllib.loads(text)
+        data = yaml.load(text, Loader=StudyYamlLoader)
+        data = {} if data is None else data  # an empty file, as an empty TOML file
+        check(
+            isinstance(data, dict),
+            f"study file {path} must hold a mapping of keys (name, base, grid, ...), got {type(data).__name__}",
+        )
+        return data
     except FileNotFoundError:
         raise UsageError(f"study file {path} does not exist") from None
     except OSError as e:  # a directory, a file it may not read, ...
         raise UsageError(f"study file {path} is not a readable file ({e.strerror or type(e).__name__})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"study file {path} cannot be parsed: {' '.join(str(e).split())}") from None
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
+        raise UsageError(f"study file {path} cannot be parsed: {_parse_error(e)}") from None
+
+
+def _parse_error(error: Exception) -> str:
+    """A parser's error on one line; YAML's as TOML says its own, where it is: its problem (at line L, column C),
+    without PyYAML's quote of the line."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem:
+        mark = error.problem_mark
+        where = f" (at line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return f"{': '.join(p for p in (error.context, error.problem) if p)}{where}"
+    return " ".join(str(error).split())
+
+
+def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -> Study:
+    """A user's study from a TOML or YAML file (module docstring, docs/studies.md); `seeds` (when given) overrides
+    the file's, and the seeds start at `first_seed`."""
+    data = read_study_data(path)
     allowed = (
         "name",
         "description",

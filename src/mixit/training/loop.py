@@ -51,7 +51,7 @@ from mixit.resources import check_memory, training_parts
 from mixit.run import MetricsLog, Run
 from mixit.runtime import fast_bf16, resolve_device
 from mixit.tasks import IGNORE, Batch, Task
-from mixit.tracking import Grouping, Sink, Tracker, check_sinks, run_grouping
+from mixit.tracking import Grouping, Naming, Sink, Tracker, check_sinks, run_grouping
 from mixit.training.convergence import Convergence, Selection
 from mixit.training.evaluate import evaluate
 from mixit.training.optim import build_optimizer
@@ -86,13 +86,16 @@ def train(
     on_step: Callable[[int, float], None] | None = None,
     keep_checkpoints: KeepCheckpoints = "latest",
     logger: Sequence[Sink] = (),
+    tracking_project: str | None = None,
+    tracking_name: str | None = None,
     grouping: Grouping | None = None,
 ) -> dict[str, Any]:
     """Train `cfg` into `run_dir` and return the summary (also written to summary.json).
 
     Under torchrun, every process calls this with the same arguments; rank 0 writes the run directory.
     Why so many parameters: besides the config and the directory, they are the session's own options
-    (``mixit train``'s flags that change no result), each one flag.
+    (``mixit train``'s flags that change no result), each one flag. Why so long: each is documented here, as
+    its flag's --help.
 
     Args:
         cfg: The run's configuration (`mixit.run_config` or `mixit.experiment.resolve`).
@@ -112,11 +115,16 @@ def train(
             --over-time`).
         logger: Tracking sinks that receive every event of metrics.jsonl and the summary as well, any of
             tensorboard, wandb, mlflow and trackio (docs/tracking.md); a resumed run continues its runs there.
-        grouping: How the sinks name, group and tag the run (`mixit.tracking.Grouping`); by default it is named
-            after its directory and tagged with its task, variant and seed. A study sets it for its runs.
+        tracking_project: The W&B project, MLflow experiment and trackio project of the run (TensorBoard has
+            none); null means WANDB_PROJECT for W&B and MLFLOW_EXPERIMENT_NAME for MLflow if set, else mixit.
+        tracking_name: The run's name in the tracking sinks (TensorBoard names a run by its directory); null
+            means its directory's name.
+        grouping: How the sinks name, group and tag the run (`mixit.tracking.Grouping`); by default as the two
+            options above say, tagged with its task, variant and seed. A study sets it (and not those) for its runs.
     """
     if keep_checkpoints not in KEEP_CHECKPOINTS:
         raise UsageError(f"keep_checkpoints must be one of {', '.join(KEEP_CHECKPOINTS)}, got {keep_checkpoints!r}")
+    grouping = grouping or run_grouping(run_dir, cfg, Naming(tracking_project, tracking_name))
     sinks = check_sinks(logger, run_dir=run_dir if resume else None)
     dev = resolve_device(device)
     # Checks that need no other process come first, so that a bad option never waits for the others.
@@ -154,7 +162,7 @@ class Launch:
     logger: tuple[Sink, ...] = ()
     """The tracking sinks that receive the metrics too (`mixit.tracking`), on rank 0."""
     grouping: Grouping | None = None
-    """How the sinks name, group and tag the run (default: `mixit.tracking.run_grouping`)."""
+    """How the sinks name, group and tag the run (`train` sets it: `mixit.tracking.run_grouping` by default)."""
 
     def checkpoint_at(self, step: int, steps: int, every: int, last: bool) -> tuple[bool, bool]:
         """Whether to write a checkpoint after step `step` of `steps` (checkpoint_every `every`; `last`: the
