@@ -1,5 +1,6 @@
-"""docs/interop.md runs as written; TransformerLens computes the logits of the mixit models it accepts and
-refuses the others in one line; nnsight reads and patches any mixit model at its hook points."""
+"""docs/interop.md runs as written; TransformerLens computes the logits of the mixit models it accepts (biases
+included) and refuses the others in one line, and reads a run's tokens by their names; nnsight reads and patches
+any mixit model at its hook points."""
 
 import ast
 import importlib
@@ -67,12 +68,14 @@ def tokens(seed=0, batch=3):
     return torch.randint(16, (batch, 8), generator=torch.Generator().manual_seed(seed))
 
 
-def with_attention_biases(model):
-    """`model` with random q, k, v, o biases and zero MLP biases: what TransformerLens can represent."""
+def with_biases(model, mlp=True):
+    """`model` with random q, k, v, o biases and (with `mlp`) random gate, up, down biases; else zero MLP biases."""
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for block in model.layers:
-            for layer in (block.attn.q, block.attn.k, block.attn.v, block.attn.o):
+            layers = [block.attn.q, block.attn.k, block.attn.v, block.attn.o]
+            layers += [block.mlp.gate, block.mlp.up, block.mlp.down] if mlp else []
+            for layer in layers:
                 layer.bias.copy_(torch.randn(layer.bias.shape, generator=g))
     return model
 
@@ -81,7 +84,9 @@ def with_attention_biases(model):
     "model",
     [
         pytest.param(lambda: tiny(bias=False), id="no-bias"),
-        pytest.param(lambda: with_attention_biases(tiny()), id="attention-biases"),
+        pytest.param(lambda: with_biases(tiny(), mlp=False), id="attention-biases"),
+        pytest.param(lambda: with_biases(tiny()), id="all-biases"),
+        pytest.param(lambda: with_biases(tiny(width_scaling=True, branch_scale=0.5)), id="biases-folded"),
         pytest.param(lambda: tiny(bias=False, width_scaling=True, branch_scale=0.5, rope_base=500.0), id="folded"),
         pytest.param(lambda: tiny(bias=False, d_mlp=24, n_heads=2), id="d_mlp"),
     ],
@@ -127,24 +132,104 @@ def test_transformer_lens_converts_a_trained_variant():
     assert_close(to_transformer_lens(model)(x), model(x), terms=forward_terms(model.cfg))
 
 
+def test_transformer_lens_reads_a_trained_run_by_its_token_names(tmp_path):
+    """An induction run at mixit's defaults (biases on) converts with its task: the bridge computes the run's
+    logits, reads and writes the task's token names, and TransformerLens's own detect_head, unpatched, on a
+    string of those names scores every head as mixit's head_scores does in TransformerLens's convention."""
+    from transformer_lens.head_detector import detect_head
+
+    from mixit import run_config, train
+    from mixit.analysis.induction import head_scores, repeated_sequences
+    from mixit.interop import to_transformer_lens
+    from mixit.run import Run
+
+    tiny_run = {"d_model": 32, "n_layers": 2, "n_heads": 2, "batch_size": 64, "lr": 1e-2, "warmup_steps": 20}
+    cfg = run_config("induction", "standard", {"alphabet": 8, "length": 16}, steps=700, test_size=64, **tiny_run)
+    assert cfg.model.bias  # mixit's default: the MLP's biases are trained, not zero
+    train(cfg, tmp_path / "run", progress=False)
+    loaded = Run.open(tmp_path / "run").load("cpu")
+    model, task = loaded.model.eval(), loaded.task
+    bridge = to_transformer_lens(model, task)
+    terms = forward_terms(model.cfg)
+    with torch.no_grad():
+        x = task.test_batch().inputs
+        assert_close(bridge(x), model(x), terms=terms)
+
+    # A probe `r r` (m distinct tokens, twice; 2m < n_ctx, detect_head's bound) written as the task's names.
+    m, names = 7, task.token_names()
+    probe = repeated_sequences(task.analysis_tokens(), m, batch=1, seed=3)  # (1, 2m)
+    text = " ".join(names[t] for t in probe[0].tolist())
+    assert torch.equal(bridge.to_tokens(text).cpu(), probe)
+    assert bridge.to_str_tokens(text) == [names[t] for t in probe[0].tolist()]
+    assert bridge.to_string(probe[0]) == text
+
+    ours = head_scores(model, task.analysis_tokens(), m=m, batch=1, seed=3, convention="transformer_lens")
+    # A score is r = N / D: N sums at most 2m pattern entries, D all m (2m + 1) causal ones. A score (q.k) is within
+    # `terms` roundings of the scores' scale S (as in the test above), and a softmax moves each probability p by at
+    # most 2 p times its scores' error, so N and D are each within 2 `terms` roundings of S relative to themselves,
+    # and r within 4 `terms` of S r; the two sums add their lengths' roundings, relative to r too.
+    _, cache = bridge.run_with_cache(probe)
+    scale = max(
+        cache[f"blocks.{i}.attn.hook_q"].norm(dim=-1).max() * cache[f"blocks.{i}.attn.hook_k"].norm(dim=-1).max()
+        for i in range(model.cfg.n_layers)
+    ) / math.sqrt(model.cfg.d_head)
+    for head, key in [
+        ("previous_token_head", "previous_token"),
+        ("duplicate_token_head", "duplicate_token"),
+        ("induction_head", "induction"),
+    ]:
+        theirs, r = detect_head(bridge, text, head), torch.tensor(ours[key])  # each (n_layers, n_heads)
+        sums = 2 * m + m * (2 * m + 1)
+        assert_close(theirs, r, terms=4 * terms + sums, scale=r.abs() * max(scale.item(), 1.0), msg=head)
+    # The run learnt induction: its second layer holds the induction heads, as TransformerLens finds.
+    induction = detect_head(bridge, text, "induction_head")
+    assert induction[1].max() > 2 * induction[0].max()
+
+
+def test_the_task_tokenizer_of_a_text_run_is_its_bpe(tmp_path):
+    """A text task's tokenizer is the run's byte-level BPE: the bridge splits text as mixit does."""
+    from mixit.interop import to_transformer_lens
+    from mixit.tasks import make_task
+    from text_fixtures import write_text_corpus
+
+    corpus = write_text_corpus(tmp_path / "corpus.txt", n_docs=100)
+    task = make_task("lm", {"corpus": str(corpus), "length": 16, "vocab": 300, "held_out": 0.1})
+    model = tiny(vocab_size=task.vocab_size, n_ctx=16)
+    bridge = to_transformer_lens(model, task)
+    text = "the cat sat on the mat"
+    ids = task.tokenizer.encode(text)
+    assert bridge.to_tokens(text)[0].tolist() == ids
+    assert "".join(bridge.to_str_tokens(text)) == text
+
+
+def test_a_task_tokenizer_refuses_a_model_of_another_vocabulary_and_unknown_words_are_not_tokens():
+    from mixit.interop import UNKNOWN, to_transformer_lens
+    from mixit.tasks import make_task
+
+    task = make_task("dyck", {})
+    with pytest.raises(UsageError, match=f"^task dyck has {task.vocab_size} tokens and the model 16: not the run's"):
+        to_transformer_lens(tiny(), task)
+    bridge = to_transformer_lens(tiny(vocab_size=task.vocab_size), task)
+    assert bridge.to_str_tokens("( ( ) ?") == ["(", "(", ")", "?"]
+    assert bridge.tokenizer.pad_token == "PAD"  # the task's own padding
+    assert bridge.to_tokens("( x")[0].tolist() == [task.token_names().index("("), task.vocab_size]
+    assert bridge.tokenizer.convert_ids_to_tokens(task.vocab_size) == UNKNOWN
+
+
 @pytest.mark.parametrize(
     "model, message",
     [
         (lambda: tiny(attention="mixing"), r"softmax attention only, not mixing \(read this model through nnsight"),
         (lambda: tiny(head="classifier"), "causal language models only, not the classifier head"),
-        (lambda: tiny(activation="shaped_leaky_relu", bias=False), "SiLU, not shaped_leaky_relu"),
-        (lambda: tiny(skip_scale=0.5, bias=False), "skip_scale=0.5"),
-        (lambda: tiny(rope_base=100.5, bias=False), "rope_base=100.5"),
-        (lambda: tiny(), r"blocks.0.mlp.gate.bias is not zero \(train with --no-bias\)"),
+        (lambda: tiny(activation="shaped_leaky_relu"), "SiLU, not shaped_leaky_relu"),
+        (lambda: tiny(skip_scale=0.5), "skip_scale=0.5"),
+        (lambda: tiny(rope_base=100.5), "rope_base=100.5"),
     ],
 )
 def test_transformer_lens_refuses_what_it_cannot_represent_in_one_line(model, message):
     from mixit.interop import to_transformer_lens
 
     m = model()
-    if m.cfg.bias:
-        with torch.no_grad():
-            m.blocks[0].mlp.gate.bias.fill_(0.1)
     with pytest.raises(UsageError, match="^TransformerLens cannot represent this model exactly: .*" + message) as err:
         to_transformer_lens(m)
     assert "\n" not in str(err.value)

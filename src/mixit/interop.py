@@ -6,7 +6,10 @@
 - TransformerLens (4.x) analyses models through its ``TransformerBridge``.
   `to_transformer_lens` builds one around TransformerLens's own native
   transformer with this model's weights, for the runs that transformer
-  represents exactly (`transformer_lens_refusal` says which do not).
+  represents exactly (`transformer_lens_refusal` says which do not), and,
+  given the run's task, with its token names as the bridge's tokenizer
+  (`task_tokenizer`), so TransformerLens's string tools (``to_tokens``,
+  ``to_str_tokens``, ``detect_head``) read the task's tokens.
 
 Both libraries come with the ``interop`` extra (``pip install 'mixit-transformers[interop]'``)
 and are imported only when called.
@@ -17,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from torch import nn
 
 from mixit.errors import UsageError
 from mixit.models import SoftmaxAttention, Transformer
@@ -25,14 +29,20 @@ from mixit.models.layers import Linear
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
+    from mixit.tasks import Task
+
+UNKNOWN = "<unk>"
+"""The one entry of a task's tokenizer beyond the model's vocabulary (id vocab_size): any word that is not a
+token name. The model cannot embed it, so such a word fails in the embedding instead of standing for a token."""
+
 
 def transformer_lens_refusal(model: Transformer) -> str | None:
     """Why TransformerLens's native transformer cannot compute `model` exactly, or None if it can.
 
     It represents a causal language model with softmax attention and rotate-half RoPE of an integer
-    base, pre-RMSNorm blocks on the plain residual h + branch, a SiLU-gated MLP without biases, and an
-    LM head without bias. Width multipliers and branch_scale are folded into the weights; q, k, v, o
-    biases are carried over.
+    base, pre-RMSNorm blocks on the plain residual h + branch, a SiLU-gated MLP, and an LM head without
+    bias. Width multipliers and branch_scale are folded into the weights; the q, k, v, o biases and the
+    MLP's gate, up and down biases are carried over (`native_model`).
     """
     cfg = model.cfg
     if cfg.attention != "softmax":
@@ -45,33 +55,83 @@ def transformer_lens_refusal(model: Transformer) -> str | None:
         return f"its residual is h + branch, not skip_scale={cfg.skip_scale} times h plus the branch"
     if cfg.rope_base != int(cfg.rope_base):
         return f"its RoPE base is an integer, not rope_base={cfg.rope_base}"
-    for i, block in enumerate(model.layers):
-        for name in ("gate", "up", "down"):
-            bias = getattr(block.mlp, name).bias
-            if bias is not None and bool(bias.detach().any()):
-                return f"its gated MLP has no biases, and blocks.{i}.mlp.{name}.bias is not zero (train with --no-bias)"
     return None
 
 
-def to_transformer_lens(model: Transformer) -> TransformerBridge:
+def to_transformer_lens(model: Transformer, task: Task | None = None) -> TransformerBridge:
     """A TransformerLens ``TransformerBridge`` computing the same logits as `model` (up to float rounding).
 
     Its hook points carry TransformerLens's names (``blocks.0.hook_resid_post``, ``blocks.0.attn.hook_pattern``,
     and more: ``hook_q``, ``hook_z``, ``mlp.hook_post``). A model it cannot represent is refused in one line
-    (`transformer_lens_refusal`); the copy shares no tensor with `model`.
+    (`transformer_lens_refusal`); the copy shares no tensor with `model`. With `task` (the run's, as
+    ``Run.load`` returns it), the bridge's tokenizer is `task_tokenizer`; without, it has none.
     """
     reason = transformer_lens_refusal(model)
     if reason is not None:
         raise UsageError(f"TransformerLens cannot represent this model exactly: {reason}")
+    if task is not None and task.vocab_size != model.cfg.vocab_size:
+        raise UsageError(
+            f"task {task.name} has {task.vocab_size} tokens and the model {model.cfg.vocab_size}: not the run's task"
+        )
     from transformer_lens.model_bridge.sources import build_bridge_from_module
-    from transformer_lens.model_bridge.sources.native import NativeModel
 
     tl_cfg = _bridge_config(model)
+    tokenizer = None if task is None else task_tokenizer(task, model.cfg.n_ctx)
+    return build_bridge_from_module(
+        native_model(model, tl_cfg), "TransformerLensNative", tl_config=tl_cfg, tokenizer=tokenizer, model_name="mixit"
+    )
+
+
+def native_model(model: Transformer, tl_cfg: Any) -> nn.Module:
+    """TransformerLens's ``NativeModel`` of config `tl_cfg` holding `model`'s weights (`native_state_dict`).
+
+    Its gated MLP is built without biases, as Llama's; each of its gate, in and out projections is replaced by
+    one with a bias before loading. The bridge calls these modules as they are and names their bias in its
+    processed weights (``b_gate``, ``b_in``, ``b_out`` of ``GatedMLPBridge``), so MLP biases are carried
+    exactly; a model without biases gets zero ones.
+    """
+    from transformer_lens.model_bridge.sources.native import NativeModel
+
     with torch.random.fork_rng(devices=[]):  # the throw-away initialisation leaves the caller's random state alone
         native = NativeModel(tl_cfg)
+        for block in native.layers:
+            for name in ("gate", "in", "out"):
+                plain = getattr(block.mlp, name)
+                block.mlp.add_module(name, nn.Linear(plain.in_features, plain.out_features))
     native.load_state_dict(native_state_dict(model))
-    native.to(next(model.parameters()).device)
-    return build_bridge_from_module(native, "TransformerLensNative", tl_config=tl_cfg, model_name="mixit")
+    return native.to(next(model.parameters()).device)
+
+
+def task_tokenizer(task: Task, n_ctx: int) -> Any:
+    """`task`'s tokens as a transformers fast tokenizer, the form TransformerLens's string tools read.
+
+    A text task: the run's own byte-level BPE (`mixit.export.hf_tokenizer`). Any other task: one word per
+    token, its name (`Task.token_names`: '+', '(', 'k3', 'PAD', ...) at its id, words split at whitespace
+    and decoded joined by spaces, so ``"1 2 3 1 2 3"`` is ids 1 2 3 1 2 3. A word that is not a token name
+    becomes `UNKNOWN`; a task's 'PAD' is the pad token. There is no BOS: mixit's tasks have none, and the
+    bridge prepends none unless asked.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    text = getattr(task, "tokenizer", None)
+    if text is not None:
+        from mixit.export import hf_tokenizer
+
+        return hf_tokenizer(text.to_str(), n_ctx)
+    names = task.token_names()
+    words = [*names, UNKNOWN]
+    if len(set(words)) != len(words) or any(name.split() != [name] for name in names):
+        raise UsageError(f"task {task.name}'s token names are not distinct words without spaces: {names}")
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token=UNKNOWN))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token=UNKNOWN,
+        pad_token="PAD" if "PAD" in names else None,
+        model_max_length=n_ctx,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def _bridge_config(model: Transformer) -> Any:
@@ -126,8 +186,9 @@ def _folded(layer: Linear, scale: float = 1.0, rows: torch.Tensor | None = None)
 
 
 def native_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """`model`'s weights under the names of TransformerLens's ``NativeModel``, with width multipliers and
-    branch_scale folded in and queries and keys reordered for its RoPE layout (`_rope_rows`)."""
+    """`model`'s weights under the names of TransformerLens's ``NativeModel`` with biased MLP projections
+    (`native_model`), with width multipliers and branch_scale folded in and queries and keys reordered for its
+    RoPE layout (`_rope_rows`). Every projection has a bias: zeros where `model` has none."""
     cfg = model.cfg
     rows = _rope_rows(cfg.n_heads, cfg.d_head)
     branch = cfg.branch_scale
@@ -145,8 +206,7 @@ def native_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         }
         for name, tensors in parts.items():
             state[f"{layer}.{name}.weight"] = tensors["weight"]
-            if name.startswith("attn."):  # the native gated MLP has no biases (checked zero beforehand)
-                state[f"{layer}.{name}.bias"] = tensors["bias"]
+            state[f"{layer}.{name}.bias"] = tensors["bias"]
         state[f"{layer}.ln1.weight"] = block.norm1.weight.detach()
         state[f"{layer}.ln2.weight"] = block.norm2.weight.detach()
     state["ln_out.weight"] = model.norm_f.weight.detach()
