@@ -3,6 +3,7 @@ without mixit; any run (MixiT included) through the Hub mixin and back; refusals
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 import transformers
 
+import mixit
 from mixit import run_config, train
 from mixit.cli import main
 from mixit.config import ModelConfig
@@ -191,3 +193,136 @@ def test_every_model_option_is_classified_for_the_llama_export():
     names = [f.name for f in dataclasses.fields(ModelConfig)]
     tables = [*LLAMA_NEEDS, *LLAMA_MAPS, *LLAMA_IGNORES]
     assert sorted(tables) == sorted(names)
+
+
+# -- what an export carries, and loading it back ---------------------------------------------
+
+
+@pytest.mark.parametrize("to, variant", [("hub", "mixit"), ("hf", "frozen_qk")])
+def test_an_export_carries_its_task_variant_and_run(runs, tmp_path, to, variant):
+    run = Run.open(runs["addition", variant])
+    out = export_run(run.path, to, tmp_path / to)
+    meta = json.loads((out / "config.json").read_text())["mixit_export"]
+    assert (meta["format"], meta["task"], meta["variant"]) == (to, "addition", variant)
+    assert meta["params"] == run.config.params.to_dict() and meta["model"] == run.config.model.to_dict()
+    assert meta["run"] == json.loads(run.config_path.read_text())  # the whole record: the model rebuilds with its task
+    assert meta["test"] == run.summary()["test"]
+
+
+@pytest.mark.parametrize(
+    "task, variant, to",
+    [
+        ("addition", "mixit", "hub"),
+        ("addition", "frozen_qk", "hf"),
+        ("lm", "standard", "hub"),
+        ("lm", "frozen_mlp", "hf"),
+    ],
+)
+def test_load_gives_the_model_back_with_its_task(runs, tmp_path, task, variant, to):
+    out = export_run(runs[task, variant], to, tmp_path / to)
+    loaded = mixit.load(out)
+    assert loaded.cfg.to_dict() == Run.open(runs[task, variant]).config.to_dict()
+    assert (loaded.cfg.task, loaded.cfg.variant, loaded.checkpoint) == (task, variant, out)
+    assert type(loaded.task).__name__ == type(mixit.load(runs[task, variant]).task).__name__  # a run loads too
+    tokens = probe(runs[task, variant])
+    with torch.no_grad():
+        assert torch.equal(loaded.model.eval()(tokens), mixit_logits(runs[task, variant], tokens))
+    if task == "lm":  # the tokenizer shipped in the export is the run's
+        text = "the cat sat on a mat"
+        assert loaded.task.tokenizer.encode(text) == Run.open(runs[task, variant]).load("cpu").task.tokenizer.encode(
+            text
+        )
+    frozen = {n for n, p in loaded.model.named_parameters() if not p.requires_grad}
+    assert frozen == {
+        n for n, p in Run.open(runs[task, variant]).load("cpu").model.named_parameters() if not p.requires_grad
+    }
+
+
+def test_load_reads_a_hub_repo_id_from_the_cache_offline(runs, tmp_path, monkeypatch):
+    """A repo id resolves through huggingface_hub's snapshot_download; offline, from its cache (laid out here as
+    a download would leave it: refs/main names the commit, snapshots/COMMIT holds the files)."""
+    import huggingface_hub
+
+    out = export_run(runs["addition", "mixit"], "hub", tmp_path / "hub")
+    cache = tmp_path / "hub-cache"
+    commit = "0" * 40
+    repo = cache / "models--someone--add-mixit"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(out, repo / "snapshots" / commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    tokens = probe(runs["addition", "mixit"])
+    with torch.no_grad():
+        logits = mixit.load("someone/add-mixit").model.eval()(tokens)
+    assert torch.equal(logits, mixit_logits(runs["addition", "mixit"], tokens))
+    with pytest.raises(UsageError, match="neither a directory nor a Hub model"):
+        mixit.load("someone/not-cached")
+
+
+@pytest.mark.parametrize("command", ["eval", "analyze", "sample"])
+def test_commands_that_need_a_run_refuse_an_export_naming_what_to_do(runs, tmp_path, capsys, command):
+    out = export_run(runs["addition", "mixit"], "hub", tmp_path / "hub")
+    before = sorted(p.name for p in out.iterdir())
+    err = refused(capsys, [command, str(out)])
+    assert "is a mixit export, not a run" in err and "mixit.load(" in err
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "variant, frozen",
+    [
+        ("mixit", ["the attention mixing", "`blocks.0.attn.mixing`", "no queries or keys"]),
+        ("frozen_qk", ["`blocks.0.attn.q`", "`blocks.1.attn.k`"]),
+        ("frozen_mlp", ["`blocks.0.mlp.gate`", "`blocks.1.mlp.down`"]),
+        ("standard", ["nothing"]),
+    ],
+)
+def test_the_card_says_what_was_frozen_and_how_to_load(runs, tmp_path, variant, frozen):
+    out = export_run(runs["addition", variant], "hub", tmp_path / "hub")
+    card = (out / "README.md").read_text()
+    line = card.partition("(never trained):")[2].splitlines()[0]
+    assert all(part in line for part in frozen), line
+    assert ("attn.q" in line) == (variant == "frozen_qk") and ("mixing" in line) == (variant == "mixit")
+    assert "test metrics: loss" in card and "mixit.load(" in card and "trust_remote_code=True" in card
+
+
+AUTOMODEL_WITHOUT_MIXIT = """
+import json, sys
+sys.modules["mixit"] = None  # the shipped code must not need mixit
+import torch
+from transformers import AutoModel
+directory, tokens = sys.argv[1], json.loads(sys.argv[2])
+model = AutoModel.from_pretrained(directory, trust_remote_code=True).eval()
+with torch.no_grad():
+    logits = model(input_ids=torch.tensor(tokens)).logits
+print(json.dumps({"class": type(model).__name__, "type": model.config.model_type, "logits": logits.tolist()}))
+"""
+
+
+@pytest.mark.parametrize("task, variant", [("addition", "mixit"), ("addition", "frozen_qk"), ("lm", "standard")])
+def test_automodel_runs_the_shipped_code_without_mixit(runs, tmp_path, task, variant):
+    out = export_run(runs[task, variant], "hub", tmp_path / "hub")
+    tokens = probe(runs[task, variant], batch=2)
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no PYTHONPATH, no mixit
+    done = subprocess.run(
+        [sys.executable, "-c", AUTOMODEL_WITHOUT_MIXIT, str(out), json.dumps(tokens.tolist())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (got["class"], got["type"]) == ("MixitModel", "mixit")
+    terms = forward_terms(Run.open(runs[task, variant]).config.model)
+    assert_close(torch.tensor(got["logits"]), mixit_logits(runs[task, variant], tokens), terms=terms)
+
+
+def test_push_is_refused_offline_before_anything_is_written(runs, tmp_path, capsys):
+    out = tmp_path / "pushed"
+    argv = ["export", str(runs["addition", "mixit"]), "--to", "hub", "--out", str(out), "--push-to-hub", "me/add"]
+    err = refused(capsys, argv)
+    assert "HF_HUB_OFFLINE" in err and not out.exists()
+    err = refused(capsys, [*argv[:-1], "not a repo id"])
+    assert "not a Hub repo id" in err and not out.exists()

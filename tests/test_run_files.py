@@ -48,6 +48,7 @@ ELSEWHERE = {
     ("study/executors.py", "signal.json"): "a study's signal sweeps are `mixit signal` outputs (`extra_result`)",
     ("training/loop.py", "latest"): "a value of `train`'s keep_checkpoints (keep only the newest checkpoint)",
     ("study/executors.py", "latest"): "`train`'s keep_checkpoints for a run that is not analysed",
+    ("export.py", "model.safetensors"): "an export's weights, the name transformers and huggingface_hub read there",
 }
 """(module, name) pairs that name something else that happens to share a run file's name, and why."""
 

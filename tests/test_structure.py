@@ -23,7 +23,7 @@ LAYERS = {
     4: ["experiment", "catalogue"],
     5: ["run"],
     6: ["training", "tracking"],
-    7: ["analysis", "generate", "bench", "export", "interop"],
+    7: ["analysis", "generate", "bench", "export", "remote_code", "interop"],
     8: ["study"],
     9: ["cli"],
     10: ["__init__", "__main__"],

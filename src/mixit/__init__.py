@@ -5,13 +5,15 @@ Khodak, Li; arXiv 2506.01115): one small decoder trained under different
 freezing regimes (standard, frozen Q/K, frozen MLP, MixiT, random) on
 algorithmic tasks, language modelling and sentiment classification.
 
-    from mixit import run_config, train
+    from mixit import load, run_config, train
     summary = train(run_config("addition", "mixit", {"n_digits": 5}, steps=500), "runs/demo")
+    loaded = load("runs/demo")  # or an exported directory, or its Hub repo id
 """
 
 from mixit.config import ModelConfig, TaskConfig, TrainConfig
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build, resolve, run_config
+from mixit.export import load
 from mixit.freezing import VARIANTS, FreezeReport, apply_variant
 from mixit.models import Transformer, capture_patterns
 from mixit.plugins import load_plugins
@@ -35,6 +37,7 @@ __all__ = [
     "apply_variant",
     "build",
     "capture_patterns",
+    "load",
     "load_plugins",
     "make_task",
     "resolve",

@@ -16,10 +16,18 @@ mixit one on a probe batch before anything is written (`check_parity`).
 Both write a model card (README.md: task, variant, what was frozen, test metrics, versions) and,
 for a text task, the run's tokenizer. The directory is assembled beside ``--out`` and moved into
 place when complete; an ``--out`` that exists and is not empty is refused before any work.
+
+Every export carries its run in its config.json, under ``mixit_export`` (`mixit.run.EXPORTED`): the format,
+task and its parameters, variant, model config, test metrics and the run's whole config record, so that
+`load` rebuilds the model with its task from the directory alone (or from a Hub repo id). A ``--to hub``
+directory also ships the code of `mixit.remote_code` (``model_type`` mixit, ``auto_map``), which
+``transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True)`` runs without mixit.
+``--push-to-hub REPO`` uploads the written directory with huggingface_hub (``HfApi.upload_folder``).
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import shutil
@@ -32,10 +40,12 @@ import torch
 
 from mixit.config import ModelConfig
 from mixit.errors import UsageError
-from mixit.files import check_output_dir, read_json, write_text
-from mixit.freezing import VARIANTS
+from mixit.experiment import RunConfig, build, read_record
+from mixit.files import check_output_dir, read_json, write_json, write_text
+from mixit.freezing import VARIANTS, query_key
 from mixit.models import Transformer
-from mixit.run import Loaded, Run
+from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export
+from mixit.runtime import resolve_device
 from mixit.text.tokenizer import EOS, PAD, TOKENIZER_FILE
 from mixit.version import __version__, git_commit, install_hint
 
@@ -87,8 +97,20 @@ LLAMA_NAMES = {
 }
 """Each block's modules in mixit -> in a Llama decoder layer (weights and biases alike)."""
 
+REMOTE_CODE = ("configuration_mixit.py", "modeling_mixit.py")
+"""The files of `mixit.remote_code` a --to hub export ships for transformers' trust_remote_code."""
 
-def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None) -> Path:
+AUTO_MAP = {
+    "AutoConfig": "configuration_mixit.MixitConfig",
+    "AutoModel": "modeling_mixit.MixitModel",
+    "AutoModelForCausalLM": "modeling_mixit.MixitModel",
+}
+"""config.json's ``auto_map``: the shipped classes transformers' Auto classes load."""
+
+WEIGHTS = "model.safetensors"
+
+
+def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_to_hub: str | None = None) -> Path:
     """Write a run's latest checkpoint as a Hugging Face model directory.
 
     Returns where it was written.
@@ -96,9 +118,12 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None) -> Pat
     Args:
         run_dir: The run directory.
         to: The format: hf (a transformers LlamaForCausalLM, loadable without mixit; softmax variants at
-            Llama's settings only) or hub (any mixit model, for Transformer.from_pretrained; needs mixit).
+            Llama's settings only) or hub (any mixit model, for mixit.load, Transformer.from_pretrained or
+            transformers' AutoModel with trust_remote_code).
         out: The directory to write, which must be absent or empty; null means RUN_DIR-hf or RUN_DIR-hub beside
             the run.
+        push_to_hub: A Hub repo id (user/name) to upload the written directory to, created if absent (private
+            unless it exists); refused before any work when huggingface_hub is offline (HF_HUB_OFFLINE).
     """
     run = Run.open(run_dir)
     out = Path(out) if out is not None else run.path.with_name(f"{run.path.name}-{to}")
@@ -106,6 +131,8 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None) -> Pat
         llama_refusal(run.config.model)
         require_transformers()
     check_export_dir(out)
+    if push_to_hub is not None:
+        check_push(push_to_hub)
     loaded = run.load("cpu")
     writers: dict[str, Callable[[Loaded, Path], None]] = {"hf": write_llama, "hub": write_hub}
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -113,11 +140,37 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None) -> Pat
     tmp.mkdir(parents=True)
     try:
         writers[to](loaded, tmp)
+        add_to_config(tmp, {EXPORTED: export_record(run, loaded, to)})
         write_text(tmp / "README.md", model_card(run, loaded, to))
         os.replace(tmp, out)  # an empty --out is replaced whole
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if push_to_hub is not None:
+        push(out, push_to_hub)
     return out
+
+
+def export_record(run: Run, loaded: Loaded, to: Target) -> dict[str, Any]:
+    """What an export says of its run (config.json's ``mixit_export``): enough for `load` to rebuild the model
+    with its task, and for a reader to see what it is without mixit."""
+    cfg, summary = loaded.cfg, run.summary() or {}
+    return {
+        "format": to,
+        "task": cfg.task,
+        "params": cfg.params.to_dict(),
+        "variant": cfg.variant,
+        "model": cfg.model.to_dict(),
+        "steps": summary.get("steps"),
+        "test": summary.get("test"),
+        "exported_by": __version__,
+        "run": read_json(run.config_path, "the run's config"),  # the record `read_record` reads back
+    }
+
+
+def add_to_config(out: Path, entries: Mapping[str, Any]) -> None:
+    """Add `entries` to the config.json the writer left in `out`."""
+    config = read_json(out / CONFIG, "the exported config")
+    write_json(out / CONFIG, {**config, **entries})
 
 
 def check_export_dir(out: Path) -> None:
@@ -268,11 +321,102 @@ def hf_tokenizer(tokenizer_json: str, n_ctx: int) -> Any:
 
 
 def write_hub(loaded: Loaded, out: Path) -> None:
-    """The Hub directory of `Transformer.save_pretrained`, and the run's tokenizer for a text task."""
+    """The Hub directory of `Transformer.save_pretrained`, the code of `mixit.remote_code` with the config
+    entries that point transformers at it, and the run's tokenizer for a text task."""
     loaded.model.save_pretrained(out)
+    code = importlib.resources.files("mixit.remote_code")
+    for name in REMOTE_CODE:
+        write_text(out / name, code.joinpath(name).read_text())
+    add_to_config(out, {"model_type": "mixit", "architectures": ["MixitModel"], "auto_map": AUTO_MAP})
     tokenizer = getattr(loaded.task, "tokenizer", None)
     if tokenizer is not None:
         tokenizer.save(out / TOKENIZER_FILE)
+
+
+# -- loading back and pushing -----------------------------------------------------------------
+
+
+def load(source: str | Path, device: str = "cpu") -> Loaded:
+    """A trained model with its config (task, variant, model) and task, from a run directory (its latest
+    checkpoint), a directory written by `mixit export` (either format) or the Hub repo id of one (through
+    huggingface_hub's ``snapshot_download``, which reads its cache when offline).
+
+    ``Loaded.checkpoint`` is the checkpoint or the exported directory read.
+    """
+    path = Path(source)
+    if not path.exists():
+        path = hub_snapshot(str(source))
+    if not is_export(path):
+        return Run.open(path).load(device)
+    meta, cfg = read_export(path)
+    task, model, _ = build(cfg, path)  # the task reads the tokenizer shipped beside the weights
+    from safetensors.torch import load_file
+
+    weights = load_file(path / WEIGHTS)
+    if meta["format"] == "hf":
+        into_llama_views(model, weights)
+    else:
+        model.load_state_dict(weights, strict=True)
+    return Loaded(cfg, task, model.to(resolve_device(device)), path)
+
+
+def read_export(path: Path) -> tuple[dict[str, Any], RunConfig]:
+    """The ``mixit_export`` entry of an exported directory's config.json, and the run config it records."""
+    meta = read_json(Path(path) / CONFIG, "the exported config")[EXPORTED]
+    return meta, read_record(meta["run"], str(Path(path) / CONFIG))
+
+
+@torch.no_grad()
+def into_llama_views(model: Transformer, weights: Mapping[str, torch.Tensor]) -> None:
+    """Copy a Llama export's weights into `model`, through `llama_state_dict`'s views of its parameters."""
+    views = llama_state_dict(model)
+    if set(views) != set(weights):
+        raise UsageError(f"the exported weights do not match the model: {sorted(set(views) ^ set(weights))[:3]}")
+    for name, view in views.items():
+        view.copy_(weights[name])
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local copy of Hub model `repo_id` (downloaded, or from the cache when offline)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id))
+    except (ValueError, OSError) as e:  # an invalid id, no such repo, offline with nothing cached
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"{repo_id} is neither a directory nor a Hub model that can be read ({reason})") from None
+
+
+def hub_offline() -> bool:
+    """Whether huggingface_hub is offline: its flag as imported, or HF_HUB_OFFLINE set since."""
+    from huggingface_hub import constants
+
+    return constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def check_push(repo_id: str) -> None:
+    """Refuse --push-to-hub before any work: an invalid repo id, or huggingface_hub offline."""
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except ValueError as e:
+        raise UsageError(f"--push-to-hub {repo_id!r} is not a Hub repo id ({e})") from None
+    if hub_offline():
+        raise UsageError(f"--push-to-hub {repo_id} needs the network, and HF_HUB_OFFLINE is set; unset it to push")
+
+
+def push(out: Path, repo_id: str) -> None:
+    """Upload the exported directory to Hub model `repo_id`, creating the repo (private) if absent."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, private=True, exist_ok=True)
+        api.upload_folder(repo_id=repo_id, folder_path=out, commit_message=f"mixit {__version__} export")
+    except Exception as e:  # no token, no network, no right to the repo: the export itself stands
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"{out} was written, but pushing it to {repo_id} failed: {reason}") from None
 
 
 # -- the model card ---------------------------------------------------------------------------
@@ -283,7 +427,11 @@ def model_card(run: Run, loaded: Loaded, to: Target) -> str:
     cfg = loaded.cfg
     summary = run.summary() or {}
     record = read_json(run.config_path, "the run's config")
-    front = "library_name: transformers\ntags: [mixit, llama]" if to == "hf" else "library_name: mixit\ntags: [mixit]"
+    front = (
+        "library_name: transformers\ntags: [mixit, llama]"
+        if to == "hf"
+        else "library_name: mixit\ntags: [mixit, custom_code]"
+    )
     lines = [
         f"---\n{front}\n---\n",
         f"# mixit {cfg.task} / {cfg.variant}\n",
@@ -312,13 +460,23 @@ def format_metrics(test: Mapping[str, Any] | None) -> str:
 
 
 def frozen_text(model: Transformer, to: Target) -> str:
-    """The frozen parameters of `model` (as its variant left them), counted and named by module
-    (as the exported directory names them)."""
+    """What `model` never trained, on one line: its frozen parameters (as its variant left them), counted and
+    named by module as the exported directory names them; its fixed random buffers (MixiT's mixing matrices);
+    and, for attention without q and k projections (`mixit.freezing.query_key` finds none), that it has none."""
+    name = llama_name if to == "hf" else str
+    parts = []
     frozen = dict.fromkeys(n.rpartition(".")[0] for n, p in model.named_parameters() if not p.requires_grad)
-    if not frozen:
-        return "nothing"
-    count = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    return f"{count:,} parameters: " + ", ".join(f"`{llama_name(n) if to == 'hf' else n}`" for n in frozen)
+    if frozen:
+        count = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+        parts.append(f"{count:,} parameters: " + ", ".join(f"`{name(n)}`" for n in frozen))
+    parameters = dict(model.named_parameters())
+    fixed = {n: b for n, b in model.state_dict().items() if n not in parameters}  # the saved buffers
+    if fixed:
+        count = sum(b.numel() for b in fixed.values())
+        parts.append(f"the attention mixing, {count:,} fixed random values: " + ", ".join(f"`{n}`" for n in fixed))
+    if not query_key(model):
+        parts.append("the attention has no queries or keys (nothing computes its pattern from the input)")
+    return "; ".join(parts) or "nothing"
 
 
 def llama_name(module: str) -> str:
@@ -331,6 +489,11 @@ def llama_name(module: str) -> str:
 
 def usage(to: Target, text: bool) -> str:
     """The loading snippet of the card (`text`: the directory holds the run's tokenizer)."""
+    mixit = (
+        f"import mixit  # {install_hint()}\n\n"
+        'loaded = mixit.load("THIS_DIRECTORY")  # or its Hub repo id: the model, its task, variant and config\n'
+        "logits = loaded.model(tokens)"
+    )
     if to == "hf":
         snippet = (
             "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
@@ -340,9 +503,11 @@ def usage(to: Target, text: bool) -> str:
             snippet += '\ntokenizer = AutoTokenizer.from_pretrained("THIS_DIRECTORY")'
     else:
         snippet = (
-            "from mixit.models import Transformer\n\n"
-            f'model = Transformer.from_pretrained("THIS_DIRECTORY")  # needs mixit: {install_hint()}'
+            "from transformers import AutoModel\n\n"
+            "# no mixit needed: runs the modeling_mixit.py shipped here\n"
+            'model = AutoModel.from_pretrained("THIS_DIRECTORY", trust_remote_code=True)\n'
+            "logits = model(input_ids=tokens).logits"
         )
         if text:
             snippet += '\n# the run\'s tokenizer: tokenizers.Tokenizer.from_file("THIS_DIRECTORY/tokenizer.json")'
-    return f"```python\n{snippet}\n```"
+    return f"```python\n{snippet}\n```\n\nWith mixit installed:\n\n```python\n{mixit}\n```"

@@ -70,6 +70,9 @@ if TYPE_CHECKING:
     import pandas
 
 CONFIG = "config.json"
+EXPORTED = "mixit_export"
+"""The key of an exported model's config.json (`mixit.export`) that holds its run's record: how a run and an
+export, which both hold a config.json, are told apart."""
 LOCK = DirectoryLock.NAME
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -112,6 +115,15 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def is_export(directory: Path) -> bool:
+    """Whether `directory` holds a model written by `mixit export` (its config.json names `EXPORTED`)."""
+    path = Path(directory) / CONFIG
+    if not path.is_file():
+        return False
+    data = read_json(path, CONFIG)
+    return isinstance(data, dict) and EXPORTED in data
 
 
 def load_config_file(path: Path) -> RunConfig:
@@ -277,6 +289,11 @@ class Run:
             raise UsageError(f"run directory {run.path} does not exist")
         if not run.config_path.exists():
             raise UsageError(f"{run.path} holds no mixit run (no {CONFIG})")
+        if is_export(run.path):
+            raise UsageError(
+                f"{run.path} is a mixit export, not a run: load it with mixit.load({str(run.path)!r}), "
+                "or give the run directory it was exported from"
+            )
         run.config  # noqa: B018 -- read and validate now, not at first use
         return run
 

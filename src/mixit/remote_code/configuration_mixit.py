@@ -1,0 +1,17 @@
+"""The transformers config of an exported mixit model (shipped with it; imports no mixit).
+
+``cfg`` is the model's own config, as mixit's ``ModelConfig.to_dict()`` wrote it; ``mixit_export`` (task,
+variant, the run's record) is kept as an attribute for anyone who reads it.
+"""
+
+from typing import Any
+
+from transformers import PretrainedConfig
+
+
+class MixitConfig(PretrainedConfig):
+    model_type = "mixit"
+
+    def __init__(self, cfg: dict[str, Any] | None = None, **kwargs: Any):
+        self.cfg = dict(cfg or {})
+        super().__init__(**kwargs)
