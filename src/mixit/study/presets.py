@@ -2,8 +2,8 @@
 
 - ``smoke``: every code path of ``quick`` with the smallest models and a few
   steps, in about three minutes on 2 CPU cores (CI and the tests use it).
-- ``quick``: the whole comparison at a scale that finishes in 30 minutes on
-  2 CPU cores with its searches, each cell stopped once its validation curve
+- ``quick``: the whole comparison at a scale that finishes in about 30 minutes
+  on 2 CPU cores with its searches (30:40 measured at a1929a7), each cell stopped once its validation curve
   converges (docs/reproduction.md says how it was sized).
 - ``gpu``: one GPU in about an hour: Table 4 at the paper's exact scale, the
   algorithmic tables at the paper's widths.
@@ -105,7 +105,7 @@ SMOKE = Scale(
 )
 
 # Calibrated on the project's 2-core machine (docs/reproduction.md, "How the quick preset was sized"):
-# width 64 and step caps chosen so that the whole preset, searches included, fits in 30 minutes with two
+# width 64 and step caps chosen so that the whole preset, searches included, takes about 30 minutes with two
 # workers, every run stopping early once its validation curve converges. Queries and keys are drawn as
 # the paper's text says (N(0, 1/d_model)): at width 64 the reference code's N(0, 0.02^2) gives frozen
 # attention logits of std 0.03, near-uniform attention, and frozen Q/K could not attend at all
@@ -142,7 +142,7 @@ def _confirmatory(tasks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
 
 
 QUICK = Scale(
-    description="the whole comparison, searched and stopped on validation, in at most 30 minutes on 2 CPU cores",
+    description="the whole comparison, searched and stopped on validation, in about 30 minutes on 2 CPU cores",
     tasks=_confirmatory(
         {
             "retrieval": _run("retrieval", {"max_pairs": 10}, _SMALL, _stop(2000, batch_size=64), test_size=1000),
