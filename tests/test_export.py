@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,13 +96,12 @@ print(json.dumps({"class": type(model).__name__, "logits": logits.tolist(),
 """
 
 
-def test_the_llama_directory_loads_without_mixit(runs, tmp_path):
-    run = runs["lm", "standard"]
-    out = export_run(run, "hf", tmp_path / "hf")
-    tokens = probe(run, batch=2)
-    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no PYTHONPATH, no mixit
+def without_mixit(script: str, out: Path, tokens: torch.Tensor, tmp_path: Path) -> dict:
+    """What `script` prints last (JSON), run on the export `out` and `tokens` by this Python with no mixit on
+    its path (no PYTHONPATH, HOME in `tmp_path`)."""
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-c", LOAD_WITHOUT_MIXIT, str(out), json.dumps(tokens.tolist())],
+        [sys.executable, "-c", script, str(out), json.dumps(tokens.tolist())],
         capture_output=True,
         text=True,
         timeout=300,
@@ -109,7 +109,14 @@ def test_the_llama_directory_loads_without_mixit(runs, tmp_path):
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_llama_directory_loads_without_mixit(runs, tmp_path):
+    run = runs["lm", "standard"]
+    out = export_run(run, "hf", tmp_path / "hf")
+    tokens = probe(run, batch=2)
+    got = without_mixit(LOAD_WITHOUT_MIXIT, out, tokens, tmp_path)
     assert got["class"] == "LlamaForCausalLM"
     terms = forward_terms(Run.open(run).config.model)
     assert_close(torch.tensor(got["logits"]), mixit_logits(run, tokens), terms=terms)
@@ -303,17 +310,7 @@ print(json.dumps({"class": type(model).__name__, "type": model.config.model_type
 def test_automodel_runs_the_shipped_code_without_mixit(runs, tmp_path, task, variant):
     out = export_run(runs[task, variant], "hub", tmp_path / "hub")
     tokens = probe(runs[task, variant], batch=2)
-    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # no PYTHONPATH, no mixit
-    done = subprocess.run(
-        [sys.executable, "-c", AUTOMODEL_WITHOUT_MIXIT, str(out), json.dumps(tokens.tolist())],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = without_mixit(AUTOMODEL_WITHOUT_MIXIT, out, tokens, tmp_path)
     assert (got["class"], got["type"]) == ("MixitModel", "mixit")
     terms = forward_terms(Run.open(runs[task, variant]).config.model)
     assert_close(torch.tensor(got["logits"]), mixit_logits(runs[task, variant], tokens), terms=terms)
