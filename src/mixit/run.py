@@ -365,7 +365,7 @@ class Run:
         pd = require_pandas()
         if self.state() == "absent":
             raise UsageError(f"{self.path} holds no mixit run (no {CONFIG})")
-        rows = [{k: v for k, v in e.items() if k in ("step", "event") or _is_number(v)} for e in self.metrics()]
+        rows = [{k: v for k, v in e.items() if k in ("step", "event") or is_number(v)} for e in self.metrics()]
         return pd.DataFrame(rows, columns=list(dict.fromkeys(["step", "event", *(k for row in rows for k in row)])))
 
     def open_metrics(self, resume_step: int | None = None) -> MetricsLog:
@@ -629,7 +629,7 @@ class Analysis:
         return self.path / name
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     """Whether `value`, read from a run's file, is a number (an int or a float, not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

@@ -52,7 +52,7 @@ from typing import Any, Literal, Protocol, cast, get_args, get_origin
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.files import check_output_dir
-from mixit.run import LOCK, Run
+from mixit.run import LOCK, Run, is_number
 from mixit.version import install_hint
 
 Sink = Literal["tensorboard", "wandb", "mlflow", "trackio"]
@@ -210,7 +210,7 @@ def points(event: Mapping[str, Any]) -> dict[str, float]:
     kind = str(event.get("event", "event"))
     named = {}
     for key, value in event.items():
-        if key in ("step", "event") or not _is_number(value):
+        if key in ("step", "event") or not is_number(value):
             continue
         if kind == "eval":
             name = f"val/{key.removeprefix('val_')}" if key.startswith("val_") else f"test/{key}"
@@ -231,12 +231,8 @@ def summary_points(summary: Mapping[str, Any]) -> dict[str, float]:
         "converged": convergence.get("converged"),
         "stopped_early": convergence.get("stopped_early"),
     }
-    named.update({f"summary/{k}": float(v) for k, v in counts.items() if _is_number(v) or isinstance(v, bool)})
+    named.update({f"summary/{k}": float(v) for k, v in counts.items() if is_number(v) or isinstance(v, bool)})
     return named
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # -- the sinks ----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from mixit.analysis.report import summarize
 from mixit.errors import UsageError
 from mixit.files import read_json
-from mixit.run import Run, require_pandas
+from mixit.run import Run, is_number, require_pandas
 from mixit.study.directory import failure_record, load_study_record
 from mixit.study.executors import extra_result, run_dir, state
 
@@ -185,9 +185,9 @@ def _read_finished(r: Result, task: str) -> None:
         raise UsageError(f"{run.summary_path} is damaged: its 'convergence' is not an object")
     key = headline(task)[1]
     evals = [e for e in run.metrics() if isinstance(e, dict) and e.get("event") == "eval" and key in e]
-    if not all(isinstance(e.get("step"), int) and _is_number(e[key]) for e in evals):
+    if not all(isinstance(e.get("step"), int) and is_number(e[key]) for e in evals):
         raise UsageError(f"{run.metrics_path} is damaged: an eval event without a step or a number for {key}")
-    r.evals = [{k: v for k, v in e.items() if k == "step" or _is_number(v)} for e in evals]
+    r.evals = [{k: v for k, v in e.items() if k == "step" or is_number(v)} for e in evals]
     selected = summary.get("selected") or {}
     if not isinstance(selected, dict) or not isinstance(selected.get("test", {}), dict):
         raise UsageError(f"{run.summary_path} is damaged: its 'selected' is not an object of metrics")
@@ -204,13 +204,9 @@ def reported(r: Result) -> dict[str, float]:
 def _metrics(summary: dict[str, Any], split: str, run: Run) -> dict[str, float]:
     """summary.json's metrics of `split` (test or val); UsageError unless an object of names to numbers."""
     found = summary.get(split, {})
-    if not isinstance(found, dict) or not all(_is_number(v) for v in found.values()):
+    if not isinstance(found, dict) or not all(is_number(v) for v in found.values()):
         raise UsageError(f"{run.summary_path} is damaged: its {split!r} metrics are not numbers by name")
     return found
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _heads(run: Run) -> dict[str, Any] | None:
