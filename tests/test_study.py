@@ -211,7 +211,9 @@ def test_the_presets_plan_every_table():
     for preset in ("smoke", "quick", "gpu", "paper"):
         study = paper_study(preset)
         tables = {s.labels["table"] for s in study.specs}
-        assert tables == {"table1", "table2", "table3", "table4", "table5", "table6", "pairs"}
+        # The main job (quick) leaves out the sweep beyond the paper, which no finding reads.
+        beyond = set() if preset == "quick" else {"pairs"}
+        assert tables == {"table1", "table2", "table3", "table4", "table5", "table6"} | beyond
         assert study.extras["signal"]["variants"] == ("standard", "mixit", "random")
     # quick searches the learning rate per variant, and MixiT's heads and width on addition.
     quick = paper_study("quick")

@@ -16,7 +16,9 @@ VARIANTS = ("standard", "mixit")
 
 def runs(scale: Scale, seeds: Seeds) -> list[RunSpec]:
     """Beyond the paper: MixiT and the standard model against the number of retrieval pairs (the scale's
-    "pairs" request if it has one, else its retrieval)."""
+    "pairs" request if it has one, else its retrieval); none where the scale sweeps no pairs."""
+    if not scale.retrieval_pairs:
+        return []
     return grid(
         scale.tasks.get("pairs", scale.tasks["retrieval"]),
         {"variant": list(VARIANTS), "task_params.max_pairs": list(scale.retrieval_pairs)},
