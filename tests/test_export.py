@@ -13,6 +13,7 @@ import torch
 import transformers
 
 import mixit
+from hub_server import Hub
 from mixit import run_config, train
 from mixit.cli import main
 from mixit.config import ModelConfig
@@ -323,3 +324,57 @@ def test_push_is_refused_offline_before_anything_is_written(runs, tmp_path, caps
     assert "HF_HUB_OFFLINE" in err and not out.exists()
     err = refused(capsys, [*argv[:-1], "not a repo id"])
     assert "not a Hub repo id" in err and not out.exists()
+
+
+LOAD_FROM_THE_HUB = """
+import json, sys
+import torch
+import mixit
+loaded = mixit.load(sys.argv[1])
+with torch.no_grad():
+    logits = loaded.model.eval()(torch.tensor(json.loads(sys.argv[2])))
+print(json.dumps({"task": loaded.cfg.task, "variant": loaded.cfg.variant, "logits": logits.tolist()}))
+"""
+
+
+def test_push_to_hub_uploads_the_export_and_load_reads_it_back(runs, tmp_path):
+    """`--push-to-hub` against a Hub on localhost (tests/hub_server.py) through huggingface_hub itself: the repo
+    is created private, every exported file arrives byte for byte, and `mixit.load(repo id)` downloads it and
+    gives the run's logits. The commands run in fresh processes, as huggingface_hub reads its endpoint and
+    offline flag when imported."""
+    run_dir, out = runs["addition", "mixit"], tmp_path / "pushed"
+    hub = Hub()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_TOKEN": "hf_local_test_token",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "NO_PROXY": "127.0.0.1",
+    }
+
+    def mixit_process(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, *argv], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+        )
+
+    try:
+        pushed = mixit_process(
+            "-m", "mixit", "export", str(run_dir), "--to", "hub", "--out", str(out), "--push-to-hub", "me/add"
+        )
+        assert pushed.returncode == 0, pushed.stderr[-2000:]
+        repo = hub.repos["me/add"]
+        assert repo.private and len(repo.commits) == 1
+        written = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        assert repo.files == written
+        assert hub.cards and hub.cards[-1].get("library_name") == "mixit"  # the card's metadata, validated
+        tokens = probe(run_dir)
+        loaded = mixit_process("-c", LOAD_FROM_THE_HUB, "me/add", json.dumps(tokens.tolist()))
+        assert loaded.returncode == 0, loaded.stderr[-2000:]
+        got = json.loads(loaded.stdout.strip().splitlines()[-1])
+        assert ("GET", "/me/add/resolve/" + repo.sha + "/model.safetensors") in hub.requests
+        assert (got["task"], got["variant"]) == ("addition", "mixit")
+        assert torch.equal(torch.tensor(got["logits"]), mixit_logits(run_dir, tokens))
+    finally:
+        hub.close()
