@@ -3,7 +3,7 @@
 - ``smoke``: every code path of ``quick`` with the smallest models and a few
   steps, in about three minutes on 2 CPU cores (CI and the tests use it).
 - ``quick``: the whole comparison at a scale that finishes in about 30 minutes
-  on 2 CPU cores with its searches (30:40 measured at a1929a7), each cell stopped once its validation curve
+  on 2 CPU cores with its searches (24:51 measured at 03fb814), each cell stopped once its validation curve
   converges (docs/reproduction.md says how it was sized).
 - ``gpu``: one GPU in about an hour: Table 4 at the paper's exact scale, the
   algorithmic tables at the paper's widths.
