@@ -181,6 +181,19 @@ def test_a_bad_tracking_project_or_name_is_refused_before_anything_is_written(
     refused(capsys, ["export-logs", str(run), "--to", "tensorboard", option, value], run, wanted)
 
 
+def test_a_tracking_project_or_name_without_a_sink_is_refused(tmp_path, capsys):
+    """Without --logger they would be accepted and do nothing: train and reproduce refuse them in one line."""
+    wanted = "--tracking-project and --tracking-name name runs in a tracking sink, and --logger names none"
+    named = ["--tracking-project", "proj", "--tracking-name", "trial"]
+    out = tmp_path / "new"
+    line = refused(capsys, ["train", *TRAIN, *named, "--out", str(out)], out, wanted)
+    assert "add --logger with one or more of tensorboard, wandb, mlflow, trackio" in line
+    (tmp_path / "s.toml").write_text(STUDY_FILE)
+    study = tmp_path / "study"
+    argv = ["reproduce", "--study", str(tmp_path / "s.toml"), "--out", str(study), "--tracking-name", "trial"]
+    refused(capsys, argv, study, "--tracking-name name runs in a tracking sink, and --logger names none")
+
+
 # -- export-logs ------------------------------------------------------------------------------
 
 

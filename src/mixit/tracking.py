@@ -162,6 +162,17 @@ class Naming:
                 refused = f", none of {' '.join(forbidden)}" if forbidden else ""
                 raise UsageError(f"{option} {value!r}: {why}; give 1 to {NAME_MAX} printable characters{refused}")
 
+    def check_sent(self, sinks: Sequence[Sink], option: str = "--logger") -> None:
+        """Refuse a project or name given for runs that no sink receives (`option` names none): it would be
+        accepted and do nothing."""
+        options = (("--tracking-project", self.project), ("--tracking-name", self.name))
+        given = [flag for flag, value in options if value]
+        if given and not sinks:
+            raise UsageError(
+                f"{' and '.join(given)} name runs in a tracking sink, and {option} names none; "
+                f"add {option} with one or more of {', '.join(SINKS)}, or leave {' and '.join(given)} out"
+            )
+
 
 @dataclass(frozen=True)
 class Grouping:

@@ -350,6 +350,7 @@ def execute(
     check_out(study_dir, study.name, study.fingerprint(search), _grows(study, search))
     pool.check_available()
     sinks = check_sinks(logger)
+    (naming or Naming()).check_sent(sinks)
     check_output_dir(study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)
     lock = DirectoryLock(study_dir, "mixit study")

@@ -124,8 +124,10 @@ def train(
     """
     if keep_checkpoints not in KEEP_CHECKPOINTS:
         raise UsageError(f"keep_checkpoints must be one of {', '.join(KEEP_CHECKPOINTS)}, got {keep_checkpoints!r}")
-    grouping = grouping or run_grouping(run_dir, cfg, Naming(tracking_project, tracking_name))
+    naming = Naming(tracking_project, tracking_name)
+    grouping = grouping or run_grouping(run_dir, cfg, naming)
     sinks = check_sinks(logger, run_dir=run_dir if resume else None)
+    naming.check_sent(sinks)
     dev = resolve_device(device)
     # Checks that need no other process come first, so that a bad option never waits for the others.
     if cfg.train.dtype == "bf16" and dev.type == "cpu" and not allow_slow_dtype and not fast_bf16():
