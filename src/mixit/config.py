@@ -59,7 +59,7 @@ def type_name(hint: Any) -> str:
     )
 
 
-def _coerce(hint: Any, value: Any) -> tuple[bool, Any]:
+def coerce(hint: Any, value: Any) -> tuple[bool, Any]:
     """(True, value as `hint`) if `value` is of type `hint` under strict rules, else (False, None).
 
     Strict: a bool is not an int, an int is a float (converted), a float must
@@ -71,7 +71,7 @@ def _coerce(hint: Any, value: Any) -> tuple[bool, Any]:
         return ok, value if ok else None
     if origin in (typing.Union, types.UnionType):
         for arg in get_args(hint):
-            ok, out = _coerce(arg, value)
+            ok, out = coerce(arg, value)
             if ok:
                 return True, out
         return False, None
@@ -79,7 +79,7 @@ def _coerce(hint: Any, value: Any) -> tuple[bool, Any]:
         if not isinstance(value, (list, tuple)):
             return False, None
         (item,) = {a for a in get_args(hint) if a is not Ellipsis}
-        parts = [_coerce(item, v) for v in value]
+        parts = [coerce(item, v) for v in value]
         return (True, tuple(v for _, v in parts)) if all(ok for ok, _ in parts) else (False, None)
     if hint is type(None):
         return value is None, None
@@ -133,7 +133,7 @@ class Config:
     def __post_init__(self) -> None:
         for name, hint in field_hints(type(self)).items():
             value = getattr(self, name)
-            ok, converted = _coerce(hint, value)
+            ok, converted = coerce(hint, value)
             check(ok, f"{name} must be {type_name(hint)}, got {value!r}")
             setattr(self, name, converted)
         self.validate()
