@@ -28,8 +28,8 @@ run: setup
 
 # Lint (ruff: rules and formatting) and types (mypy on src/) are part of the tests.
 test: setup
-	$(BIN)/ruff check src tests scripts examples
-	$(BIN)/ruff format --check src tests scripts examples
+	$(BIN)/ruff check src tests scripts examples docs/results
+	$(BIN)/ruff format --check src tests scripts examples docs/results
 	$(BIN)/mypy
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests
 

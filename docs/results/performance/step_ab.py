@@ -6,8 +6,8 @@ process reports the median of its timed steps, and this prints the median
 over processes. It also times the elementwise multiply of two 32 MiB tensors,
 the case the allocator setting is for.
 
-    python scripts/step_ab.py --setting allocator --shape target
-    python scripts/step_ab.py --setting compile --shape algorithmic
+    python docs/results/performance/step_ab.py --setting allocator --shape target
+    python docs/results/performance/step_ab.py --setting compile --shape algorithmic
 """
 
 from __future__ import annotations

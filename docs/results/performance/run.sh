@@ -2,7 +2,7 @@
 # The measurements of docs/performance.md: every variant and the Hugging Face
 # Llama baseline at the two CPU shapes, eager with a profile of one
 # step per row, then the target shape compiled. About 20 minutes on 2 cores.
-# Usage: scripts/bench_runs.sh [OUT_DIR]   (default runs/bench)
+# Usage: docs/results/performance/run.sh [OUT_DIR]   (default runs/bench)
 set -euo pipefail
 out=${1:-runs/bench}
 mixit=${MIXIT:-mixit}

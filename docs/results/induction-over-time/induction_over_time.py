@@ -3,11 +3,11 @@ MixiT, seeds 0-2, the same configurations and so the same run ids as docs/result
 trained again keeping about 20 log-spaced checkpoints, each analysed over time; then one figure of the
 strongest induction head's score against step per variant and seed, and a table of when it formed.
 
-    python scripts/induction_over_time.py [OUT_DIR]     # default runs/induction-over-time; resumable
+    python docs/results/induction-over-time/induction_over_time.py [OUT_DIR]   # default runs/induction-over-time
 
 Writes OUT_DIR/<variant>-seed<s>/ (the runs) and docs/results/induction-over-time/ (each run's config.json,
 summary.json and over-time analysis, the figure, over_time.json and table.md). About 15 minutes on 2 CPU
-cores.
+cores; run again, it resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from matplotlib.figure import Figure
 from mixit import Run, RunConfig, train
 from mixit.analysis.report import analyze_run
 
-ROOT = Path(__file__).resolve().parents[1]
-STUDY = ROOT / "docs" / "results" / "study-quick-3seeds" / "study.json"
-RECORD = ROOT / "docs" / "results" / "induction-over-time"
+RECORD = Path(__file__).resolve().parent
+ROOT = RECORD.parents[2]
+STUDY = RECORD.parent / "study-quick-3seeds" / "study.json"
 VARIANTS = ("standard", "frozen_qk", "mixit")
 FORMED = 0.5
 """An induction head has formed once the strongest head's score reaches this (halfway to a perfect head)."""

@@ -1,7 +1,7 @@
 """The record behind the numbers the examples quote: each example of examples/ run at its default size
 (`laptop`), one after another, from a fresh output directory, timed.
 
-    python scripts/record_examples.py [OUT_DIR]      # default runs/examples-record (removed first)
+    python docs/results/examples/record_examples.py [OUT_DIR]    # default runs/examples-record (removed first)
 
 Writes docs/results/examples/: per example its printed output (output.txt), its figures, each run's
 config.json and summary.json, and summary.md (the commit, the wall time of each example, each run's test
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from mixit.version import git_commit
 
-ROOT = Path(__file__).resolve().parents[1]
+RECORD = Path(__file__).resolve().parent
+ROOT = RECORD.parents[2]
 EXAMPLES = ("compare_variants", "own_task", "attention_and_heads")
-RECORD = ROOT / "docs" / "results" / "examples"
 
 
 def run_example(name: str, out: Path) -> tuple[float, str]:
@@ -63,13 +63,14 @@ def keep(name: str, out: Path, seconds: float, output: str) -> list[str]:
 def main() -> None:
     out_root = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "runs" / "examples-record"
     shutil.rmtree(out_root, ignore_errors=True)
-    shutil.rmtree(RECORD, ignore_errors=True)
-    RECORD.mkdir(parents=True)
+    for name in EXAMPLES:  # what an earlier record wrote; the record's directory also holds this script
+        shutil.rmtree(RECORD / name, ignore_errors=True)
     lines = [
         "# The examples at their default size",
         "",
-        f"Commit {git_commit()}; `python scripts/record_examples.py`; each example run once, one after another,",
-        f"on {os.cpu_count()} CPU cores, from an empty output directory. Times are wall seconds of the whole script.",
+        f"Commit {git_commit()}; `python docs/results/examples/record_examples.py`; each example run once,",
+        f"one after another, on {os.cpu_count()} CPU cores, from an empty output directory. Times are wall seconds",
+        "of the whole script.",
         "",
     ]
     for name in EXAMPLES:

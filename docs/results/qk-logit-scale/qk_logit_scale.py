@@ -1,7 +1,7 @@
 """Standard deviation of the attention logits q.k / sqrt(d_head) of a freshly
 initialised first layer (what frozen_qk keeps for ever), at several widths.
 
-Usage: python scripts/qk_logit_scale.py   (seconds on a CPU)
+Usage: python docs/results/qk-logit-scale/qk_logit_scale.py   (seconds on a CPU)
 """
 
 import math

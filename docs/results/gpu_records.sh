@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU records of docs/performance.md ("On a GPU") and docs/reproduction.md ("On a GPU"), one stage at a time:
 #
-#   scripts/gpu_records.sh OUT STAGE...      STAGE: env, tests, bench, compiled, table4, table4-epochs, depth
+#   docs/results/gpu_records.sh OUT STAGE...      STAGE: env, tests, bench, compiled, table4, table4-epochs, depth
 #
 # run from a checkout (or a copy of one: set MIXIT_COMMIT to its commit) on a machine with a CUDA GPU and a
 # CUDA build of PyTorch. Each stage writes OUT/STAGE/ (the study stages leave out checkpoints) and its command
