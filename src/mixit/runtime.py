@@ -6,7 +6,7 @@ but stops at 32 MiB on 64-bit systems. A training step allocates and frees
 activations of exactly that size and larger on every step (64 x 128 x 1024
 fp32 is 32 MiB), so each of them is mapped anew and its pages faulted in and
 zeroed by the kernel before torch writes a single value. Measured on this
-project's 2-core machine (`scripts/step_ab.py --setting allocator`): an
+project's 2-core machine (`docs/results/performance/step_ab.py --setting allocator`): an
 elementwise multiply of two such tensors takes 21.8 ms with fresh pages and
 5.4 ms when the memory is reused, and one training step of the standard model
 at d_model 256, 4 layers, batch 64 x 128 drops from 2.83 s to 2.57 s.
