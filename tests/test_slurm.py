@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import submitit
 
-from mixit.cli import arguments, build_parser, main
+from mixit.cli import build_parser, main
 from mixit.errors import UsageError
-from mixit.flags import Parser
+from mixit.flags import Parser, arguments
 from mixit.study import ReproduceOptions
 from mixit.study.executors import _submitit, slurm_parameters
 

@@ -8,23 +8,19 @@ Config. jsonargparse parses each value by its type hint (see docs/design.md,
 "Configuration", for why it was chosen over tyro). Four generic rules:
 
 - a parameter whose type is a dataclass (`BenchOptions`, say) contributes that
-  dataclass's fields as the command's options, by field name, and `call`
-  builds the dataclass from them;
+  dataclass's fields as the command's options, by field name, and
+  `mixit.flags.call` builds the dataclass from them;
 - a parameter typed as a Callable is a library hook (a progress callback), not
   an option; the command's ``cmd_*`` function supplies it;
 - options with both ``task`` and ``task_params`` take ``-p KEY=VALUE``
   (repeatable) instead of ``--task_params``, each value parsed by the type of
-  its field in the chosen task's Config (`task_params`);
+  its field in the chosen task's Config (`mixit.flags.task_params`);
 - a parameter typed as a mapping (`ReproduceOptions.slurm`, a ``dict``) takes
   ``--NAME KEY=VALUE``, repeatable, and is given to the library as a dict of
   strings for it to check and type (`mixit.flags.key_values`).
 
-Spellings (`mixit.flags`): an option by its path (``--model.d_model``) or its
-name alone with dashes (``--d-model``); a bool alone for true (``--compile``)
-and ``--no-compile`` for false; a list comma-separated (``--depths 2,4``).
---help names types and defaults in the same words (``int or null``, ``one of
-hf or hub``, ``default: true``), and every help text is a sentence
-(tests/test_help.py).
+The spellings (``--d-model`` beside ``--model.d_model``, ``--no-compile``,
+``--depths 2,4``) and the words of --help are `mixit.flags`'s.
 
 Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
@@ -52,12 +48,12 @@ from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import format_signal, signal_command
 from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
-from mixit.config import ModelConfig, TrainConfig, field_hints
+from mixit.config import ModelConfig, TrainConfig
 from mixit.distributed import BadEnvironment, Dist, env_world, refusal_said
 from mixit.errors import UsageError, show_warning
 from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
 from mixit.export import export_run
-from mixit.flags import Option, Parser, help_default, hints_of, is_mapping, key_values, one_line
+from mixit.flags import Option, Parser, arguments, call, help_default, one_line, task_params
 from mixit.generate import sample_run
 from mixit.plugins import load_plugins
 from mixit.run import Run, load_request
@@ -67,53 +63,6 @@ from mixit.tasks import TASKS
 from mixit.training.evaluate import evaluate_run
 from mixit.training.loop import train
 from mixit.version import __version__
-
-
-def call(function: Callable[..., Any], args: Mapping[str, Any], **hooks: Any) -> Any:
-    """`function` called with the parsed options `args` (module docstring): each dataclass parameter built from
-    the options of its fields, the others as given; `hooks` are its Callable parameters."""
-    kwargs = arguments(function, args)
-    for name, hint in hints_of(function).items():
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = hint(**arguments(hint, args))  # type: ignore[operator]
-    return function(**kwargs, **hooks)
-
-
-def arguments(target: Any, args: Mapping[str, Any]) -> dict[str, Any]:
-    """The values given in `args` for the parameters or fields of `target`, task_params from ``-p``."""
-    names = hints_of(target)
-    values = {k: args[k] for k in names if k in args}
-    for name, hint in names.items():
-        if name in values and is_mapping(hint) and isinstance(values[name], list):
-            values[name] = key_values(name, values[name])
-    if "task_params" in names and "task_param" in args:
-        values["task_params"] = task_params(values.get("task"), args["task_param"])
-    return values
-
-
-def task_params(task: Any, items: Sequence[str]) -> dict[str, Any]:
-    """``-p KEY=VALUE`` items, each value parsed by the type of its field in the task's Config."""
-    if task is None:
-        raise UsageError("-p/--task-param needs --task")
-    if not isinstance(task, str):
-        raise UsageError(f"task must be a string, got {task!r}")
-    config = TASKS.get(task).Config
-    argv = []
-    for item in items:
-        key, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or not key:
-            raise UsageError(f"-p expects KEY=VALUE (e.g. n_digits=5), got {item!r}")
-        if key not in field_hints(config):
-            allowed = ", ".join(f"{k}={v}" for k, v in config().to_dict().items())
-            raise UsageError(f"unknown parameter {key!r} for task {task}; allowed: {allowed}")
-        argv.append(f"--{key}={value}")
-    parser = Parser()
-    parser.add_options(config, partial=True)
-    try:
-        return dict(parser.parse_args(argv, defaults=False).as_dict())
-    except ArgumentError as e:
-        raise UsageError(f"task parameter {e}") from None
-
 
 # -- mixit train ------------------------------------------------------------------------
 

@@ -22,6 +22,11 @@ on that same call, through argparse's public options (docs/design.md,
 - a value of the wrong type is refused in one line from the option's declared
   type, in the words of mixit's own checks (``train.steps: expected an
   integer, got 'ten'``: `Parser.explain`).
+
+What a command's options parse to goes back to the declaration that made
+them: `call` calls a library function with them, each dataclass parameter
+built from its fields' options, ``-p`` read by the task's Config
+(`task_params`), a mapping's ``KEY=VALUE`` items gathered (`key_values`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import sys
 import textwrap
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, get_args, get_origin
 
 import docstring_parser
@@ -44,6 +49,7 @@ from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
 from mixit.config import field_docs, field_hints, short_doc, type_name
 from mixit.errors import UsageError
+from mixit.tasks import TASKS
 
 REQUIRED: Any = dataclasses.MISSING
 """The default of an option that has none."""
@@ -342,6 +348,55 @@ class Parser(ArgumentParser):
             if not accepts(option.hint, comma_list(value) if is_list(option.hint) else value):
                 return f"{option.dest}: expected {type_name(option.hint)}, got {value!r}"
         return None
+
+
+# -- reading the options back ---------------------------------------------------------------
+
+
+def call(function: Callable[..., Any], args: Mapping[str, Any], **hooks: Any) -> Any:
+    """`function` called with the parsed options `args` (module docstring): each dataclass parameter built from
+    the options of its fields, the others as given; `hooks` are its Callable parameters."""
+    kwargs = arguments(function, args)
+    for name, hint in hints_of(function).items():
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = hint(**arguments(hint, args))  # type: ignore[operator]
+    return function(**kwargs, **hooks)
+
+
+def arguments(target: Any, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The values given in `args` for the parameters or fields of `target`, task_params from ``-p``."""
+    names = hints_of(target)
+    values = {k: args[k] for k in names if k in args}
+    for name, hint in names.items():
+        if name in values and is_mapping(hint) and isinstance(values[name], list):
+            values[name] = key_values(name, values[name])
+    if "task_params" in names and "task_param" in args:
+        values["task_params"] = task_params(values.get("task"), args["task_param"])
+    return values
+
+
+def task_params(task: Any, items: Sequence[str]) -> dict[str, Any]:
+    """``-p KEY=VALUE`` items, each value parsed by the type of its field in the task's Config."""
+    if task is None:
+        raise UsageError("-p/--task-param needs --task")
+    if not isinstance(task, str):
+        raise UsageError(f"task must be a string, got {task!r}")
+    config = TASKS.get(task).Config
+    argv = []
+    for item in items:
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key:
+            raise UsageError(f"-p expects KEY=VALUE (e.g. n_digits=5), got {item!r}")
+        if key not in field_hints(config):
+            allowed = ", ".join(f"{k}={v}" for k, v in config().to_dict().items())
+            raise UsageError(f"unknown parameter {key!r} for task {task}; allowed: {allowed}")
+        argv.append(f"--{key}={value}")
+    parser = Parser()
+    parser.add_options(config, partial=True)
+    try:
+        return dict(parser.parse_args(argv, defaults=False).as_dict())
+    except ArgumentError as e:
+        raise UsageError(f"task parameter {e}") from None
 
 
 def one_line(error: BaseException) -> str:
