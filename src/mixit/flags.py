@@ -95,10 +95,8 @@ def options_of(target: Any, nested_key: str | None = None) -> list[Option]:
             for f in dataclasses.fields(target)
         }
     else:
-        empty = inspect.Parameter.empty
-        defaults = {
-            n: REQUIRED if p.default is empty else p.default for n, p in inspect.signature(target).parameters.items()
-        }
+        params = inspect.signature(target).parameters
+        defaults = {n: REQUIRED if p.default is p.empty else p.default for n, p in params.items()}
     return [Option(prefix + name, hint, doc(target, name), defaults[name]) for name, hint in hints.items()]
 
 
@@ -162,12 +160,15 @@ def help_default(value: Any) -> Any:
     return '""' if value == "" else value
 
 
-def help_text(option: Option) -> str:
-    """An option's help: its docstring, then its type and default (``Type: int; default: 128.``)."""
-    if option.default is REQUIRED:
-        return f"{option.doc} Type: {help_type(option.hint)}."
-    default = "null" if option.default is None else help_default(option.default)
-    return f"{option.doc} Type: {help_type(option.hint)}; default: {default}."
+def help_text(option: Option, typed: bool = True) -> str:
+    """An option's help: its docstring, then (if `typed`) its type and default (``Type: int; default: 128.``); a
+    ``%`` doubled, since argparse formats a help text with %."""
+    text = option.doc
+    if typed:
+        text += f" Type: {help_type(option.hint)}"
+        default = "null" if option.default is None else help_default(option.default)
+        text += "." if option.default is REQUIRED else f"; default: {default}."
+    return text.replace("%", "%%")
 
 
 def fill(text: str | None) -> str | None:
@@ -268,8 +269,7 @@ class Parser(ArgumentParser):
             for o in options_of(target, nested_key)
             if o.dest.rpartition(".")[2] not in skip
         ]
-        names = {o.dest.rpartition(".")[2] for o in options}
-        dash_p = {"task", "task_params"} <= names
+        dash_p = {"task", "task_params"} <= {o.dest.rpartition(".")[2] for o in options}
         if dash_p:
             self.add_argument(
                 "-p",
@@ -286,7 +286,8 @@ class Parser(ArgumentParser):
             if dataclasses.is_dataclass(option.hint) and not dataclasses.is_dataclass(target):
                 self.add_options(option.hint)
             elif is_mapping(option.hint):
-                self.add_argument(*self.names(option), action="append", metavar="KEY=VALUE", help=option.doc)
+                text = help_text(option, typed=False)
+                self.add_argument(*self.names(option), action="append", metavar="KEY=VALUE", help=text)
             else:
                 self.add_option(option, group, positional=not partial and option.default is REQUIRED)
 
@@ -305,10 +306,9 @@ class Parser(ArgumentParser):
             return
         names = self.names(option)
         flag = option.hint is bool
-        shown = (
-            {} if flag or get_origin(option.hint) is Literal else {"metavar": option.dest.rpartition(".")[2].upper()}
-        )
-        extra = {"nargs": "?", "const": True} if flag else shown
+        # jsonargparse shows the values of a bool or a Literal ({true,false}); any other option, its name.
+        metavar = {} if get_origin(option.hint) is Literal else {"metavar": option.dest.rpartition(".")[2].upper()}
+        extra = {"nargs": "?", "const": True} if flag else metavar
         group.add_argument(*names, type=option.hint, help=help_text(option), **extra)
         self.spellings.update(dict.fromkeys(names, option))
         if flag:
