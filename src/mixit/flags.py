@@ -36,6 +36,7 @@ import collections.abc
 import dataclasses
 import functools
 import inspect
+import re
 import shutil
 import sys
 import textwrap
@@ -342,7 +343,7 @@ class Parser(ArgumentParser):
             if option is None:
                 continue
             if not eq:
-                if i + 1 == len(argv) or (option.hint is bool and argv[i + 1].startswith("-")):
+                if i + 1 == len(argv) or not takes(argv[i + 1]):
                     continue
                 value = argv[i + 1]
             if not accepts(option.hint, comma_list(value) if is_list(option.hint) else value):
@@ -397,6 +398,12 @@ def task_params(task: Any, items: Sequence[str]) -> dict[str, Any]:
         return dict(parser.parse_args(argv, defaults=False).as_dict())
     except ArgumentError as e:
         raise UsageError(f"task parameter {e}") from None
+
+
+def takes(word: str) -> bool:
+    """Whether argparse reads `word`, after an option, as its value: unless it reads as an option itself (a
+    negative number does not)."""
+    return not word.startswith("-") or re.fullmatch(r"-\d+|-\d*\.\d+", word) is not None
 
 
 def one_line(error: BaseException) -> str:
