@@ -233,3 +233,30 @@ def test_options_with_task_and_task_params_take_dash_p(capsys):
     for command in ("train", "bench"):  # RunConfig's fields, BenchOptions' fields
         text = command_help(command, capsys)
         assert "-p KEY=VALUE" in text and "--task_params" not in text
+
+
+def test_a_list_option_is_bracketed_before_jsonargparse_reads_it():
+    from mixit.flags import bracket_lists
+
+    lists = {"--depths", "--tokens"}
+    argv = ["--depths", "2,4", "--tokens=1,2", "--seed", "3,4", "--depths", "[8]", "--tokens", "--seed"]
+    assert bracket_lists(argv, lists) == [
+        "--depths",
+        "[2,4]",
+        "--tokens=[1,2]",
+        "--seed",
+        "3,4",  # not a list option
+        "--depths",
+        "[8]",
+        "--tokens",  # no value: jsonargparse says so
+        "--seed",
+    ]
+
+
+def test_a_wrong_value_is_said_from_the_declared_type_of_the_option_given():
+    parser = command_parser(toy)
+    assert parser.explain(["r", "--seed", "x"]) == "seed: expected an integer, got 'x'"
+    assert parser.explain(["r", "--depths=2,x"]) == "depths: expected a list (an integer each), got '2,x'"
+    assert parser.explain(["r", "--shaped", "--seed", "2"]) is None  # a bool alone takes no value
+    with pytest.raises(Exception, match=r"^shaped: expected true or false, got 'maybe'$"):
+        toy_args("r", "--shaped", "maybe")

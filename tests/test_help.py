@@ -12,7 +12,8 @@ from typing import Literal
 
 import pytest
 
-from mixit.cli import COMMANDS, Parser, build_parser, help_default, help_type
+from mixit.cli import COMMANDS, build_parser
+from mixit.flags import Parser, help_default, help_type
 from mixit.tasks import TASKS
 
 TOP = "mixit"  # the test case of `mixit --help` itself

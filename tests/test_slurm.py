@@ -2,7 +2,10 @@
 reaches submitit, typed as submitit types it; the same parameters run a tiny study through submitit's local
 executor; a bad key, value or item is refused with one line and exit status 2 before anything is written."""
 
+import collections.abc
+import functools
 import math
+import operator
 import shlex
 import typing
 from pathlib import Path
@@ -10,8 +13,9 @@ from pathlib import Path
 import pytest
 import submitit
 
-from mixit.cli import Parser, arguments, build_parser, main
+from mixit.cli import build_parser, main
 from mixit.errors import UsageError
+from mixit.flags import Parser, arguments
 from mixit.study import ReproduceOptions
 from mixit.study.executors import _submitit, slurm_parameters
 
@@ -205,9 +209,9 @@ def test_numbers_out_of_range_are_refused_before_anything_is_written(tmp_path, c
 
 
 def test_every_number_submitit_takes_has_a_range_and_its_least_value_passes():
-    from mixit.study.executors import SLURM_MINIMA, slurm_types
+    from mixit.study.executors import SLURM_MINIMA, SLURM_TYPES
 
-    numbers = {key for key, hint in slurm_types().items() if {int, float} & {hint, *typing.get_args(hint)}}
+    numbers = {key for key, hint in SLURM_TYPES.items() if {int, float} & {hint, *typing.get_args(hint)}}
     assert numbers == SLURM_MINIMA.keys()  # a number a later submitit adds needs its range decided here
     least = {key: minimum for key, (minimum, _) in SLURM_MINIMA.items() if key not in ("time", "ntasks_per_node")}
     assert slurm_parameters("slurm", least)["gpus_per_node"] == 0
@@ -238,3 +242,33 @@ def test_a_mapping_parameter_takes_repeatable_key_value_items():
             arguments(command, {"env": [bad]})
     with pytest.raises(UsageError, match=r"--env c is given both as c=VALUE and c.NAME=VALUE"):
         arguments(command, {"env": ["c.x=1", "c=2"]})
+
+
+def test_the_declared_parameters_are_submitits_own():
+    """`SLURM_TYPES`, `SLURM_GENERIC` and `SLURM_SAME` say what the installed submitit reads (its private tables,
+    read here and only here), so a parameter that a submitit release adds, drops, renames or retypes fails this
+    test rather than a user's study."""
+    from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
+
+    from mixit.study.executors import SLURM_GENERIC, SLURM_RENAMED, SLURM_SAME, SLURM_TYPES
+
+    def plain(hint):  # submitit's hint without None, its lists and dicts as mixit's table spells them
+        kinds = (
+            [a for a in typing.get_args(hint) if a is not type(None)]
+            if typing.get_origin(hint) is typing.Union
+            else [hint]
+        )
+        origin = typing.get_origin(kinds[0])
+        if origin in (list, collections.abc.Iterable):
+            return list[str]
+        if origin is dict:
+            return dict[str, typing.Any]
+        return functools.reduce(operator.or_, kinds)
+
+    generic = submitit.AutoExecutor._typed_parameters()
+    sbatch = typing.get_type_hints(_make_sbatch_string)
+    own = {name: plain(sbatch[name]) for name in SlurmExecutor._valid_parameters() - SLURM_RENAMED.keys()}
+    assert SLURM_TYPES == {**own, **generic}
+    assert set(SLURM_GENERIC) == generic.keys()
+    assert SLURM_SAME == {k: v for k, v in SlurmExecutor._equivalence_dict().items() if k != v}
+    assert SLURM_RENAMED.keys() <= SlurmExecutor._valid_parameters()

@@ -25,7 +25,7 @@ LAYERS = {
     6: ["training", "tracking"],
     7: ["analysis", "generate", "bench", "export", "remote_code", "interop"],
     8: ["study"],
-    9: ["cli"],
+    9: ["cli", "flags"],
     10: ["__init__", "__main__"],
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}

@@ -1,74 +1,59 @@
 """`mixit <command>`: train, eval, sample, analyze, signal, bench, reproduce, report, export, list.
 
-This module only parses and dispatches. jsonargparse generates every option
-from the one place it is declared, with its type, default and docstring: the
-parameters of the library function a command calls, and for ``mixit train``
-the fields of `RunConfig`, `ModelConfig` and `TrainConfig` and a task's Config.
-It parses each value by its type hint (it is argparse underneath, so a bad
-value is an exception we print on one line; see docs/design.md,
+This module only parses and dispatches. Every option is generated from the
+one place it is declared, with its type, default and docstring (`mixit.flags`):
+the parameters of the library function a command calls, and for ``mixit
+train`` the fields of `RunConfig`, `ModelConfig` and `TrainConfig` and a task's
+Config. jsonargparse parses each value by its type hint (see docs/design.md,
 "Configuration", for why it was chosen over tyro). Four generic rules:
 
 - a parameter whose type is a dataclass (`BenchOptions`, say) contributes that
-  dataclass's fields as the command's flags, by field name, and `call` builds
-  the dataclass from them;
+  dataclass's fields as the command's options, by field name, and
+  `mixit.flags.call` builds the dataclass from them;
 - a parameter typed as a Callable is a library hook (a progress callback), not
-  a flag; the command's ``cmd_*`` function supplies it;
+  an option; the command's ``cmd_*`` function supplies it;
 - options with both ``task`` and ``task_params`` take ``-p KEY=VALUE``
   (repeatable) instead of ``--task_params``, each value parsed by the type of
-  its field in the chosen task's Config (`task_params`);
+  its field in the chosen task's Config (`mixit.flags.task_params`);
 - a parameter typed as a mapping (`ReproduceOptions.slurm`, a ``dict``) takes
   ``--NAME KEY=VALUE``, repeatable, and is given to the library as a dict of
-  strings for it to check and type: a key given twice collects its values into
-  a list, in order, and ``KEY.NAME=VALUE`` sets NAME in a dict under KEY
-  (`key_values`).
+  strings for it to check and type (`mixit.flags.key_values`).
 
-Spellings: jsonargparse names an option by its path (``--model.d_model``,
-``--data_seed``) and reads a bool or a list only as a value (``--compile
-true``, ``--depths [2,4]``). `Parser.add_spellings` adds, to each option it
-generated, its name alone with dashes (``--d-model``, ``--data-seed``); for a
-bool, the option alone for true (``--compile``) and ``--no-compile`` for
-false; for a list, comma-separated values (``--depths 2,4``, or one: ``--depths
-8``). --help names types and defaults in the same words (``int or null``, ``one
-of hf or hub``, ``default: true``; `HelpFormatter`), and every help text is a
-sentence (tests/test_help.py).
+The spellings (``--d-model`` beside ``--model.d_model``, ``--no-compile``,
+``--depths 2,4``) and the words of --help are `mixit.flags`'s.
 
 Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
 stderr naming the problem and what is allowed, and exit status 2; a value of
 the wrong type is said from the option's declared type, in the words of
-mixit's own checks (``train.steps: expected an integer, got 'ten'``: `describe`).
+mixit's own checks (``train.steps: expected an integer, got 'ten'``).
 """
 
 from __future__ import annotations
 
-import argparse
-import collections.abc
 import dataclasses
 import inspect
 import json
 import sys
-import textwrap
 import time
-import types
-import typing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, NoReturn, get_args, get_origin
+from typing import Any, NoReturn
 
-import docstring_parser
-from jsonargparse import ArgumentError, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
+from jsonargparse import ArgumentError
 
 from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import format_signal, signal_command
 from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
-from mixit.config import ModelConfig, TrainConfig, field_docs, field_hints, type_name
+from mixit.config import ModelConfig, TrainConfig
 from mixit.distributed import BadEnvironment, Dist, env_world, refusal_said
 from mixit.errors import UsageError, show_warning
 from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
 from mixit.export import export_run
+from mixit.flags import Option, Parser, arguments, call, help_default, one_line, task_params
 from mixit.generate import sample_run
 from mixit.plugins import load_plugins
 from mixit.run import Run, load_request
@@ -78,287 +63,6 @@ from mixit.tasks import TASKS
 from mixit.training.evaluate import evaluate_run
 from mixit.training.loop import train
 from mixit.version import __version__
-
-# The docstring under each dataclass field is its --help text.
-set_parsing_settings(docstring_parse_attribute_docstrings=True)
-
-# -- generating options ----------------------------------------------------------------
-
-
-def hints_of(target: Any) -> dict[str, Any]:
-    """The type of each field of dataclass `target`, or of each parameter of function `target`."""
-    if dataclasses.is_dataclass(target):
-        return field_hints(target)  # type: ignore[arg-type]
-    return {k: v for k, v in typing.get_type_hints(target).items() if k != "return"}
-
-
-def _alternatives(hint: Any) -> tuple[Any, ...]:
-    """The types a hint allows besides None: (int,) for `int | None`."""
-    if get_origin(hint) in (typing.Union, types.UnionType):
-        return tuple(a for a in get_args(hint) if a is not type(None))
-    return (hint,)
-
-
-def is_hook(hint: Any) -> bool:
-    """Whether a parameter of type `hint` is a library hook (a Callable), which is no flag."""
-    return any(get_origin(a) is collections.abc.Callable for a in _alternatives(hint))
-
-
-def is_mapping(hint: Any) -> bool:
-    """Whether an option of type `hint` takes KEY=VALUE items (module docstring)."""
-    return any(a is dict or get_origin(a) in (dict, collections.abc.Mapping) for a in _alternatives(hint))
-
-
-def is_list(hint: Any) -> bool:
-    """Whether an option of type `hint` takes a list (comma-separated on the command line)."""
-    return any(get_origin(a) in (list, tuple, collections.abc.Sequence) for a in _alternatives(hint))
-
-
-def comma_list(text: str) -> str:
-    """The argparse type of a list option: ``2,4`` becomes ``[2,4]``, which jsonargparse then parses and checks
-    against the option's type hint (it reads a list only in brackets)."""
-    return text if text.lstrip().startswith("[") else f"[{text}]"
-
-
-def help_type(hint: Any) -> str:
-    """A type hint as --help names it, in the words of the command line: "int", "Path", "int or null", "one of a,
-    b or c", "comma-separated list of int", "comma-separated list, each one of a or b" (jsonargparse prints
-    Python's spellings: ``Literal['a', 'b']``, ``int | None``, ``<class 'Path'>``)."""
-    origin, args = get_origin(hint), get_args(hint)
-    if origin is Literal:
-        return "one of " + alternatives([str(a) for a in args])
-    if origin in (typing.Union, types.UnionType):
-        values = [a for a in args if a is not type(None)]
-        null = ["null"] if len(values) < len(args) else []
-        if len(values) == 1 and get_origin(values[0]) is Literal:
-            return "one of " + alternatives([*(str(a) for a in get_args(values[0])), *null])
-        return alternatives([*(help_type(a) for a in values), *null])
-    if origin in (list, tuple, collections.abc.Sequence):
-        item = help_type(args[0]) if args else "str"
-        return "comma-separated list" + (", each " if item.startswith("one of ") else " of ") + item
-    if origin in (dict, collections.abc.Mapping):
-        return f"mapping of {help_type(args[0])} to {help_type(args[1])}" if args else "mapping"
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def alternatives(names: Sequence[str]) -> str:
-    """``a, b or c``."""
-    return " or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]
-
-
-def help_default(value: Any) -> Any:
-    """A default as --help shows it, as it is typed: true/false, a list comma-separated (an empty one ``[]``), an
-    empty string ``""`` (jsonargparse prints Python's ``False``, ``('a', 'b')``, ``()`` and nothing)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(help_default(v)) for v in value) or "[]"
-    return '""' if value == "" else value
-
-
-class HelpFormatter(DefaultHelpFormatter):
-    """jsonargparse's help layout, with each option's type and default in the words of the command line
-    (`help_type`, `help_default`), lines broken between words only (never inside ``--over-time``), and a
-    description or epilog filled to the terminal except its indented lines, kept as listed."""
-
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        paragraphs: list[str] = []
-        for line in text.strip("\n").splitlines():
-            if line[:1].strip() and paragraphs and paragraphs[-1][:1].strip():  # goes on with an unindented line
-                paragraphs[-1] += " " + line
-            else:
-                paragraphs.append(line)
-        lines: list[str] = []
-        for paragraph in paragraphs:  # an indented one wraps under itself, further indented
-            lead = indent + paragraph[: len(paragraph) - len(paragraph.lstrip())]
-            hanging = lead + "    " if lead != indent else lead
-            words = " ".join(paragraph.split())
-            lines += textwrap.wrap(words, width, initial_indent=lead, subsequent_indent=hanging, break_on_hyphens=False)
-            lines += [] if words else [""]
-        return "\n".join(lines)
-
-    def _get_type_str(self, action: argparse.Action) -> str | None:
-        hint = getattr(action, "_typehint", None)  # jsonargparse's options; ours (--config, --out) have a type
-        if hint is None and isinstance(action.type, type):
-            hint = action.type
-        return super()._get_type_str(action) if hint is None else help_type(hint)
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if isinstance(action, argparse._AppendAction) and action.default is None:  # -p KEY=VALUE: none given
-            return action.help or ""
-        return super()._get_help_string(action)
-
-    def _expand_help(self, action: argparse.Action) -> str:
-        default = action.default
-        action.default = help_default(default)
-        try:
-            return super()._expand_help(action)
-        finally:
-            action.default = default
-
-
-class Parser(ArgumentParser):
-    """jsonargparse's parser, raising on errors (printed on one line by `main`), with the generic rules and the
-    short spellings of the module docstring."""
-
-    def __init__(self, **kwargs: Any):
-        super().__init__(exit_on_error=False, print_config=None, formatter_class=HelpFormatter, **kwargs)
-
-    def add_options(
-        self, target: Any, nested_key: str | None = None, skip: Sequence[str] = (), partial: bool = False
-    ) -> None:
-        """Flags for the parameters of function `target` or the fields of dataclass `target`, generated by
-        jsonargparse under `nested_key`, with the generic rules and spellings of the module docstring. A
-        required parameter is positional, unless `partial` (every option may be left out: a request)."""
-        hints = hints_of(target)
-        skipped: set[str | int] = {*skip, *(name for name, hint in hints.items() if is_hook(hint))}
-        if {"task", "task_params"} <= hints.keys():
-            skipped.add("task_params")
-            self.add_argument(
-                "-p",
-                "--task-param",
-                action="append",
-                metavar="KEY=VALUE",
-                help="Set a task parameter, the value read as the type the task declares for it; repeat -p for "
-                "several (`mixit list` names each task's parameters and defaults).",
-            )
-        mappings = [name for name, hint in hints.items() if name not in skipped and is_mapping(hint)]
-        skipped.update(mappings)
-        if not dataclasses.is_dataclass(target):
-            for name, hint in hints.items():
-                if name not in skipped and dataclasses.is_dataclass(hint):
-                    self.add_options(hint)
-                    skipped.add(name)
-        add = self.add_class_arguments if dataclasses.is_dataclass(target) else self.add_function_arguments
-        for dest in add(target, nested_key, as_group=nested_key is not None, as_positional=not partial, skip=skipped):
-            self.add_spellings(dest, hints[dest.rpartition(".")[2]], required=not partial)
-        group_file = self._option_string_actions.get(f"--{nested_key}") if nested_key else None  # --model FILE
-        if group_file is not None:
-            group_file.help = f"A YAML or JSON file, or string, of {nested_key} options; a flag after it overrides it."
-        for name in mappings:
-            dashed = f"--{name.replace('_', '-')}"
-            names = [dashed] if dashed == f"--{name}" else [f"--{name}", dashed]
-            self.add_argument(*names, dest=name, action="append", metavar="KEY=VALUE", help=doc(target, name))
-
-    def add_spellings(self, dest: str, hint: Any, required: bool = True) -> None:
-        """Give the option at `dest` (``--model.d_model``) the spellings of the module docstring. An alias is
-        registered as argparse registers the names of an option declared with several (`_option_string_actions`);
-        argparse applies a `type` to the string before the action (jsonargparse's) checks the value."""
-        action = self._option_string_actions.get(f"--{dest}")
-        if action is None:  # a positional argument
-            return
-        action.required = action.required and required
-        group, _, name = dest.rpartition(".")
-        dashed = name.replace("_", "-")
-        if f"--{dashed}" not in self._option_string_actions:  # a name in two groups keeps its long form only
-            action.option_strings = [*action.option_strings, f"--{dashed}"]
-            self._option_string_actions[f"--{dashed}"] = action
-        if hint is bool:
-            action.nargs, action.const = "?", True
-            (self.groups or {}).get(group, self).add_argument(
-                f"--no-{dashed}",
-                dest=dest,
-                action="store_const",
-                const=False,
-                default=argparse.SUPPRESS,
-                help=f"Same as --{dashed} false.",
-            )
-        elif is_list(hint):
-            action.type = comma_list
-
-
-def call(function: Callable[..., Any], args: Mapping[str, Any], **hooks: Any) -> Any:
-    """`function` called with the parsed flags `args` (module docstring): each dataclass parameter built from the
-    flags of its fields, the others as given; `hooks` are its Callable parameters."""
-    kwargs = arguments(function, args)
-    for name, hint in hints_of(function).items():
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = hint(**arguments(hint, args))  # type: ignore[operator]
-    return function(**kwargs, **hooks)
-
-
-def arguments(target: Any, args: Mapping[str, Any]) -> dict[str, Any]:
-    """The values given in `args` for the parameters or fields of `target`, task_params from ``-p``."""
-    names = hints_of(target)
-    values = {k: args[k] for k in names if k in args}
-    for name, hint in names.items():
-        if name in values and is_mapping(hint) and isinstance(values[name], list):
-            values[name] = key_values(name, values[name])
-    if "task_params" in names and "task_param" in args:
-        values["task_params"] = task_params(values.get("task"), args["task_param"])
-    return values
-
-
-def doc(target: Any, name: str) -> str:
-    """The docstring of field `name` of dataclass `target`, or of parameter `name` of function `target` (its Args)."""
-    if dataclasses.is_dataclass(target):
-        return field_docs(target).get(name, "")  # type: ignore[arg-type]
-    params = docstring_parser.parse(inspect.getdoc(target) or "").params
-    return next((" ".join((p.description or "").split()) for p in params if p.arg_name == name), "")
-
-
-def key_values(option: str, items: Sequence[str]) -> dict[str, Any]:
-    """``--OPTION KEY=VALUE`` items as a dict of strings (module docstring): a key given more than once collects its
-    values into a list, in order; ``KEY.NAME=VALUE`` sets NAME in a dict under KEY."""
-    values: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = (part.strip() for part in item.partition("="))
-        head, dot, name = key.partition(".")
-        if not sep or not head or (dot and not name):
-            raise UsageError(f"--{option.replace('_', '-')} expects KEY=VALUE (repeatable), got {item!r}")
-        where, last = (values.setdefault(head, {}), name) if dot else (values, head)
-        if not isinstance(where, dict) or isinstance(where.get(last), dict):
-            raise UsageError(f"--{option.replace('_', '-')} {head} is given both as {head}=VALUE and {head}.NAME=VALUE")
-        old = where.get(last)
-        where[last] = value if old is None else [*(old if isinstance(old, list) else [old]), value]
-    return values
-
-
-def task_params(task: Any, items: Sequence[str]) -> dict[str, Any]:
-    """``-p KEY=VALUE`` items, each value parsed by the type of its field in the task's Config."""
-    if task is None:
-        raise UsageError("-p/--task-param needs --task")
-    if not isinstance(task, str):
-        raise UsageError(f"task must be a string, got {task!r}")
-    config = TASKS.get(task).Config
-    argv = []
-    for item in items:
-        key, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or not key:
-            raise UsageError(f"-p expects KEY=VALUE (e.g. n_digits=5), got {item!r}")
-        if key not in field_hints(config):
-            allowed = ", ".join(f"{k}={v}" for k, v in config().to_dict().items())
-            raise UsageError(f"unknown parameter {key!r} for task {task}; allowed: {allowed}")
-        argv.append(f"--{key}={value}")
-    parser = Parser()
-    parser.add_options(config, partial=True)
-    try:
-        return dict(parser.parse_args(argv, defaults=False).as_dict())
-    except ArgumentError as e:
-        raise UsageError(f"task parameter {describe(e, parser)}") from None
-
-
-def one_line(error: BaseException) -> str:
-    """An argparse/jsonargparse message (which may span lines) on one line."""
-    return " ".join(str(error).split())
-
-
-def describe(error: BaseException, parser: argparse.ArgumentParser) -> str:
-    """A parse error of `parser` on one line. A value of the wrong type is said in the words of mixit's own
-    checks, from the option's declared type (``train.steps: expected an integer, got 'ten'``): jsonargparse names
-    the option and ends with the value, but spells the type as Python does (``<class 'int'>``, a list of a
-    union's subtypes)."""
-    text = str(error)
-    key = text.partition('Parser key "')[2].partition('"')[0]
-    action = parser._option_string_actions.get(f"--{key}") if key else None
-    hint = getattr(action, "_typehint", None)
-    if hint is None or "value: " not in text:
-        return one_line(error)
-    return f"{key}: expected {type_name(hint)}, got {text.rpartition('value: ')[2].strip()!r}"
-
 
 # -- mixit train ------------------------------------------------------------------------
 
@@ -382,27 +86,24 @@ def train_parser() -> Parser:
         "apply where it does not.",
         epilog=epilog,
     )
-    p.add_argument(
-        "--config",
-        type=Path,
-        help="Start from a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
-        "data_seed, test_size, val_size, test_seed), or replay a run's config.json or run directory; the flags "
-        "given beside it override it.",
+    p.add_option(
+        Option(
+            "config",
+            Path,
+            "Start from a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
+            "data_seed, test_size, val_size, test_seed), or replay a run's config.json or run directory; the "
+            "options given beside it override it.",
+            None,
+        )
     )
-    p.add_options(RunConfig, skip=("model", "train"), partial=True)
-    p.set_defaults(task=DEFAULT_TASK)  # shown in --help; a request without a task gets it from `resolve`
+    # The default task is shown in --help; a request without a task gets it from `resolve`.
+    p.add_options(RunConfig, skip=("model", "train"), partial=True, shown={"task": DEFAULT_TASK})
     p.add_options(ModelConfig, "model", skip=TASK_DECIDES, partial=True)
     p.add_options(TrainConfig, "train", partial=True)
-    p.add_argument(
-        "--out",
-        type=Path,
-        help="The run directory to write, or with --resume to continue; null means runs/<task>-<variant>-<time>.",
-    )
+    out = "The run directory to write, or with --resume to continue; null means runs/<task>-<variant>-<time>."
+    p.add_option(Option("out", Path, out, None))
     p.add_options(train, skip=("cfg", "run_dir", "grouping"))  # grouping: a study's, for its runs
-    p.add_argument(
-        "--print_config", type=bool, default=False, help="Print the resolved config as JSON and exit without training."
-    )
-    p.add_spellings("print_config", bool)
+    p.add_option(Option("print_config", bool, "Print the resolved config as JSON and exit without training.", False))
     return p
 
 
@@ -603,7 +304,8 @@ def build_parser() -> Parser:
         help="The command to run.",
     )
     for name, command in COMMANDS.items():
-        sub.add_subcommand(name, command.parser(), help=command.summary)
+        parser.commands[name] = command.parser()
+        sub.add_subcommand(name, parser.commands[name], help=command.summary)
     return parser
 
 
@@ -630,12 +332,11 @@ def run_command(argv: Sequence[str] | None) -> int:
         return refuse(f"mixit{' ' + command if command else ''}: error: {e}", world)
     parser = build_parser()
     try:
-        parsed = parser.parse_args(args, defaults=False).clone(with_meta=False).as_dict()  # no --model FILE path
+        parsed = parser.parse_args(args, defaults=False).as_dict()
     except SystemExit as e:  # --help and --version
         return int(e.code or 0)
     except ArgumentError as e:
-        where = parser._subcommands_action._name_parser_map[command] if command else parser  # type: ignore[union-attr]
-        return refuse(f"mixit{' ' + command if command else ''}: error: {describe(e, where)}", world)
+        return refuse(f"mixit{' ' + command if command else ''}: error: {one_line(e)}", world)
     command = parsed["command"]
     tune_allocator()
     try:

@@ -29,7 +29,6 @@ starts is `mixit.study.directory`'s.
 
 from __future__ import annotations
 
-import collections.abc
 import concurrent.futures
 import ctypes
 import difflib
@@ -44,19 +43,18 @@ import sys
 import threading
 import time
 import traceback
-import typing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, get_origin
 
 import torch
 from tqdm.auto import tqdm
 
 from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import SignalOptions, signal_command
-from mixit.config import check, type_name
+from mixit.config import check, coerce, type_name
 from mixit.distributed import env_world
 from mixit.errors import UsageError, show_warning
 from mixit.experiment import RunConfig
@@ -549,31 +547,49 @@ SLURM_RENAMED = {"num_gpus": "gpus_per_node"}
 `slurm_parameters` reads gpus_per_node."""
 
 
-def slurm_types() -> dict[str, Any]:
-    """Every --slurm key and submitit's type for it: the Slurm executor's own parameters (the keyword arguments of
-    the function that writes its sbatch script: account, qos, mem, constraint, array_parallelism,
-    additional_parameters, ...) and AutoExecutor's generic ones (timeout_min, mem_gb, tasks_per_node, name, ...).
-    Read from submitit itself (1.5), so that whatever the installed version accepts passes through."""
-    import submitit
-    from submitit.slurm.slurm import _make_sbatch_string
+SLURM_TYPES: dict[str, Any] = {
+    **dict.fromkeys(("name", "job_name", "partition", "qos", "account", "constraint", "exclude", "nodelist"), str),
+    **dict.fromkeys(("mem", "mem_per_gpu", "mem_per_cpu", "gres", "comment", "mail_type", "mail_user"), str),
+    **dict.fromkeys(("dependency", "wckey"), str),
+    **dict.fromkeys(("timeout_min", "time", "signal_delay_s", "nodes", "tasks_per_node", "ntasks_per_node"), int),
+    **dict.fromkeys(("cpus_per_task", "cpus_per_gpu", "gpus_per_node", "gpus_per_task", "array_parallelism"), int),
+    "mem_gb": float,
+    **dict.fromkeys(("stderr_to_stdout", "use_srun"), bool),
+    "exclusive": bool | str,
+    **dict.fromkeys(("setup", "teardown", "srun_args"), list[str]),
+    "additional_parameters": dict[str, Any],
+}
+"""Every --slurm key and the type of its value: the parameters of submitit's Slurm executor (the keyword arguments
+of the function that writes its sbatch script: account, qos, mem, constraint, array_parallelism, ...) and
+AutoExecutor's generic ones (`SLURM_GENERIC`). submitit publishes no list of them; tests/test_slurm.py checks this
+one against the installed submitit's, so a parameter a release adds or retypes fails a test, not a study."""
 
-    sbatch = typing.get_type_hints(_make_sbatch_string)
-    types = {name: sbatch[name] for name in submitit.SlurmExecutor._valid_parameters() if name not in SLURM_RENAMED}
-    return {**types, **submitit.AutoExecutor._typed_parameters()}
+SLURM_GENERIC = (
+    "name",
+    "timeout_min",
+    "mem_gb",
+    "nodes",
+    "cpus_per_task",
+    "gpus_per_node",
+    "tasks_per_node",
+    "stderr_to_stdout",
+)
+"""AutoExecutor's parameters, which every cluster reads, passed as they are (the others with a ``slurm_`` prefix)."""
+
+SLURM_SAME = {"name": "job_name", "timeout_min": "time", "mem_gb": "mem", "tasks_per_node": "ntasks_per_node"}
+"""A generic parameter and the Slurm executor's that sets the same sbatch option."""
 
 
 def slurm_parameters(executor: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword arguments of submitit's AutoExecutor.update_parameters for a study's jobs, from `given`
     (``--slurm KEY=VALUE`` items, or a dict from Python); a bad key or value raises UsageError naming it.
 
-    Each key is one submitit's Slurm executor accepts (`slurm_types`; dashes read as underscores, as sbatch spells
+    Each key is one submitit's Slurm executor accepts (`SLURM_TYPES`; dashes read as underscores, as sbatch spells
     them), each value of submitit's type for it (`_typed`), a number at least its `SLURM_MINIMA`. Where `given`
     does not say: `SLURM_DEFAULTS`, and one task per GPU (tasks_per_node = gpus_per_node, or 1), so that each GPU
     trains one rank of the run (docs/scaling.md, "Slurm"). The generic names go as they are, Slurm's own with
     submitit's ``slurm_`` prefix, which the local executor ignores."""
-    import submitit
-
-    types = slurm_types()
+    types = SLURM_TYPES
     params: dict[str, Any] = {}
     for raw, value in given.items():
         key = str(raw).replace("-", "_")
@@ -590,9 +606,11 @@ def slurm_parameters(executor: str, given: Mapping[str, Any]) -> dict[str, Any]:
         if key in SLURM_MINIMA:
             minimum, what = SLURM_MINIMA[key]
             check(params[key] >= minimum, f"--slurm {key}={value} is out of range: {what}, at least {minimum}")
-    for generic, own in submitit.SlurmExecutor._equivalence_dict().items():
-        both = generic != own and {generic, own} <= params.keys()
-        check(not both, f"--slurm {generic} and {own} set the same sbatch option; give one of them")
+    for generic, own in SLURM_SAME.items():
+        check(
+            not {generic, own} <= params.keys(),
+            f"--slurm {generic} and {own} set the same sbatch option; give one of them",
+        )
     nodes = params.get("nodes", 1)
     check(executor != "submitit-local" or nodes == 1, f"--executor submitit-local runs on 1 node; got nodes={nodes}")
     for key, (default, given_by) in SLURM_DEFAULTS.items():
@@ -600,50 +618,43 @@ def slurm_parameters(executor: str, given: Mapping[str, Any]) -> dict[str, Any]:
             params[key] = default
     if not params.keys() & {"tasks_per_node", "ntasks_per_node"}:
         params["tasks_per_node"] = params.get("gpus_per_node") or 1
-    shared = submitit.AutoExecutor._typed_parameters()
-    return {key if key in shared else f"slurm_{key}": value for key, value in params.items()}
+    return {key if key in SLURM_GENERIC else f"slurm_{key}": value for key, value in params.items()}
 
 
 def _typed(key: str, value: Any, hint: Any) -> Any:
-    """`value` of --slurm `key` as submitit's type `hint` says: a string read as an integer, a number or true/false
-    where the hint is one (true/false before a string, for ``exclusive``), as it is otherwise. A list parameter
-    (setup, srun_args) takes one item per --slurm KEY=..., and a dict one (additional_parameters) one
-    --slurm KEY.NAME=VALUE per sbatch option NAME, true for the option alone."""
-    kinds = [a for a in get_args(hint) if a is not type(None)] if get_origin(hint) is Union else [hint]
-    container = get_origin(kinds[0])
-    if container in (list, collections.abc.Iterable):
+    """`value` of --slurm `key` as its type `hint` (`SLURM_TYPES`) says, checked by `mixit.config.coerce`: a string
+    is read as true/false or a number first where the hint allows one (true/false before a string, for
+    ``exclusive``), else taken as it is. A list parameter (setup, srun_args) takes one item per --slurm KEY=..., and
+    a dict one (additional_parameters) one --slurm KEY.NAME=VALUE per sbatch option NAME, true for the option
+    alone."""
+    if get_origin(hint) is list:
         items = value if isinstance(value, list) else [value]
         check(all(isinstance(v, str) for v in items), f"--slurm {key} takes strings, one per --slurm {key}=...")
         return items
-    if container is dict:
+    if get_origin(hint) is dict:
         ok = isinstance(value, Mapping) and not any(isinstance(v, (list, Mapping)) for v in value.values())
         check(ok, f"--slurm {key} takes one --slurm {key}.NAME=VALUE per sbatch option NAME, got {value!r}")
         return {str(name): True if v == "true" else v for name, v in value.items()}
     check(not isinstance(value, (list, Mapping)), f"--slurm {key} takes one value, got {value!r}")
-    for kind in kinds:
-        typed = _as_type(value, kind)
-        if typed is not None:
+    for candidate in _readings(value):
+        ok, typed = coerce(hint, candidate)
+        if ok:
             return typed
-    raise UsageError(f"--slurm {key}: expected {' or '.join(type_name(k) for k in kinds)}, got {value!r}")
+    raise UsageError(f"--slurm {key}: expected {type_name(hint)}, got {value!r}")
 
 
-def _as_type(value: Any, kind: type) -> Any:
-    """`value` as `kind` (bool, int, float or str), read from a string; None where it is none."""
-    if isinstance(value, str):
-        if kind is bool:
-            return {"true": True, "false": False}.get(value.lower())
-        if kind in (int, float):
-            try:
-                number = kind(value)
-            except ValueError:
-                return None
-            return number if math.isfinite(number) else None
-        return value if kind is str else None
-    if isinstance(value, bool):
-        return value if kind is bool else None
-    if kind is float and isinstance(value, (int, float)):
-        return value if math.isfinite(value) else None
-    return value if isinstance(value, kind) else None
+def _readings(value: Any) -> list[Any]:
+    """What a --slurm value may stand for, in order: given from Python, itself; given as a string, true or false
+    (any case), then an integer, then a number, then the string itself."""
+    if not isinstance(value, str):
+        return [value]
+    readings: list[Any] = [{"true": True, "false": False}[value.lower()]] if value.lower() in ("true", "false") else []
+    for number in (int, float):
+        try:
+            readings.append(number(value))
+        except ValueError:
+            pass
+    return [*readings, value]
 
 
 def _submitit(

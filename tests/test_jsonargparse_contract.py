@@ -1,0 +1,112 @@
+"""What mixit relies on jsonargparse for (`mixit.flags`), asserted on jsonargparse itself, so that a release that
+changes any of it fails here rather than on a user's command line.
+
+mixit hands each option to jsonargparse's public ``add_argument`` with a type hint as its type, and uses nothing
+else of it but ``add_subcommands``, ``parse_args`` and the Namespace it returns."""
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from jsonargparse import ArgumentError, ArgumentParser
+
+from mixit.flags import accepts
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(exit_on_error=False, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+    p.add_argument("-h", "--help", action="help", help="Show this help message and exit.")
+    p.add_argument("--model.d_model", "--d-model", type=int, help="Model width.")
+    p.add_argument("--model.d_mlp", type=int | None)
+    p.add_argument("--model.bias", "--bias", type=bool, nargs="?", const=True)
+    p.add_argument("--no-bias", dest="model.bias", action="store_const", const=False, default=argparse.SUPPRESS)
+    p.add_argument("--kind", type=Literal["a", "b"])
+    p.add_argument("--depths", type=Sequence[int])
+    p.add_argument("--out", type=Path)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--slurm", action="append", metavar="KEY=VALUE")
+    return p
+
+
+def parse(*argv: str) -> dict:
+    return parser().parse_args(list(argv), defaults=False).as_dict()
+
+
+def test_a_type_hint_parses_the_value():
+    assert parse("--d-model", "64", "--model.d_mlp", "null", "--kind", "b", "--out", "runs/x", "--lr", "1e-3") == {
+        "model": {"d_model": 64, "d_mlp": None},  # a dotted name nests
+        "kind": "b",
+        "out": Path("runs/x"),
+        "lr": 0.001,
+    }
+    assert parse("--model.d_model=8") == {"model": {"d_model": 8}}  # every name of an option, either form
+
+
+def test_what_is_not_given_is_left_out():
+    assert parse() == {}  # parse_args(defaults=False): the library's own defaults apply
+
+
+def test_a_bool_alone_is_true_and_a_second_action_sets_the_same_key():
+    assert parse("--bias") == {"model": {"bias": True}}
+    assert parse("--bias", "false") == {"model": {"bias": False}}
+    assert parse("--no-bias") == {"model": {"bias": False}}
+
+
+def test_a_list_is_read_in_brackets_only():
+    assert parse("--depths", "[2,4]") == {"depths": [2, 4]}
+    assert not accepts(Sequence[int], "2,4")  # hence mixit.flags.bracket_lists
+
+
+def test_repeated_key_value_items_are_strings_in_order():
+    assert parse("--slurm", "a=1", "--slurm", "b=2") == {"slurm": ["a=1", "b=2"]}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--d-model", "ten"],
+        ["--model.d_mlp", "x"],
+        ["--kind", "c"],
+        ["--bias", "maybe"],
+        ["--depths", "[2,x]"],
+        ["--lr", "nan"],  # a float is finite
+        ["--d-model"],
+        ["--bogus", "1"],
+    ],
+)
+def test_a_bad_command_line_raises_argument_error(argv):
+    with pytest.raises(ArgumentError):
+        parse(*argv)
+
+
+def test_accepts_is_the_parsers_own_check():
+    for hint, good, bad in [
+        (int, "3", "3.5"),
+        (int | None, "null", "x"),
+        (float, "-2", "nan"),
+        (bool, "false", "maybe"),
+        (Literal["a", "b"], "a", "c"),
+        (Sequence[int], "[1,2]", "[1,x]"),
+    ]:
+        assert accepts(hint, good) and not accepts(hint, bad), hint
+
+
+def test_subcommands_nest_each_commands_options_under_its_name():
+    top = ArgumentParser(exit_on_error=False)
+    sub = top.add_subcommands(dest="command")
+    sub.add_subcommand("train", parser())
+    assert top.parse_args(["train", "--d-model", "8"], defaults=False).as_dict() == {
+        "command": "train",
+        "train": {"model": {"d_model": 8}},
+    }
+    with pytest.raises(ArgumentError, match="invalid choice"):
+        top.parse_args(["frobnicate"])
+
+
+def test_help_is_argparse_formatters_with_the_help_texts_as_given():
+    text = parser().format_help()
+    assert "--model.d_model MODEL.D_MODEL, --d-model MODEL.D_MODEL" in text and "Model width." in text
+    assert "--bias [{true,false}]" in text and "--kind {a,b}" in text
+    assert "type:" not in text and "default:" not in text  # jsonargparse's own notes come from its formatter only
