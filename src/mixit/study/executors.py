@@ -372,12 +372,17 @@ def execute(
                 runs = merge_planned(runs, new)
                 write_study(study, study_dir, runs, search, planned.groups)
                 _run_phase(new, study_dir, pool, retry_failed, tally, bar, sinks, grouping)
-        for name, options in study.extras.items():
-            if not extra_result(study_dir, name).exists():
-                signal_command(SignalOptions(study_dir / name, **options))
+        _run_extras(study, study_dir)
         return tally
     finally:
         lock.release()
+
+
+def _run_extras(study: Study, study_dir: Path) -> None:
+    """The study's extras (signal measurements) not yet written, each into its own directory of `study_dir`."""
+    for name, options in study.extras.items():
+        if not extra_result(study_dir, name).exists():
+            signal_command(SignalOptions(study_dir / name, **options))
 
 
 def _search_outcomes(planned: SearchPlan, study_dir: Path) -> list[Outcome]:
