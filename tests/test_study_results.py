@@ -9,9 +9,11 @@ import pytest
 from matplotlib.figure import Figure
 
 from mixit.errors import UsageError
+from mixit.study.collect import collect
 from mixit.study.executors import Pool, execute
+from mixit.study.figures import plot_cell_curves, plot_curves, plot_lines
+from mixit.study.render import results_frame
 from mixit.study.report import write_report
-from mixit.study.results import collect, plot_cell_curves, plot_curves, plot_lines, results_frame
 from mixit.study.spec import Study, grid
 
 BASE = {
