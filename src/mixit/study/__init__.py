@@ -9,7 +9,7 @@
 `spec` (studies as data), `presets` (the scales), `search` (the search per
 architecture per task), `directory` (what a study directory may hold, and
 study.json's schema), `executors` (the study directory and the executors),
-`collect` (each run's results, as the report reads them), `judge` (a cell's
+`collect` (each run's results, as the report reads them), `cells` (a cell's
 runs, its numbers over seeds, whether they converged), `render` (markdown
 tables, results.csv) and `figures`, `verdicts` (the rule that judges the
 paper's findings), `tables` (one module per paper table), `paper` (the paper

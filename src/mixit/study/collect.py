@@ -4,7 +4,7 @@
     reported(result)        the test metrics a run is reported by (at its best validation evaluation)
     task_class(name)        the task whose class attributes say what the report shows of it
 
-Which runs make a cell and whether they converged is `mixit.study.judge`; the report's tables, results.csv and
+Which runs make a cell and whether they converged is `mixit.study.cells`; the report's tables, results.csv and
 figures are `mixit.study.render` and `mixit.study.figures`; the verdict rule is `mixit.study.verdicts`.
 
 Nothing here names a task: a task declares the number the report judges it by, and the further columns the

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mixit.study.cells import rows
 from mixit.study.collect import Result, task_class
-from mixit.study.judge import rows
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mixit.run import require_pandas
+from mixit.study.cells import converged, converged_cell, fmt, reason, rows, values
 from mixit.study.collect import Result, collect, task_class
-from mixit.study.judge import converged, converged_cell, fmt, reason, rows, values
 
 if TYPE_CHECKING:
     import pandas

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from mixit.files import check_output_dir, write_text
+from mixit.study.cells import converged, converged_cell, fmt, not_converged
 from mixit.study.collect import Result, StudyResults, collect, task_class
 from mixit.study.directory import check_report_paths
 from mixit.study.figures import plot_cell_curves
-from mixit.study.judge import converged, converged_cell, fmt, not_converged
 from mixit.study.presets import PRESETS
 from mixit.study.render import results_csv, settings
 from mixit.study.tables import TABLES

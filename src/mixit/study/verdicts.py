@@ -39,8 +39,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mixit.study.cells import rows
 from mixit.study.collect import Result, reported, task_class
-from mixit.study.judge import rows
 from mixit.training.convergence import Selection
 
 VERDICTS = ("PASS", "FAIL", "UNTESTABLE", "UNDECIDED", "n/a")

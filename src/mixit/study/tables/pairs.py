@@ -6,9 +6,9 @@ attention can route by content and one whose attention cannot. No finding of the
 
 from __future__ import annotations
 
+from mixit.study.cells import by_label
 from mixit.study.collect import StudyResults
 from mixit.study.figures import plot_lines
-from mixit.study.judge import by_label
 from mixit.study.presets import Scale
 from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds, grid

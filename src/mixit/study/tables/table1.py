@@ -14,9 +14,9 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
+from mixit.study.cells import mean, rows
 from mixit.study.collect import Result, StudyResults
 from mixit.study.figures import plot_curves, plot_lines
-from mixit.study.judge import mean, rows
 from mixit.study.presets import Scale, variant_runs
 from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds

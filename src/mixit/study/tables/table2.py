@@ -9,9 +9,9 @@ from __future__ import annotations
 import itertools
 
 from mixit.experiment import merge
+from mixit.study.cells import rows
 from mixit.study.collect import StudyResults
 from mixit.study.figures import plot_curves
-from mixit.study.judge import rows
 from mixit.study.presets import TRAINED_VARIANTS, Scale, variant_runs
 from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds

@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from mixit.experiment import merge
+from mixit.study.cells import by_label, rows
 from mixit.study.collect import StudyResults, task_class
 from mixit.study.figures import plot_lines
-from mixit.study.judge import by_label, rows
 from mixit.study.presets import Scale
 from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds, grid

@@ -14,9 +14,9 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
+from mixit.study.cells import by_label, rows
 from mixit.study.collect import StudyResults
 from mixit.study.figures import plot_lines
-from mixit.study.judge import by_label, rows
 from mixit.study.presets import Scale
 from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds, grid

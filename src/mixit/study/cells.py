@@ -1,5 +1,5 @@
-"""A cell of a study, selected and described: its runs by their labels, its numbers over seeds, and whether its
-runs converged, in the words the report uses.
+"""The cells of a study (a variant of a task, at what its table varies, over seeds): a cell's runs selected by
+their labels, its numbers over seeds, and whether its runs converged, in the words the report uses.
 
     rows, values, by_label      the runs whose labels match, and their reported test metric
     mean, fmt                   numbers over seeds: the mean, and "mean ± sample std" as the report prints it
