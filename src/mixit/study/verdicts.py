@@ -387,7 +387,7 @@ def judge(
 
     verdicts = [judged(p) for p in parts]
     held = sum(all(v.seeds[i].reads == "holds" for v in verdicts) for i in range(len(seeds)))
-    check = Check(name, worst_of([v.verdict for v in verdicts]), "", len(seeds), held, rule.horizon, verdicts)
+    check = Check(name, worst_of([v.verdict for v in verdicts]), "", len(seeds), held, rule.horizon, parts=verdicts)
     numbers = "; ".join(f"{c.name} {_fmt([readings[c.name][s].value for s in seeds], c.digits)}{c.unit}" for c in cells)
     if precondition is not None:
         check.precondition = judged(precondition)
