@@ -29,8 +29,8 @@ import numpy as np
 
 from mixit.config import TaskConfig, check
 from mixit.study import Study, write_report
+from mixit.study.collect import collect
 from mixit.study.executors import Pool, execute
-from mixit.study.results import collect
 from mixit.study.spec import grid
 from mixit.tasks.base import TASKS, Examples, SequenceTask
 

@@ -4,8 +4,9 @@ per seed."""
 
 import pytest
 
+from mixit.study.collect import Result, StudyResults
+from mixit.study.render import variant_table
 from mixit.study.report import judgement_section, search_appendix
-from mixit.study.results import Result, StudyResults, variant_table
 from mixit.study.tables import TABLES, table1, table2, table3, table4, table5, table6_7
 
 STEPS = (0, 24, 48, 72, 96, 120)

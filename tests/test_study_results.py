@@ -1,18 +1,24 @@
 """A study's results in Python: `results_frame` is results.csv's table, and the report's figure functions return
-their Figure (None when there is nothing to draw) and save it only when given a path."""
+their Figure (None when there is nothing to draw) and save it only when given a path. What the report shows of a
+task is the task's declaration: the study's machinery names no task."""
 
+import ast
 import csv
 import math
 import sys
+from pathlib import Path
 
 import pytest
 from matplotlib.figure import Figure
 
 from mixit.errors import UsageError
+from mixit.study.collect import collect, task_class
 from mixit.study.executors import Pool, execute
+from mixit.study.figures import plot_cell_curves, plot_curves, plot_lines
+from mixit.study.render import paper_key, results_frame
 from mixit.study.report import write_report
-from mixit.study.results import collect, plot_cell_curves, plot_curves, plot_lines, results_frame
 from mixit.study.spec import Study, grid
+from mixit.tasks import TASKS, Task
 
 BASE = {
     "task": "addition",
@@ -79,3 +85,31 @@ def test_nothing_to_draw_is_none_and_no_file(study_dir, tmp_path):
     (line,) = fig.axes[0].lines
     assert line.get_xdata().tolist() == [1, 4] and line.get_ydata().tolist() == [0.25, 0.5]
     assert fig.axes[0].get_xscale() == "log" and list(tmp_path.iterdir()) == []
+
+
+def test_a_task_declares_what_the_report_shows_of_it():
+    assert Task.report_metric == ("accuracy", "token_acc", 100) and Task.report_columns == ()
+    assert task_class("lm").report_metric == ("loss", "loss", 1)
+    assert task_class("sentiment").report_metric == ("accuracy", "accuracy", 100)
+    assert task_class("addition").report_columns == (("exact match", "exact_match", 100),)
+    assert task_class("retrieval").report_metric == Task.report_metric
+    assert task_class("a_plugin_not_loaded_here") is Task  # the base class's defaults: token accuracy in percent
+    assert paper_key("lm", {"task_params": {"corpus": "data/wikitext-103"}}) == "lm:wikitext-103"
+    assert paper_key("sentiment", {"task_params": {"dataset": "yelp_polarity"}}) == "sentiment:yelp_polarity"
+    assert paper_key("addition", {"task_params": {"n_digits": 3}}) == "addition"
+
+
+def test_the_study_machinery_names_no_task():
+    """docs/design.md, "Layout": no string in the code of study/ names a task, docstrings and comments aside, but in
+    the paper's data: its presets and table modules (study/tables/)."""
+    study = Path(__file__).resolve().parents[1] / "src" / "mixit" / "study"
+    named = []
+    for path in sorted(study.glob("*.py")):
+        if path.name == "presets.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in TASKS and id(node) not in docstrings:
+                named.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert not named, named

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mixit.study.results import Result
+from mixit.study.collect import Result
 from mixit.study.verdicts import (
     RULE,
     Cell,

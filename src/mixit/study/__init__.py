@@ -9,9 +9,12 @@
 `spec` (studies as data), `presets` (the scales), `search` (the search per
 architecture per task), `directory` (what a study directory may hold, and
 study.json's schema), `executors` (the study directory and the executors),
-`results` (what the report reads, and the verdicts), `tables` (one module per
-paper table), `paper` (the paper study from the tables), `report` (report.md,
-results.csv, checks.json, figures).
+`collect` (each run's results, as the report reads them), `cells` (a cell's
+runs, its numbers over seeds, whether they converged), `render` (markdown
+tables, results.csv) and `figures`, `verdicts` (the rule that judges the
+paper's findings), `tables` (one module per paper table), `paper` (the paper
+study from the tables), `report` (report.md, results.csv, checks.json,
+figures).
 """
 
 from __future__ import annotations

@@ -18,27 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from mixit.files import check_output_dir, write_text
+from mixit.study.cells import converged, converged_cell, fmt, not_converged
+from mixit.study.collect import Result, StudyResults, collect, task_class
 from mixit.study.directory import check_report_paths
+from mixit.study.figures import plot_cell_curves
 from mixit.study.presets import PRESETS
-from mixit.study.results import (
-    Result,
-    StudyResults,
-    collect,
-    converged,
-    converged_cell,
-    fmt,
-    headline,
-    not_converged,
-    plot_cell_curves,
-    results_csv,
-    settings,
-)
+from mixit.study.render import results_csv, settings
 from mixit.study.tables import TABLES
 from mixit.study.verdicts import Check
 from mixit.version import __version__, git_commit
 
 STATES = ("done", "failed", "damaged", "interrupted", "new")
-"""The states of a run in the report (`mixit.study.results.Result.state`)."""
+"""The states of a run in the report (`mixit.study.collect.Result.state`)."""
 
 SEARCH_LABELS = ("table", "task", "variant", "cell", "group", "seed", "rung", "extends")
 """The labels of a screening run that are not its candidate settings."""
@@ -148,7 +139,7 @@ def selection(r: Result) -> str:
     curve (the end, for a run whose record has no best)."""
     if r.state != "done":
         return r.state
-    name = (r.convergence or {}).get("metric") or headline(r.config["task"])[1]
+    name = (r.convergence or {}).get("metric") or task_class(r.config["task"]).report_metric[1]
     value = (r.convergence or {}).get("best", r.val.get(name))
     if value is None:
         return "-"

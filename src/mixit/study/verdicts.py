@@ -39,7 +39,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mixit.study.results import Result, headline, reported, rows
+from mixit.study.cells import rows
+from mixit.study.collect import Result, reported, task_class
 from mixit.training.convergence import Selection
 
 VERDICTS = ("PASS", "FAIL", "UNTESTABLE", "UNDECIDED", "n/a")
@@ -349,9 +350,9 @@ class Check:
     seeds: int = 0
     holds: int = 0
     """Seeds in which every part holds."""
+    horizon: float = RULE.horizon
     parts: list[PartVerdict] = field(default_factory=list)
     precondition: PartVerdict | None = None
-    horizon: float = RULE.horizon
 
     @property
     def blocking(self) -> list[str]:
@@ -360,16 +361,9 @@ class Check:
         return found + (self.precondition.blocking() if self.precondition else [])
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "evidence": self.evidence,
-            "seeds": self.seeds,
-            "holds": self.holds,
-            "horizon": self.horizon,
-            "parts": [asdict(p) for p in self.parts],
-            "precondition": None if self.precondition is None else asdict(self.precondition),
-            "blocking": self.blocking,
-        }
+        """Its entry in checks.json, which is keyed by the name: every other field, in their order, and
+        `blocking`."""
+        return {**{k: v for k, v in asdict(self).items() if k != "name"}, "blocking": self.blocking}
 
 
 def judge(
@@ -393,7 +387,7 @@ def judge(
 
     verdicts = [judged(p) for p in parts]
     held = sum(all(v.seeds[i].reads == "holds" for v in verdicts) for i in range(len(seeds)))
-    check = Check(name, worst_of([v.verdict for v in verdicts]), "", len(seeds), held, verdicts, horizon=rule.horizon)
+    check = Check(name, worst_of([v.verdict for v in verdicts]), "", len(seeds), held, rule.horizon, parts=verdicts)
     numbers = "; ".join(f"{c.name} {_fmt([readings[c.name][s].value for s in seeds], c.digits)}{c.unit}" for c in cells)
     if precondition is not None:
         check.precondition = judged(precondition)
@@ -503,8 +497,9 @@ def selected_curve(r: Result, key: str) -> list[tuple[int, float]]:
 
 
 def accuracy(name: str, task: str, **match: Any) -> Cell:
-    """The cell `name` read by the headline metric of `task` (accuracy in %, or loss in nats)."""
-    column, key, scale = headline(task)
+    """The cell `name` read by the number the report judges `task` by (`Task.report_metric`: accuracy in %, or
+    loss in nats)."""
+    column, key, scale = task_class(task).report_metric
     if column == "accuracy":
         return Cell(name, {"task": task, **match}, metric(key, scale, (0.0, 100.0)), "%", 1)
     return Cell(name, {"task": task, **match}, metric(key, scale), " nats", 3)

@@ -54,6 +54,7 @@ class Addition(SequenceTask):
     """
 
     name = "addition"
+    report_columns = (("exact match", "exact_match", 100),)
     Config = AdditionConfig
     cfg: AdditionConfig
     exact_match = True

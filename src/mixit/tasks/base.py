@@ -161,6 +161,14 @@ class Task:
     defaults: ClassVar[dict[str, Any]] = {}  # per-task option defaults (steps, lr, ...)
     selection: ClassVar[tuple[str, bool]] = ("token_acc", True)
     """The validation metric that settings are chosen and convergence is judged by, and whether higher is better."""
+    report_metric: ClassVar[tuple[str, str, int]] = ("accuracy", "token_acc", 100)
+    """The number a study's report judges the task by: its column's name, the test metric, and the scale to the
+    report's units (100: a fraction shown in percent; 1: as it is)."""
+    report_columns: ClassVar[tuple[tuple[str, str, int], ...]] = ()
+    """Further test metrics the report's tables show after it, each (column name, metric, scale)."""
+    report_dataset: ClassVar[str | None] = None
+    """For a task that reads one of several datasets, the parameter naming it: the paper's tables name the task
+    by it ("lm:wikitext-103", the last part of the parameter's path). None: by the task's name alone."""
 
     def __init__(
         self,

@@ -98,6 +98,7 @@ class Dyck(SequenceTask):
     """
 
     name = "dyck"
+    report_columns = (("distinct strings", "distinct_token_acc", 100), ("majority", "majority_baseline", 100))
     Config = DyckConfig
     cfg: DyckConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}

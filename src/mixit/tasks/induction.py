@@ -98,6 +98,7 @@ class Induction(SequenceTask):
     """
 
     name = "induction"
+    report_columns = (("answered acc", "answered_acc", 100),)
     Config = InductionConfig
     cfg: InductionConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3}

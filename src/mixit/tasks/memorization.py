@@ -54,6 +54,7 @@ class Memorization(FixedSplitTask):
     """
 
     name = "memorization"
+    report_columns = (("bits/param", "bits_per_trainable_param", 1), ("bits", "bits", 1))
     Config = MemorizationConfig
     cfg: MemorizationConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}

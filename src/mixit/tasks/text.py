@@ -319,6 +319,9 @@ class LanguageModeling(TextTask, SequenceTask):
     """
 
     name = "lm"
+    report_metric = ("loss", "loss", 1)
+    report_columns = (("perplexity", "perplexity", 1), ("unigram loss", "unigram_loss", 1))
+    report_dataset = "corpus"
     Config = LanguageModelingConfig
     cfg: LanguageModelingConfig
     # Sized for a laptop CPU (about 15 minutes on 2 cores); the paper used length 256,
@@ -483,6 +486,9 @@ class Sentiment(TextTask):
     """
 
     name = "sentiment"
+    report_metric = ("accuracy", "accuracy", 100)
+    report_columns = (("majority", "majority_baseline", 100),)
+    report_dataset = "dataset"
     Config = SentimentConfig
     cfg: SentimentConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3, "eval_batch_size": 500}

@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mixit.study.collect import StudyResults
 from mixit.study.presets import Scale
-from mixit.study.results import StudyResults
 from mixit.study.spec import RunSpec, Seeds
 from mixit.study.verdicts import Check
 

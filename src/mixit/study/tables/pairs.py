@@ -6,8 +6,11 @@ attention can route by content and one whose attention cannot. No finding of the
 
 from __future__ import annotations
 
+from mixit.study.cells import by_label
+from mixit.study.collect import StudyResults
+from mixit.study.figures import plot_lines
 from mixit.study.presets import Scale
-from mixit.study.results import StudyResults, by_label, plot_lines, variant_table
+from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds, grid
 from mixit.study.tables.base import Table
 

@@ -14,8 +14,11 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
+from mixit.study.cells import mean, rows
+from mixit.study.collect import Result, StudyResults
+from mixit.study.figures import plot_curves, plot_lines
 from mixit.study.presets import Scale, variant_runs
-from mixit.study.results import Result, StudyResults, mean, plot_curves, plot_lines, rows, variant_table
+from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds
 from mixit.study.tables.base import Table
 from mixit.study.verdicts import Cell, Check, Part, Reading, accuracy, budget, judge

@@ -9,8 +9,11 @@ from __future__ import annotations
 import itertools
 
 from mixit.experiment import merge
+from mixit.study.cells import rows
+from mixit.study.collect import StudyResults
+from mixit.study.figures import plot_curves
 from mixit.study.presets import TRAINED_VARIANTS, Scale, variant_runs
-from mixit.study.results import StudyResults, plot_curves, rows, variant_table
+from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds
 from mixit.study.tables.base import Table
 from mixit.study.verdicts import Check, Part, accuracy, difference, judge

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from mixit.study.collect import StudyResults
+from mixit.study.figures import plot_curves
 from mixit.study.presets import TRAINED_VARIANTS, Scale, variant_runs
-from mixit.study.results import StudyResults, plot_curves, variant_table
+from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds
 from mixit.study.tables.base import Table
 from mixit.study.verdicts import Check, Part, accuracy, judge

@@ -7,8 +7,9 @@ memorizing.
 
 from __future__ import annotations
 
+from mixit.study.collect import StudyResults
 from mixit.study.presets import TRAINED_VARIANTS, Scale, variant_runs
-from mixit.study.results import StudyResults, variant_table
+from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds
 from mixit.study.tables.base import Table
 from mixit.study.verdicts import Cell, Check, Part, difference, judge, metric

@@ -6,9 +6,14 @@ at 256), more fixed mixing matrices making up for their input independence.
 
 from __future__ import annotations
 
+from typing import Any
+
 from mixit.experiment import merge
+from mixit.study.cells import by_label, rows
+from mixit.study.collect import StudyResults, task_class
+from mixit.study.figures import plot_lines
 from mixit.study.presets import Scale
-from mixit.study.results import StudyResults, by_label, headline, plot_lines, rows, variant_table
+from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds, grid
 from mixit.study.tables.base import Table
 from mixit.study.verdicts import Check, Part, accuracy, judge
@@ -34,10 +39,10 @@ def section(study: StudyResults) -> list[str]:
         table = variant_table(study.final, "table5", task, ("mixit",), by="n_heads")
         if table:
             body += [f"**{task}**", "", table, ""]
-    by_heads = {
-        f"mixit, {task}": by_label(study.final, "n_heads", headline(task)[1], 100, table="table5", task=task)
-        for task in TASKS
-    }
+    by_heads: dict[str, dict[Any, float]] = {}
+    for task in TASKS:
+        _, key, scale = task_class(task).report_metric  # accuracy in percent, as the figure's axis says
+        by_heads[f"mixit, {task}"] = by_label(study.final, "n_heads", key, scale, table="table5", task=task)
     title = "MixiT accuracy by number of heads"
     if plot_lines(by_heads, "heads", "accuracy (%)", title, study.figures / "heads.png", log2=True):
         body.append("![heads](figures/heads.png)")

@@ -14,8 +14,11 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
+from mixit.study.cells import by_label, rows
+from mixit.study.collect import StudyResults
+from mixit.study.figures import plot_lines
 from mixit.study.presets import Scale
-from mixit.study.results import StudyResults, by_label, plot_lines, rows, variant_table
+from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds, grid
 from mixit.study.tables.base import Table
 from mixit.study.verdicts import Check, Part, accuracy, judge

@@ -1,0 +1,107 @@
+"""The cells of a study (a variant of a task, at what its table varies, over seeds): a cell's runs selected by
+their labels, its numbers over seeds, and whether its runs converged, in the words the report uses.
+
+    rows, values, by_label      the runs whose labels match, and their reported test metric
+    mean, fmt                   numbers over seeds: the mean, and "mean ± sample std" as the report prints it
+    converged, not_converged    whether a run's training loop judged it converged, and if not, how far from it
+    converged_cell              how many of a cell's finished runs converged: "2/3 (seed 1: improving)"
+
+The runs are `mixit.study.collect`'s; whether a paper finding holds on them is `mixit.study.verdicts`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mixit.study.collect import Result, reported
+
+# -- selection and aggregation ---------------------------------------------------------------------
+
+
+def rows(results: Sequence[Result], **match: Any) -> list[tuple[Result, dict[str, Any]]]:
+    """(result, labels) for every label set of every result that matches `match`."""
+    return [(r, labels) for r in results for labels in r.labels if all(labels.get(k) == v for k, v in match.items())]
+
+
+def values(results: Sequence[Result], metric: str, scale: float = 1.0, **match: Any) -> list[float]:
+    """The reported test metric (`reported`) of every finished run matching `match` (one value per seed)."""
+    return [
+        scale * reported(r)[metric] for r, _ in rows(results, **match) if r.state == "done" and metric in reported(r)
+    ]
+
+
+def mean(xs: Sequence[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def fmt(xs: Sequence[float], digits: int = 1) -> str:
+    """mean ± sample std over seeds, or '-'."""
+    if not xs:
+        return "-"
+    text = f"{statistics.fmean(xs):.{digits}f}"
+    if len(xs) > 1:
+        text += f" ± {statistics.stdev(xs):.{digits}f}"
+    return text
+
+
+def by_label(results: Sequence[Result], key: str, metric: str, scale: float, **match: Any) -> dict[Any, float]:
+    """The mean test metric of the finished runs matching `match`, by the value of their label `key`."""
+    groups: dict[Any, list[float]] = defaultdict(list)
+    for r, labels in rows(results, **match):
+        if r.state == "done" and metric in reported(r):
+            groups[labels[key]].append(scale * reported(r)[metric])
+    return {k: statistics.fmean(v) for k, v in sorted(groups.items())}
+
+
+# -- convergence -------------------------------------------------------------------------------------
+
+REASONS = {
+    "improving": "still improving",
+    "too_few": "too few evaluations to tell",
+    "plateau": "on a plateau",
+    "flat": "flat",
+    "solved": "solved",
+    "unknown": "no convergence record (a run of older code)",
+}
+
+
+def converged(r: Result) -> bool:
+    """Whether the run's training loop judged it converged; a run without a record has not."""
+    return bool(r.convergence and r.convergence.get("converged"))
+
+
+def reason(r: Result) -> str:
+    return (r.convergence or {}).get("reason", "unknown")
+
+
+def _gain(convergence: Mapping[str, Any]) -> str:
+    """The improvement over the final window, in the metric's units: points of accuracy, or nats."""
+    metric, gain = str(convergence.get("metric", "")), float(convergence.get("gain") or 0.0)
+    if "acc" in metric or metric == "exact_match":
+        return f"{100 * gain:+.1f} points"
+    return f"{gain:+.3f}" + (" nats" if "loss" in metric else "")
+
+
+def not_converged(r: Result, where: str) -> str | None:
+    """None for a converged run; otherwise `where` and how far from converged it was, e.g.
+    "retrieval/mixit seed 1: still improving, +3.2 points over steps 800-1200"."""
+    if converged(r):
+        return None
+    c = r.convergence
+    text = f"{where}: {REASONS.get(reason(r), reason(r))}"
+    if c and c.get("gain") is not None:
+        window = c.get("window")
+        text += f", {_gain(c)}" + (f" over steps {window[0]}-{window[1]}" if window else "")
+    return text
+
+
+def converged_cell(found: Sequence[tuple[Result, dict[str, Any]]]) -> str:
+    """How many finished runs of a cell converged: "3/3", or "2/3 (seed 1: improving)"."""
+    done = [(r, labels) for r, labels in found if r.state == "done"]
+    if not done:
+        return "-"
+    late = [f"seed {labels.get('seed', 0)}: {reason(r)}" for r, labels in done if not converged(r)]
+    return f"{len(done) - len(late)}/{len(done)}" + (f" ({', '.join(late)})" if late else "")

@@ -1,0 +1,189 @@
+"""A study's runs as the report reads them: what each run wrote, collected into `Result`s.
+
+    collect(study_dir)      every run of the study (`Result`), study.json and the extras' signal.json files
+    reported(result)        the test metrics a run is reported by (at its best validation evaluation)
+    task_class(name)        the task whose class attributes say what the report shows of it
+
+Which runs make a cell and whether they converged is `mixit.study.cells`; the report's tables, results.csv and
+figures are `mixit.study.render` and `mixit.study.figures`; the verdict rule is `mixit.study.verdicts`.
+
+Nothing here names a task: a task declares the number the report judges it by, and the further columns the
+report shows, as class attributes (`Task.report_metric`, `Task.report_columns`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mixit.analysis.report import summarize
+from mixit.errors import UsageError
+from mixit.files import read_json
+from mixit.run import Run, is_number
+from mixit.study.directory import failure_record, load_study_record
+from mixit.study.executors import extra_result, run_dir, state
+from mixit.tasks import TASKS, Task
+
+
+def task_class(name: str) -> type[Task]:
+    """The task registered as `name`, whose class attributes say what the report shows of it; the base `Task`,
+    and so its defaults (token accuracy in percent), for a task not registered in this process."""
+    return TASKS[name] if name in TASKS else Task
+
+
+@dataclass
+class Result:
+    """One run of the study as the report sees it."""
+
+    id: str
+    labels: list[dict[str, Any]]
+    config: dict[str, Any]
+    state: str
+    """done, failed, interrupted or new (`mixit.study.executors.state`), or damaged: finished, but a file
+    of it cannot be read (`error` says which and why)."""
+    test: dict[str, float]
+    val: dict[str, float] = field(default_factory=dict)
+    """Validation metrics at the end of training (summary.json "val")."""
+    convergence: dict[str, Any] | None = None
+    """summary.json "convergence" (metric, converged, reason, best, gain, window, ...); None: not recorded."""
+    evals: list[dict[str, float]] = field(default_factory=list)
+    """Every evaluation's metrics, with its "step" (metrics.jsonl eval events: test metrics by name, validation
+    metrics as val_<name>)."""
+    selected: dict[str, Any] = field(default_factory=dict)
+    """summary.json "selected": the step, test and validation metrics of the evaluation whose validation
+    metric was best ({}: a run of older code, which the report reads at its last evaluation)."""
+    heads: dict[str, Any] | None = None  # analyze_run's findings, if analysed
+    seconds: float | None = None
+    error: str | None = None
+    role: str = "final"
+    """final (a cell of a table) or screen (a screening run of the per-architecture search)."""
+    chosen: dict[str, Any] = field(default_factory=dict)
+    """For a final run that was searched, the chosen settings: dotted request path -> value."""
+    run: Run | None = None
+    """The run (its analysis holds the figures and files the sections show)."""
+
+    @property
+    def curve(self) -> list[tuple[int, float]]:
+        """(step, the task's report metric in the report's units) at each evaluation: what the figures draw."""
+        _, key, scale = task_class(self.config["task"]).report_metric
+        return [(int(e["step"]), scale * e[key]) for e in self.evals if key in e]
+
+
+@dataclass
+class StudyResults:
+    """What the tables' sections and checks read: every run, and the extras' results."""
+
+    results: list[Result]
+    signals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each finished signal sweep of the study's extras: name -> its signal.json."""
+    record: dict[str, Any] = field(default_factory=dict)
+    """study.json."""
+    study_dir: Path | None = None
+
+    @property
+    def final(self) -> list[Result]:
+        """The runs that are cells of a table (not screening runs)."""
+        return [r for r in self.results if r.role == "final"]
+
+    @property
+    def screens(self) -> list[Result]:
+        return [r for r in self.results if r.role == "screen"]
+
+    @property
+    def figures(self) -> Path:
+        if self.study_dir is None:
+            raise ValueError("these results have no study directory to write figures to")
+        return self.study_dir / "figures"
+
+
+def collect(study_dir: Path) -> StudyResults:
+    """The study's record, every run's results (what exists of them) and the extras' signal.json files.
+
+    A damaged study (study.json, a failure record, an extra's result) is refused in one line; a damaged
+    run is a result of its own, in state "damaged" (`_result`)."""
+    study_dir = Path(study_dir)
+    record = load_study_record(study_dir)
+    results = [_result(study_dir, entry) for entry in record["runs"]]
+    signals = {}
+    for name in record.get("extras", {}):
+        path = extra_result(study_dir, name)
+        if path.exists():
+            signals[name] = read_json(path, f"{name}/{path.name}")
+            if not isinstance(signals[name], dict):
+                raise UsageError(f"{path} is damaged: not a JSON object")
+    return StudyResults(results, signals, record, study_dir)
+
+
+def _result(study_dir: Path, entry: dict[str, Any]) -> Result:
+    """The run of study.json's `entry`, with what it has written so far.
+
+    A finished run whose files cannot be read (a corrupt summary.json, metrics.jsonl or analysis) is
+    "damaged", its error saying which file and why: the report shows it beside the others rather than
+    refusing the study for one run (docs/reliability.md, "Studies and reports")."""
+    run = Run(run_dir(study_dir, entry["id"]))
+    r = Result(
+        entry["id"],
+        entry["labels"],
+        entry["config"],
+        state(study_dir, entry["id"]),
+        {},
+        role=entry.get("role", "final"),
+        chosen=entry.get("chosen") or {},
+        run=run,
+    )
+    if r.state == "done":
+        try:
+            _read_finished(r, entry["config"]["task"])
+        except UsageError as e:
+            r.state, r.error = "damaged", str(e)
+            r.test, r.val, r.convergence, r.seconds, r.evals, r.selected, r.heads = {}, {}, None, None, [], {}, None
+    elif r.state == "failed":
+        r.error = failure_record(study_dir, entry["id"])["error"]
+    return r
+
+
+def _read_finished(r: Result, task: str) -> None:
+    """Fill `r` from its finished run's summary, metrics and analysis; UsageError if one is damaged."""
+    assert r.run is not None
+    run = Run.open(r.run.path)
+    summary = run.summary() or {}
+    r.test, r.val = _metrics(summary, "test", run), _metrics(summary, "val", run)
+    r.convergence, r.seconds = summary.get("convergence"), summary.get("train_seconds_this_session")
+    if r.convergence is not None and not isinstance(r.convergence, dict):
+        raise UsageError(f"{run.summary_path} is damaged: its 'convergence' is not an object")
+    key = task_class(task).report_metric[1]
+    evals = [e for e in run.metrics() if isinstance(e, dict) and e.get("event") == "eval" and key in e]
+    if not all(isinstance(e.get("step"), int) and is_number(e[key]) for e in evals):
+        raise UsageError(f"{run.metrics_path} is damaged: an eval event without a step or a number for {key}")
+    r.evals = [{k: v for k, v in e.items() if k == "step" or is_number(v)} for e in evals]
+    selected = summary.get("selected") or {}
+    if not isinstance(selected, dict) or not isinstance(selected.get("test", {}), dict):
+        raise UsageError(f"{run.summary_path} is damaged: its 'selected' is not an object of metrics")
+    r.selected = selected
+    r.heads = _heads(run)
+
+
+def reported(r: Result) -> dict[str, float]:
+    """The test metrics a run is reported by: those at its best validation evaluation, or, for a run of
+    older code that did not record it, at its last."""
+    return r.selected.get("test") or r.test
+
+
+def _metrics(summary: dict[str, Any], split: str, run: Run) -> dict[str, float]:
+    """summary.json's metrics of `split` (test or val); UsageError unless an object of names to numbers."""
+    found = summary.get(split, {})
+    if not isinstance(found, dict) or not all(is_number(v) for v in found.values()):
+        raise UsageError(f"{run.summary_path} is damaged: its {split!r} metrics are not numbers by name")
+    return found
+
+
+def _heads(run: Run) -> dict[str, Any] | None:
+    """`analyze_run`'s findings on `run`, or None if it has not been analysed."""
+    scores = run.analysis.head_scores()
+    if scores is None:
+        return None
+    signal = run.analysis.signal()
+    if signal is None:
+        raise UsageError(f"{run.analysis.path} holds head scores but no signal result: run `mixit analyze` again")
+    return summarize(scores, signal)

@@ -1,0 +1,107 @@
+"""The report's figures: learning curves of a study's cells, and lines of a number against what a table varies.
+
+    plot_curves         a paper table's cells of one task: its report metric against step, one line per variant
+    plot_cell_curves    the same for any cells (a study of your own: one line per cell)
+    plot_lines          one line per series of x -> y (accuracy by heads, by depth, by pairs)
+
+Each returns its Figure, saved to `path` if one is given, or None when there is nothing to plot (so the report's
+`if plot_lines(...):` reads as "if it drew one"). pyplot does not hold these figures, so nothing needs closing:
+the report, which only wants the files, drops them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mixit.study.cells import rows
+from mixit.study.collect import Result, task_class
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+def _figure(width: float = 6.0, height: float = 4.0) -> tuple[Figure, Axes]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots()
+
+
+def plot_curves(
+    results: Sequence[Result], table: str, task: str, path: str | Path | None = None, **match: Any
+) -> Figure | None:
+    """Test metric against step, one line per variant: the mean over its seeds with a band from the lowest
+    to the highest (`plot_cell_curves`); None when no run matching `table`, `task` and `match` has a curve."""
+    cells: dict[str, list[Result]] = defaultdict(list)
+    for r, labels in rows(results, table=table, task=task, **match):
+        if r.curve:
+            cells[labels["variant"]].append(r)
+    return plot_cell_curves(cells, task, path)
+
+
+def _finish_curves(fig: Figure, ax: Axes, task: str, note: str, path: str | Path | None) -> None:
+    """Label a figure of `task`'s learning curves (its report metric against step), with `note` under the
+    title, and save it to `path` if one is given."""
+    column = task_class(task).report_metric[0]
+    ax.set_xlabel("step")
+    ax.set_ylabel(column + (" (%)" if column == "accuracy" else " (nats)"))
+    ax.set_title(f"{task}: test {column} during training" + (f"\n{note}" if note else ""), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    if path is not None:
+        fig.savefig(path, dpi=100)
+
+
+def plot_cell_curves(cells: Mapping[str, Sequence[Result]], task: str, path: str | Path | None = None) -> Figure | None:
+    """Test metric against step, one line per cell: the mean over its seeds at the steps all of them evaluated,
+    with a band from the lowest seed to the highest; None, and no file, when no cell has a curve."""
+    curves = {name: [dict(r.curve) for r in found if r.curve] for name, found in cells.items()}
+    curves = {name: seeds for name, seeds in curves.items() if seeds}
+    if not curves:
+        return None
+    fig, ax = _figure()
+    for name, seeds in curves.items():
+        steps = sorted(set.intersection(*(set(c) for c in seeds)))
+        values = [[c[step] for c in seeds] for step in steps]  # (steps, seeds)
+        (line,) = ax.plot(
+            steps, [statistics.fmean(v) for v in values], marker="o", markersize=3, label=f"{name} ({len(seeds)})"
+        )
+        if len(seeds) > 1:
+            ax.fill_between(
+                steps, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.2
+            )
+    _finish_curves(fig, ax, task, "mean over the (n) seeds; band: lowest to highest", path)
+    return fig
+
+
+def plot_lines(
+    series: dict[str, dict[Any, float]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    path: str | Path | None = None,
+    log2: bool = False,
+) -> Figure | None:
+    """One line per series (x -> y); None, and no file, when every series is empty."""
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return None
+    fig, ax = _figure()
+    for name, points in series.items():
+        xs = sorted(points)
+        ax.plot(xs, [points[x] for x in xs], marker="o", label=name)
+    if log2:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    if path is not None:
+        fig.savefig(path, dpi=100)
+    return fig
