@@ -133,7 +133,7 @@ def load_config_file(path: Path) -> RunConfig:
 
 def require_pandas() -> ModuleType:
     """The pandas module, which the DataFrames of a notebook need (`Run.metrics_frame`,
-    `mixit.study.results.results_frame`); UsageError naming the install command where it is missing. Imported
+    `mixit.study.render.results_frame`); UsageError naming the install command where it is missing. Imported
     here, not at the top: pandas is an optional dependency (the `notebook` extra)."""
     try:
         import pandas
