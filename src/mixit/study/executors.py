@@ -466,7 +466,7 @@ def _run_phase(
     parallel = 1 if pool.executor == "sequential" else pool.workers if pool.executor == "local" else len(jobs)
     left = [len(jobs)]
 
-    def record(result: dict[str, Any]) -> None:
+    def finished(result: dict[str, Any]) -> None:
         tally[result["state"]] += 1
         bar.update(1)
         left[0] -= 1
@@ -474,11 +474,11 @@ def _run_phase(
 
     if pool.executor == "sequential" or (pool.executor == "local" and (pool.workers == 1 or len(jobs) <= 1)):
         for job in jobs:
-            record(run_one(*job, threads=pool.threads if pool.executor == "local" else 0))
+            finished(run_one(*job, threads=pool.threads if pool.executor == "local" else 0))
     elif pool.executor == "local":
-        _local_pool(jobs, pool, record)
+        _local_pool(jobs, pool, finished)
     else:
-        _submitit(pool.executor, study_dir, jobs, pool.slurm, record)
+        _submitit(pool.executor, study_dir, jobs, pool.slurm, finished)
 
 
 def _grouping(study_name: str, naming: Naming, planned: PlannedRun) -> Grouping:
@@ -486,7 +486,7 @@ def _grouping(study_name: str, naming: Naming, planned: PlannedRun) -> Grouping:
     return study_grouping(study_name, planned.id, planned.cfg, planned.role, naming)
 
 
-def _local_pool(jobs: list[tuple[Any, ...]], pool: Pool, record: Callable[[dict[str, Any]], None]) -> None:
+def _local_pool(jobs: list[tuple[Any, ...]], pool: Pool, finished: Callable[[dict[str, Any]], None]) -> None:
     """Run `jobs` on a process pool of `pool.workers` workers, each of which ends with this process (`die_with`).
 
     Interrupted (Ctrl-C, or a SIGINT to this process alone), it stops its workers (`_stop_pool`) and drops
@@ -498,7 +498,7 @@ def _local_pool(jobs: list[tuple[Any, ...]], pool: Pool, record: Callable[[dict[
     try:
         futures = [executor.submit(run_one, *job) for job in jobs]
         for future in concurrent.futures.as_completed(futures):
-            record(future.result())
+            finished(future.result())
     except BaseException:
         _stop_pool(executor)
         raise
@@ -667,7 +667,7 @@ def _submitit(
     study_dir: Path,
     jobs: list[tuple[Any, ...]],
     slurm: dict[str, Any],
-    record: Callable[[dict[str, Any]], None],
+    finished: Callable[[dict[str, Any]], None],
 ) -> None:
     """Run `jobs` as one submitit array job: on Slurm, or with submitit's local executor."""
     import submitit  # there: `Pool.check_available`
@@ -685,7 +685,7 @@ def _submitit(
         for job in [j for j in pending if j.done()]:
             pending.remove(job)
             try:
-                record(job.result())
+                finished(job.result())
             except Exception as e:  # the job itself died (killed, out of time): the run is interrupted
-                record({"id": "?", "state": "failed", "error": " ".join(str(e).split())[:300]})
+                finished({"id": "?", "state": "failed", "error": " ".join(str(e).split())[:300]})
         time.sleep(1.0)
