@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import torch
 
+from mixit.bench import matmul_contender, time_round_robin
 from mixit.config import check
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
@@ -60,20 +61,15 @@ __all__ = [
 EFFICIENCY = 0.3
 
 
-def matmul_flops_per_second(samples: int = 7, seconds: float = 0.1) -> float:
-    """This machine's fp32 matmul speed on the CPU: the fastest of `samples` short measurements.
+def matmul_flops_per_second(samples: int = 7, steps: int = 25) -> float:
+    """This machine's fp32 matmul speed on the CPU: the fastest of `samples` blocks of `steps` products, timed as
+    `mixit bench` times its matmul peak.
 
     The fastest, because a core busy with something else only ever makes a sample slower: one short
     sample on a momentarily busy machine once made the quick preset's estimate 6.1 h."""
-    a = torch.randn(512, 512)
-    best = 0.0
-    for _ in range(samples):
-        start, n = time.perf_counter(), 0
-        while time.perf_counter() - start < seconds:
-            a @ a
-            n += 1
-        best = max(best, 2 * 512**3 * n / (time.perf_counter() - start))
-    return best
+    cpu = torch.device("cpu")
+    peak = matmul_contender(cpu, torch.float32, 512)
+    return peak.flops / min(time_round_robin([peak], cpu, steps, samples)[peak.name])
 
 
 def estimate_seconds(cfg: RunConfig, flops_per_second: float) -> float:
