@@ -259,7 +259,7 @@ def test_test_seed_reaches_the_task_and_the_run_id():
         run_config("dyck", "standard", {"max_pairs": 4}, test_seed=3),
     )
     assert other.to_dict()["test_seed"] == 3 and RunConfig.from_dict(other.to_dict()).test_seed == 3
-    assert build_task(other).test_seed == 3 and resolve({"task": "dyck", "test_seed": 3}).test_seed == 3
+    assert build_task(other).data_config.test_seed == 3 and resolve({"task": "dyck", "test_seed": 3}).test_seed == 3
     assert run_id(other) != run_id(base)
     assert RunConfig.from_dict({k: v for k, v in base.to_dict().items() if k != "test_seed"}) == base  # older records
 
