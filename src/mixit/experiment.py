@@ -9,7 +9,7 @@ A *request* is a partial, nested mapping with the shape of a RunConfig:
 Every key is optional. `resolve` fills in the rest, each layer overriding the
 one before:
 
-    1. the dataclass defaults (`ModelConfig`, `TrainConfig`, the task's Config)
+    1. the dataclass defaults (`ModelConfig`, `TrainConfig`, `DataConfig`, the task's Config)
     2. the task's own defaults (``Task.defaults``: steps, batch size, lr, ...)
     3. the recipe's settings (`mixit.recipes`: ``laptop`` adds nothing, ``reference``
        the paper's code's hyperparameters)
@@ -131,7 +131,7 @@ class RunConfig(DataConfig, RunSetup):
     @property
     def data_config(self) -> DataConfig:
         """The data options alone, as the task takes them."""
-        return DataConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DataConfig)})
+        return DataConfig(**{name: getattr(self, name) for name in DATA_OPTIONS})
 
     def to_dict(self) -> dict[str, Any]:
         """`Config.to_dict` in config.json's order: the task, variant, recipe and task parameters first."""
