@@ -11,7 +11,7 @@ import pytest
 
 from mixit import ModelConfig, RunConfig, TrainConfig, resolve, run_config, train
 from mixit.cli import main, train_parser
-from mixit.config import field_docs, field_hints
+from mixit.config import Config, DataConfig, field_docs, field_hints, is_a
 from mixit.errors import UsageError
 from mixit.experiment import TASK_DECIDES, flat_options, nest
 from mixit.run import load_request
@@ -30,7 +30,7 @@ def printed_config(capsys, *args):
 
 
 def test_every_option_has_a_docstring():
-    for cls in (ModelConfig, TrainConfig, RunConfig, *(t.Config for _, t in TASKS.items())):
+    for cls in (ModelConfig, TrainConfig, DataConfig, RunConfig, *(t.Config for _, t in TASKS.items())):
         docs = field_docs(cls)
         assert set(docs) == {f.name for f in dataclasses.fields(cls)}, cls
         assert all(doc and "\n" not in doc for doc in docs.values()), cls
@@ -57,6 +57,24 @@ def test_values_are_checked_strictly_at_construction(cls, kwargs, message):
     base = {"vocab_size": 16, "n_ctx": 8} if cls is ModelConfig else {}
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         cls(**base, **kwargs)
+
+
+def test_a_run_config_is_checked_and_written_by_the_same_machinery():
+    """RunConfig is a Config: its fields (nested configs, the data options of DataConfig) are typed and checked
+    by `coerce`, its mapping is read by `from_dict` and written by `to_dict` like any other."""
+    cfg = run_config("dyck", "standard", {"max_pairs": 4}, test_size=30)
+    assert isinstance(cfg, Config) and cfg.data_config == DataConfig(test_size=30, val_size=30)
+    assert list(cfg.to_dict())[:6] == ["task", "variant", "recipe", "task_params", "model", "train"]
+    for bad, message in [
+        ({"model": 3}, "model must be a ModelConfig, got 3"),
+        ({"val_size": True}, "val_size must be an integer or null, got True"),
+        ({"test_size": 0}, "test_size must be a positive integer, got 0"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            dataclasses.replace(cfg, **bad)
+    with pytest.raises(UsageError, match=r"unknown model option\(s\) d_modle"):
+        RunConfig.from_dict({**cfg.to_dict(), "model": {"d_modle": 3}})
+    assert not is_a(int, True) and is_a(float, 2) and not is_a(float, math.inf) and is_a(ModelConfig, cfg.model)
 
 
 def test_an_integer_is_a_float_and_derived_defaults_are_resolved():
@@ -259,7 +277,7 @@ def test_test_seed_reaches_the_task_and_the_run_id():
         run_config("dyck", "standard", {"max_pairs": 4}, test_seed=3),
     )
     assert other.to_dict()["test_seed"] == 3 and RunConfig.from_dict(other.to_dict()).test_seed == 3
-    assert build_task(other).test_seed == 3 and resolve({"task": "dyck", "test_seed": 3}).test_seed == 3
+    assert build_task(other).data_config.test_seed == 3 and resolve({"task": "dyck", "test_seed": 3}).test_seed == 3
     assert run_id(other) != run_id(base)
     assert RunConfig.from_dict({k: v for k, v in base.to_dict().items() if k != "test_seed"}) == base  # older records
 

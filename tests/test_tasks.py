@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from mixit import run_config
-from mixit.config import field_docs
+from mixit.config import DataConfig, field_docs
 from mixit.errors import UsageError
-from mixit.tasks import IGNORE, TASKS, Batch, ParamCounts, make_batch, make_task, task_parameters
+from mixit.tasks import IGNORE, TASKS, Batch, ParamCounts, Task, make_batch, make_task, task_parameters
 from mixit.tasks.base import binomial_se, ratio_se
 from mixit.tasks.text import TextTask
 from mixit.text.tokenizer import train_bpe
@@ -645,6 +645,15 @@ def test_modular_addition_test_seed_redraws_which_held_out_pairs_are_tested():
     assert rows(other.tables.val) | rows(other.tables.test) == held
     assert rows(other.tables.test) != rows(base.tables.test)
     assert len(other.tables.test) == len(base.tables.test)
+
+
+def test_tasks_read_their_parameters_and_data_options_instead_of_copying_them():
+    """No task has a constructor of its own: each reads `self.cfg` and `self.data_config` where it needs them."""
+    assert [name for name, cls in TASKS.items() if cls.__init__ is not Task.__init__] == []
+    task = make_task("dyck", {"max_pairs": 4}, seed=3, test_size=30)
+    assert (task.cfg.max_pairs, task.data_config) == (4, DataConfig(data_seed=3, test_size=30, val_size=30))
+    with pytest.raises(UsageError, match=r"unknown data option\(s\) tset_size"):
+        make_task("dyck", tset_size=30)
 
 
 def test_test_seed_has_no_effect_where_the_test_set_is_given():

@@ -49,7 +49,7 @@ def test_epoch_indices_visit_every_item_once_per_epoch():
 
 def test_lm_packing_predicts_every_training_token_exactly_once_per_epoch(corpus):
     task = lm_task(corpus)
-    stream, L, n_train = task.data.streams["training"], task.length, task.data.counts["training"]
+    stream, L, n_train = task.data.streams["training"], task.cfg.length, task.data.counts["training"]
     # One epoch of batches of 1: every sequence once.
     seqs = np.concatenate([task.train_examples(step, 1)[0] for step in range(n_train)])
     every = task.sequences("training", np.arange(n_train))[0]

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mixit.config import ModelConfig, TrainConfig
+from mixit.config import ModelConfig, TrainConfig, is_a
 from mixit.errors import UsageError
 from mixit.experiment import model_config
 from mixit.files import check_output_dir, write_json
@@ -77,7 +77,7 @@ class Shape:
 
     def __post_init__(self) -> None:
         for name, value in dataclasses.asdict(self).items():
-            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            if not (is_a(int, value) and value > 0):
                 raise UsageError(f"{name} must be a positive integer, got {value!r}")
         self.model_config("standard")  # refuses what no model could have (heads not dividing the width, odd RoPE)
 
@@ -501,7 +501,7 @@ def _check_options(options: BenchOptions) -> None:
         raise UsageError(f"unknown dtype {options.dtype!r}; allowed: {', '.join(DTYPES)}")
     for name in ("warmup", "steps", "repeats"):
         value = getattr(options, name)
-        if not (isinstance(value, int) and value >= 1):
+        if not (is_a(int, value) and value >= 1):
             raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
 
 

@@ -1,4 +1,5 @@
-"""Typed, validated configuration: the model, the optimisation, and the base of every task's parameters.
+"""Typed, validated configuration: the model, the optimisation, the data a task draws, and the base of every
+task's parameters.
 
 Each option is declared exactly once, as a dataclass field with a type, a
 default and a docstring. Everything else is generated from these
@@ -11,9 +12,12 @@ is checked against its field's type, strictly (``"false"`` is not a bool,
 ``1.5`` is not an int, floats must be finite), then against its range. A
 mapping with a key the class does not have is refused by `Config.from_dict`,
 so a config file cannot carry a typo silently. Every failure is a
-`UsageError` naming the key and what is allowed.
+`UsageError` naming the key and what is allowed. The same strict check of a
+value against a type (`coerce`, `is_a`) and its description (`type_name`)
+serve the command line, config files and ``--slurm``.
 
-The run as a whole (task, variant, these two, seeds) is `mixit.experiment.RunConfig`.
+The run as a whole (task, variant, these, the task's parameters) is
+`mixit.experiment.RunConfig`, a `Config` too.
 Names follow one glossary: d_model, n_layers, n_heads, d_head, d_mlp, n_ctx,
 vocab_size (docs/model.md).
 """
@@ -52,6 +56,8 @@ def type_name(hint: Any) -> str:
         return " or ".join(type_name(a) for a in get_args(hint))
     if hint is type(None):
         return "null"
+    if isinstance(hint, type) and issubclass(hint, Config):
+        return f"a {hint.__name__}"
     if get_origin(hint) in (tuple, list, collections.abc.Sequence):
         return f"a list ({type_name(get_args(hint)[0])} each)"
     return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(
@@ -64,6 +70,8 @@ def coerce(hint: Any, value: Any) -> tuple[bool, Any]:
 
     Strict: a bool is not an int, an int is a float (converted), a float must
     be finite, a string is never parsed. Lists of a tuple type become tuples.
+    A config (`Config`) must be an instance of its class: mappings are built
+    into configs by `Config.from_dict`, not here.
     """
     origin = get_origin(hint)
     if origin is Literal:
@@ -92,7 +100,14 @@ def coerce(hint: Any, value: Any) -> tuple[bool, Any]:
         return ok, float(value) if ok else None
     if hint is str:
         return isinstance(value, str), value
+    if isinstance(hint, type) and issubclass(hint, Config):
+        return isinstance(value, hint), value
     raise TypeError(f"config fields of type {hint!r} are not supported")
+
+
+def is_a(hint: Any, value: Any) -> bool:
+    """Whether `value` is of type `hint` under `coerce`'s strict rules: ``is_a(int, True)`` is False."""
+    return coerce(hint, value)[0]
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -126,7 +141,9 @@ def short_doc(obj: object) -> str:
 
 class Config:
     """Base of the config dataclasses: strict type checks at construction,
-    `from_dict` that refuses unknown keys, `to_dict` for JSON."""
+    `from_dict` that refuses unknown keys, `to_dict` for JSON. A field may
+    itself be a config (the model of a run): `from_dict` builds it from its
+    mapping, `to_dict` writes it as one."""
 
     what: ClassVar[str] = "option"  # how error messages name one field of this config
 
@@ -155,10 +172,24 @@ class Config:
             if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         ]
         check(not missing, f"missing {cls.what}(s) {', '.join(missing)}")
-        return cls(**data)
+        hints = field_hints(cls)
+        return cls(**{name: _built(hints[name], value) for name, value in data.items()})
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
+        """The fields as JSON data: a nested config as its mapping, a tuple as a list."""
+        return dataclasses.asdict(self, dict_factory=_json_fields)  # type: ignore[call-overload]
+
+
+def _built(hint: Any, value: Any) -> Any:
+    """`value` of a field of type `hint`: a config's mapping built into it by its `from_dict`, else as it is."""
+    if isinstance(hint, type) and issubclass(hint, Config) and not isinstance(value, hint):
+        return hint.from_dict(value)
+    return value
+
+
+def _json_fields(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`dataclasses.asdict`'s mapping of each config, nested ones included, with its tuples as lists."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in items}
 
 
 def positive_int(name: str, value: int) -> None:
@@ -401,6 +432,45 @@ class TrainConfig(Config):
         values = (self.warmup_steps, self.eval_every, self.log_every, self.checkpoint_every)
         assert all(v is not None for v in values)
         return typing.cast(tuple[int, int, int, int], values)
+
+
+@dataclass
+class DataConfig(Config):
+    """Which examples a task draws: the seed of its held-out sets and training stream, and the sets' sizes.
+
+    Every task takes these (`mixit.tasks.Task`), and a run holds them among its top-level options
+    (`mixit.experiment.RunConfig`); each task says how they apply to it (docs/tasks.md)."""
+
+    what: ClassVar[str] = "data option"
+
+    data_seed: int = 0
+    """Seed of the held-out sets and of the training stream (batch k is drawn from (data_seed, k))."""
+    test_size: int = 4000
+    """Examples in the fixed test set (tasks with a fixed split use their whole test part)."""
+    val_size: int | None = None
+    """Examples in the fixed validation set, disjoint from the training stream and the test set: settings are
+    chosen and training is stopped on it (each task says where it comes from: docs/tasks.md); null means
+    test_size."""
+    test_seed: int = 0
+    """Which test set is drawn, independently of the training stream's and the validation set's draws: another
+    value gives a test set that no setting was chosen on. The generated tasks draw it from (data_seed, 2,
+    test_seed); modular_addition re-draws which held-out pairs are tested and which validate; it has no effect
+    on memorization (the test set is the whole table), lm and sentiment (the dataset's held-out split)."""
+
+    def validate(self) -> None:
+        if self.val_size is None:
+            self.val_size = self.test_size
+        positive_int("test_size", self.test_size)
+        positive_int("val_size", self.val_size)
+        for name in ("data_seed", "test_seed"):
+            value = getattr(self, name)
+            check(0 <= value < 2**63, f"{name} must be an integer in [0, 2^63), got {value}")
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        """(test_size, val_size), resolved (val_size is never None after construction)."""
+        assert self.val_size is not None
+        return self.test_size, self.val_size
 
 
 @dataclass

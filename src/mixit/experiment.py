@@ -9,7 +9,7 @@ A *request* is a partial, nested mapping with the shape of a RunConfig:
 Every key is optional. `resolve` fills in the rest, each layer overriding the
 one before:
 
-    1. the dataclass defaults (`ModelConfig`, `TrainConfig`, the task's Config)
+    1. the dataclass defaults (`ModelConfig`, `TrainConfig`, `DataConfig`, the task's Config)
     2. the task's own defaults (``Task.defaults``: steps, batch size, lr, ...)
     3. the recipe's settings (`mixit.recipes`: ``laptop`` adds nothing, ``reference``
        the paper's code's hyperparameters)
@@ -38,17 +38,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import yaml
 
-from mixit.config import ModelConfig, TaskConfig, TrainConfig, check
+from mixit.config import Config, DataConfig, ModelConfig, TaskConfig, TrainConfig, check, is_a
 from mixit.errors import UsageError
 from mixit.freezing import FreezeReport, apply_variant, check_attention, get_variant
 from mixit.models import Transformer
@@ -64,8 +63,12 @@ DEFAULT_RECIPE = "laptop"
 
 
 @dataclass
-class RunConfig:
-    """Everything that defines a run: task, variant, model, optimisation and data seeds."""
+class RunSetup(Config):
+    """What a run trains: the task, the model, the variant, the recipe, the optimisation, the task's parameters.
+
+    The first fields of `RunConfig`, in a base of their own so that they come before the data options: the
+    fields of a dataclass's bases come first, and this order is the order of the command line's flags and
+    of the keys of a request made from them."""
 
     task: str
     """Task name (`mixit list`)."""
@@ -79,21 +82,20 @@ class RunConfig:
     """Optimisation and bookkeeping."""
     task_params: TaskConfig | None = None
     """The task's parameters (its Config); None means its defaults."""
-    data_seed: int = 0
-    """Seed of the held-out sets and of the training stream (batch k is drawn from (data_seed, k))."""
-    test_size: int = 4000
-    """Examples in the fixed test set (tasks with a fixed split use their whole test part)."""
-    val_size: int | None = None
-    """Examples in the fixed validation set, disjoint from the training stream and the test set: settings are
-    chosen and training is stopped on it (each task says where it comes from: docs/tasks.md); null means
-    test_size."""
-    test_seed: int = 0
-    """Which test set is drawn, independently of the training stream's and the validation set's draws: another
-    value gives a test set that no setting was chosen on. The generated tasks draw it from (data_seed, 2,
-    test_seed); modular_addition re-draws which held-out pairs are tested and which validate; it has no effect
-    on memorization (the test set is the whole table), lm and sentiment (the dataset's held-out split)."""
+
+
+@dataclass
+class RunConfig(DataConfig, RunSetup):
+    """Everything that defines a run: task, variant, model, optimisation, the task's parameters (`RunSetup`)
+    and the data it draws (`DataConfig`). Validated and written like every `Config`."""
+
+    what: ClassVar[str] = "run config key"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        self._request: dict[str, Any] | None = None
+
+    def validate(self) -> None:
         cls = TASKS.get(self.task)
         if self.task_params is None:
             self.task_params = cls.Config()
@@ -101,24 +103,9 @@ class RunConfig:
             isinstance(self.task_params, cls.Config),
             f"task {self.task} takes parameters {cls.Config.__name__}, got {type(self.task_params).__name__}",
         )
-        check(
-            isinstance(self.model, ModelConfig) and isinstance(self.train, TrainConfig),
-            "model and train must be a ModelConfig and a TrainConfig",
-        )
-        variant = get_variant(self.variant)
-        check_attention(variant, self.model.attention)
+        check_attention(get_variant(self.variant), self.model.attention)
         RECIPES.get(self.recipe)
-        if self.val_size is None:
-            self.val_size = self.test_size
-        for name in SEED_OPTIONS:
-            value = getattr(self, name)
-            check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
-        check(self.test_size > 0, f"test_size must be a positive integer, got {self.test_size}")
-        check(self.val_size > 0, f"val_size must be a positive integer, got {self.val_size}")
-        for name in ("data_seed", "test_seed"):
-            value = getattr(self, name)
-            check(0 <= value < 2**63, f"{name} must be an integer in [0, 2^63), got {value}")
-        self._request: dict[str, Any] | None = None
+        super().validate()
 
     @property
     def request(self) -> dict[str, Any]:
@@ -141,49 +128,29 @@ class RunConfig:
         assert self.task_params is not None
         return self.task_params
 
+    @property
+    def data_config(self) -> DataConfig:
+        """The data options alone, as the task takes them."""
+        return DataConfig(**{name: getattr(self, name) for name in DATA_OPTIONS})
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "variant": self.variant,
-            "recipe": self.recipe,
-            "task_params": self.params.to_dict(),
-            "model": self.model.to_dict(),
-            "train": self.train.to_dict(),
-            "data_seed": self.data_seed,
-            "test_size": self.test_size,
-            "val_size": self.val_size,
-            "test_seed": self.test_seed,
-        }
+        """`Config.to_dict` in config.json's order: the task, variant, recipe and task parameters first."""
+        data = super().to_dict()
+        return {**{k: data.pop(k) for k in ("task", "variant", "recipe", "task_params")}, **data}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
-        """The inverse of `to_dict`, as strict as the command line: every key known, every value typed."""
-        check(isinstance(data, Mapping), f"a run config must be a mapping, got {type(data).__name__}")
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(names))
-        check(not unknown, f"unknown run config key(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
-        missing = [k for k in ("task", "model") if k not in data]
-        check(not missing, f"run config is missing {', '.join(missing)}")
-        check(isinstance(data["task"], str), f"task must be a string, got {data['task']!r}")
-        task_cls = TASKS.get(data["task"])
-        return cls(
-            task=data["task"],
-            variant=data.get("variant", DEFAULT_VARIANT),
-            recipe=data.get("recipe", DEFAULT_RECIPE),
-            model=ModelConfig.from_dict(data["model"]),
-            train=TrainConfig.from_dict(data.get("train", {})),
-            task_params=task_cls.Config.from_dict(data.get("task_params", {})),
-            data_seed=data.get("data_seed", 0),
-            test_size=data.get("test_size", 4000),
-            val_size=data.get("val_size"),
-            test_seed=data.get("test_seed", 0),
-        )
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """`Config.from_dict`, the task parameters read by the task's own Config; options left out (by a run
+        written before they were added) take today's defaults."""
+        if isinstance(data, Mapping) and isinstance(data.get("task"), str) and "task_params" in data:
+            data = {**data, "task_params": TASKS.get(data["task"]).Config.from_dict(data["task_params"])}
+        return super().from_dict(data)
 
 
 # -- requests --------------------------------------------------------------------------
 
-SEED_OPTIONS = ("data_seed", "test_size", "val_size", "test_seed")
-"""The run options that choose the task's data (its held-out sets and training stream), integers all."""
+DATA_OPTIONS = tuple(f.name for f in dataclasses.fields(DataConfig))
+"""The run options that choose the task's data (its held-out sets and training stream): `DataConfig`'s."""
 TASK_DECIDES = ("vocab_size",)
 """Model options that the task decides; a request may not choose them."""
 SECTIONS = ("model", "train", "task_params")
@@ -245,17 +212,6 @@ def _name(request: Mapping[str, Any], key: str, default: str) -> str:
     return value
 
 
-def _seeds(request: Mapping[str, Any]) -> dict[str, int]:
-    """The request's data_seed, test_size, val_size and test_seed, checked here as well as by RunConfig
-    because the task is constructed before the RunConfig."""
-    seeds = {k: request[k] for k in SEED_OPTIONS if k in request}
-    for name, value in seeds.items():
-        check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
-    for name in ("data_seed", "test_seed"):
-        check(0 <= seeds.get(name, 0) < 2**63, f"{name} must be an integer in [0, 2^63), got {seeds.get(name)}")
-    return seeds
-
-
 def as_data(request: Mapping[str, Any]) -> dict[str, Any]:
     """`request` as plain JSON data (a task parameter object becomes its mapping), for config.json."""
     out = dict(request)
@@ -284,17 +240,11 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     check_attention(variant, attention)
     recipe = nest_request(RECIPES.get(recipe_name).settings(task_name, attention))
     params = task_cls.Config.from_dict({**recipe.get("task_params", {}), **_section(request, "task_params")})
-    seeds = _seeds(request)
+    data = DataConfig.from_dict({k: request[k] for k in DATA_OPTIONS if k in request})
     check_memory(
         f"task {task_name}", {"its table of examples": params.memory_bytes()}, "cpu", "choose smaller task parameters"
     )
-    task = task_cls(
-        params,
-        seed=seeds.get("data_seed", 0),
-        test_size=seeds.get("test_size", 4000),
-        val_size=seeds.get("val_size"),
-        test_seed=seeds.get("test_seed", 0),
-    )
+    task = task_cls(params, data)
     defaults = nest(task_cls.defaults)
     model = _model_options(task, attention, [defaults.get("model", {}), recipe.get("model", {}), requested_model])
     train = {**defaults.get("train", {}), **recipe.get("train", {}), **_section(request, "train")}
@@ -305,7 +255,7 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
         task_params=params,
         model=ModelConfig.from_dict(model),
         train=TrainConfig.from_dict(train),
-        **seeds,
+        **data.to_dict(),
     )
     check_fits(cfg, task)
     cfg.request = as_data(request)
@@ -336,14 +286,11 @@ def coupling(model: Mapping[str, Any]) -> dict[str, Any]:
     `attention` among them."""
     out = dict(ATTENTION.get(model["attention"]).coupled)
     alpha = model.get("depth_alpha", _default("depth_alpha"))
-    check(
-        isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and math.isfinite(alpha),
-        f"depth_alpha must be a finite number, got {alpha!r}",
-    )
+    check(is_a(float, alpha), f"depth_alpha must be a finite number, got {alpha!r}")
     if alpha:
         base, depth = model.get("base_n_layers", _default("base_n_layers")), model.get("n_layers", _default("n_layers"))
         check(
-            isinstance(base, int) and isinstance(depth, int) and base > 0 and depth > 0,
+            is_a(int, base) and is_a(int, depth) and base > 0 and depth > 0,
             f"n_layers and base_n_layers must be positive integers, got {depth!r}, {base!r}",
         )
         out.update(skip_scale=1.0, branch_scale=(base / depth) ** alpha)
@@ -479,9 +426,7 @@ def check_fits(cfg: RunConfig, task: Task) -> None:
 def build_task(cfg: RunConfig, run_dir: Path | None = None) -> Task:
     """The task of `cfg`; with `run_dir`, rebuilt from what the run saved (its tokenizer)."""
     params = cfg.params if run_dir is None else cfg.params.for_run(run_dir)
-    return TASKS.get(cfg.task)(
-        params, seed=cfg.data_seed, test_size=cfg.test_size, val_size=cfg.val_size, test_seed=cfg.test_seed
-    )
+    return TASKS.get(cfg.task)(params, cfg.data_config)
 
 
 def build_model(cfg: RunConfig) -> tuple[Transformer, FreezeReport]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 # Importing a task module registers its task: one line per task.
+from mixit.config import DataConfig
 from mixit.tasks import addition, dyck, induction, memorization, modular_addition, retrieval, text  # noqa: F401
 from mixit.tasks.base import IGNORE, TASKS, Batch, ParamCounts, Task, make_batch
 
@@ -24,15 +25,8 @@ def task_parameters(name: str) -> dict[str, Any]:
     return TASKS.get(name).Config().to_dict()
 
 
-def make_task(
-    name: str,
-    params: Mapping[str, Any] | None = None,
-    seed: int = 0,
-    test_size: int = 4000,
-    val_size: int | None = None,
-    test_seed: int = 0,
-) -> Task:
-    """Build task `name`; `params` are checked strictly by the task's Config (missing ones take their defaults)."""
+def make_task(name: str, params: Mapping[str, Any] | None = None, seed: int = 0, **data: Any) -> Task:
+    """Build task `name`; `params` are checked strictly by the task's Config, the data seed `seed` and `data`
+    (test_size, val_size, test_seed) by `DataConfig`; what is left out takes its default."""
     cls = TASKS.get(name)
-    config = cls.Config.from_dict(params or {})
-    return cls(config, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
+    return cls(cls.Config.from_dict(params or {}), DataConfig.from_dict({"data_seed": seed, **data}))

@@ -60,25 +60,13 @@ class Addition(SequenceTask):
     exact_match = True
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
-    def __init__(
-        self,
-        cfg: AdditionConfig | None = None,
-        seed: int = 0,
-        test_size: int = 4000,
-        val_size: int | None = None,
-        test_seed: int = 0,
-    ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
-        self.n_digits = self.cfg.n_digits
-        self.reference_mask = self.cfg.reference_mask
-
     @property
     def vocab_size(self) -> int:
         return VOCAB
 
     @property
     def seq_len(self) -> int:
-        return 3 * self.n_digits + 4
+        return 3 * self.cfg.n_digits + 4
 
     def token_names(self) -> list[str]:
         """Input digits '0'-'9', '+', '=', 'PAD', answer digits primed ("0'"-"9'"), 'stop'; the unused ids
@@ -89,7 +77,7 @@ class Addition(SequenceTask):
         return names
 
     def sample(self, rng: np.random.Generator, n: int) -> Examples:
-        d = self.n_digits
+        d = self.cfg.n_digits
         # Operand digits, least-significant first; the most significant digit is
         # non-zero so both operands have exactly d digits.
         digits = rng.integers(0, 10, size=(n, 2, d))  # (n, 2, d)
@@ -99,7 +87,7 @@ class Addition(SequenceTask):
     def encode(self, a: np.ndarray, b: np.ndarray) -> Examples:
         """Examples (seq (n, L), mask (n, L)) of the sums a + b, given the
         operands' digits (n, n_digits), least-significant first."""
-        d = self.n_digits
+        d = self.cfg.n_digits
         n = a.shape[0]
         # Schoolbook addition column by column: exact for any n_digits, where
         # forming the integers could overflow int64.
@@ -121,7 +109,7 @@ class Addition(SequenceTask):
         seq[:, 3 * d + 3] = np.where(has_carry, STOP, PAD)
 
         mask = np.zeros((n, self.seq_len), dtype=bool)
-        if self.reference_mask:
+        if self.cfg.reference_mask:
             mask[:, :-1] = seq[:, :-1] >= OUT_DIGIT
         else:
             # '=' and the d always-present answer digits predict the next answer

@@ -46,7 +46,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from mixit.config import TaskConfig, check, short_doc
+from mixit.config import DataConfig, TaskConfig, check, short_doc
 from mixit.registry import Registry
 
 IGNORE = -100
@@ -148,11 +148,12 @@ class Task:
     `token_names`. And
     `save_artifacts`, what a run directory must keep to rebuild the task.
 
-    Constructing a task is cheap: it checks and stores the parameters, and the shape facts come from
-    them; the data is built the first time a batch (or a tokenizer) is asked for. A subclass sets
-    ``name`` and its parameter class ``Config``, implements the three batch methods, ``vocab_size`` and
-    ``input_len``; most do so by deriving from `SequenceTask`. ``defaults`` holds the task's own
-    training (and model) defaults, by option name.
+    Constructing a task is cheap: it checks and stores its parameters (``cfg``, its Config) and its data
+    options (``data_config``, a `DataConfig`: data seed, test and validation sizes, test seed), and the
+    shape facts come from them; the data is built the first time a batch (or a tokenizer) is asked for.
+    A subclass sets ``name`` and its parameter class ``Config``, implements the three batch methods,
+    ``vocab_size`` and ``input_len``; most do so by deriving from `SequenceTask`. ``defaults`` holds the
+    task's own training (and model) defaults, by option name.
     """
 
     name: ClassVar[str]
@@ -170,25 +171,15 @@ class Task:
     """For a task that reads one of several datasets, the parameter naming it: the paper's tables name the task
     by it ("lm:wikitext-103", the last part of the parameter's path). None: by the task's name alone."""
 
-    def __init__(
-        self,
-        cfg: TaskConfig | None = None,
-        seed: int = 0,
-        test_size: int = 4000,
-        val_size: int | None = None,
-        test_seed: int = 0,
-    ):
-        cfg = self.Config() if cfg is None else cfg
-        check(isinstance(cfg, self.Config), f"task {self.name} takes {self.Config.__name__}, got {type(cfg).__name__}")
-        check(test_size > 0, f"test_size must be a positive integer, got {test_size}")
-        val_size = test_size if val_size is None else val_size
-        check(val_size > 0, f"val_size must be a positive integer, got {val_size}")
-        check(test_seed >= 0, f"test_seed must be a non-negative integer, got {test_seed}")
-        self.cfg = cfg
-        self.seed = seed
-        self.test_size = test_size
-        self.val_size = val_size
-        self.test_seed = test_seed  # which test set is drawn (each task says how; some have no choice)
+    def __init__(self, cfg: TaskConfig | None = None, data: DataConfig | None = None):
+        """`cfg`: the task's parameters (None: their defaults); `data`: which examples it draws (None: the
+        defaults). A task reads both where it needs them (``self.cfg.n_digits``), never copying them."""
+        self.cfg = self.Config() if cfg is None else cfg
+        check(
+            isinstance(self.cfg, self.Config),
+            f"task {self.name} takes {self.Config.__name__}, got {type(self.cfg).__name__}",
+        )
+        self.data_config = DataConfig() if data is None else data
 
     @classmethod
     def description(cls) -> str:
@@ -315,8 +306,10 @@ class SequenceTask(Task):
         side, so the two sets held different mixes of strings (Dyck/MixiT read 75.8% on validation and
         66.6% on test at every evaluation). The keys leave the training stream's ``[seed, 1, step]`` alone.
         """
-        test = self.sample(np.random.default_rng([self.seed, 2, self.test_seed]), self.test_size)
-        val = self.sample(np.random.default_rng([self.seed, 3]), self.val_size)
+        d = self.data_config
+        test_size, val_size = d.sizes
+        test = self.sample(np.random.default_rng([d.data_seed, 2, d.test_seed]), test_size)
+        val = self.sample(np.random.default_rng([d.data_seed, 3]), val_size)
         return test, val
 
     @functools.cached_property
@@ -339,7 +332,7 @@ class SequenceTask(Task):
 
     def train_examples(self, step: int, n: int) -> Examples:
         """Training batch number `step`: n fresh examples, none equal to a test or validation example."""
-        rng = np.random.default_rng([self.seed, 1, step])
+        rng = np.random.default_rng([self.data_config.data_seed, 1, step])
         seqs, masks, have, drawn = [], [], 0, 0
         while have < n:
             if drawn > 100 * n + 10_000:
@@ -348,8 +341,8 @@ class SequenceTask(Task):
                 check(
                     False,
                     f"{self.describe()}: nearly every example drawn for the training batch is held out (test set of"
-                    f" {self.test_size}, validation set of {self.val_size}); lower test_size and val_size or"
-                    " enlarge the task",
+                    f" {self.data_config.test_size}, validation set of {self.data_config.val_size}); lower test_size"
+                    " and val_size or enlarge the task",
                 )
             drawn += n - have
             seq, mask = self.sample(rng, n - have)
@@ -412,7 +405,7 @@ class FixedSplitTask(SequenceTask):
         return (test, self._last_token_mask(len(test))), (val, self._last_token_mask(len(val)))
 
     def train_examples(self, step: int, n: int) -> Examples:
-        rng = np.random.default_rng([self.seed, 1, step])
+        rng = np.random.default_rng([self.data_config.data_seed, 1, step])
         rows = rng.integers(0, len(self.tables.train), size=n)
         return self.tables.train[rows], self._last_token_mask(n)
 

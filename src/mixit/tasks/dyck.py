@@ -103,24 +103,13 @@ class Dyck(SequenceTask):
     cfg: DyckConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
-    def __init__(
-        self,
-        cfg: DyckConfig | None = None,
-        seed: int = 0,
-        test_size: int = 4000,
-        val_size: int | None = None,
-        test_seed: int = 0,
-    ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
-        self.max_pairs = self.cfg.max_pairs
-
     @property
     def vocab_size(self) -> int:
         return 4
 
     @property
     def seq_len(self) -> int:
-        return 2 * self.max_pairs + 3
+        return 2 * self.cfg.max_pairs + 3
 
     def token_names(self) -> list[str]:
         """'PAD', '(', ')', '?'."""
@@ -129,7 +118,7 @@ class Dyck(SequenceTask):
         return names
 
     def sample(self, rng: np.random.Generator, n: int) -> Examples:
-        max_len = 2 * self.max_pairs
+        max_len = 2 * self.cfg.max_pairs
         cols = np.arange(max_len)[None, :]  # (1, max_len)
         rows = np.arange(n)
 
@@ -138,8 +127,8 @@ class Dyck(SequenceTask):
         is_random = rng.random(n) < 1 / 3
         random_len = rng.integers(1, max_len + 1, size=n)
         random_tokens = rng.integers(OPEN, CLOSE + 1, size=(n, max_len))
-        n_pairs = rng.integers(1, self.max_pairs + 1, size=n)
-        tree_uniforms = rng.random((n, 4 * self.max_pairs)).tolist()
+        n_pairs = rng.integers(1, self.cfg.max_pairs + 1, size=n)
+        tree_uniforms = rng.random((n, 4 * self.cfg.max_pairs)).tolist()
         # As in the reference code, the random strings are mutated too (which
         # leaves them uniformly random) and half of the balanced ones are not.
         kept = ~is_random & (rng.random(n) < 0.5)

@@ -103,57 +103,48 @@ class Induction(SequenceTask):
     cfg: InductionConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3}
 
-    def __init__(
-        self,
-        cfg: InductionConfig | None = None,
-        seed: int = 0,
-        test_size: int = 4000,
-        val_size: int | None = None,
-        test_seed: int = 0,
-    ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
-        self.k = self.cfg.k
-        self.alphabet = self.cfg.alphabet
-        self.length = self.cfg.length
-        self.none = self.alphabet  # the answer where find^k is undefined
+    @property
+    def none(self) -> int:
+        """The answer where find^k is undefined, NONE: the token `alphabet`, never an input."""
+        return self.cfg.alphabet
 
     @property
     def vocab_size(self) -> int:
-        return self.alphabet + 1
+        return self.cfg.alphabet + 1
 
     @property
     def seq_len(self) -> int:
-        return 2 * self.length  # [x, hop_k(x)]
+        return 2 * self.cfg.length  # [x, hop_k(x)]
 
     @property
     def input_len(self) -> int:
-        return self.length
+        return self.cfg.length
 
     @property
     def reference_len(self) -> int:
         """Not in the reference code: the input length."""
-        return self.length
+        return self.cfg.length
 
     def token_names(self) -> list[str]:
         """The alphabet's tokens as their ids, and 'NONE' (an answer only)."""
-        return [str(i) for i in range(self.alphabet)] + ["NONE"]
+        return [str(i) for i in range(self.cfg.alphabet)] + ["NONE"]
 
     def analysis_tokens(self) -> range:
         """NONE is never an input token."""
-        return range(self.alphabet)
+        return range(self.cfg.alphabet)
 
     def sample(self, rng: np.random.Generator, n: int) -> Examples:
-        x = rng.integers(0, self.alphabet, size=(n, self.length), dtype=np.int64)  # (n, N)
-        seq = np.concatenate([x, hop_labels(x, self.k, self.none)], axis=1)  # (n, 2N)
+        x = rng.integers(0, self.cfg.alphabet, size=(n, self.cfg.length), dtype=np.int64)  # (n, N)
+        seq = np.concatenate([x, hop_labels(x, self.cfg.k, self.none)], axis=1)  # (n, 2N)
         mask = np.zeros((n, self.seq_len), dtype=bool)
-        mask[:, : self.length] = True  # every position of x is scored
+        mask[:, : self.cfg.length] = True  # every position of x is scored
         return seq, mask
 
     def to_batch(self, seq: np.ndarray, mask: np.ndarray) -> Batch:
         """inputs x = seq[:, :N], targets hop_k(x) = seq[:, N:] where scored."""
         seq_t = torch.from_numpy(np.ascontiguousarray(seq, dtype=np.int64))
         mask_t = torch.from_numpy(np.ascontiguousarray(mask, dtype=bool))
-        n = self.length
+        n = self.cfg.length
         labels = seq_t[:, n:]  # (B, N)
         targets = torch.where(mask_t[:, :n], labels, torch.full_like(labels, IGNORE))
         return Batch(inputs=seq_t[:, :n].contiguous(), targets=targets.contiguous())

@@ -59,21 +59,9 @@ class Memorization(FixedSplitTask):
     cfg: MemorizationConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
-    def __init__(
-        self,
-        cfg: MemorizationConfig | None = None,
-        seed: int = 0,
-        test_size: int = 4000,
-        val_size: int | None = None,
-        test_seed: int = 0,
-    ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
-        self.n = self.cfg.n
-        self.fraction = self.cfg.fraction
-
     @property
     def vocab_size(self) -> int:
-        return 2 * self.n
+        return 2 * self.cfg.n
 
     @property
     def seq_len(self) -> int:
@@ -81,19 +69,20 @@ class Memorization(FixedSplitTask):
 
     def token_names(self) -> list[str]:
         """The first key x (and the label) as its id; the second key y, token n + y, as 'y<y>'."""
-        return [str(i) for i in range(self.n)] + [f"y{j}" for j in range(self.n)]
+        return [str(i) for i in range(self.cfg.n)] + [f"y{j}" for j in range(self.cfg.n)]
 
     def build_tables(self) -> Tables:
         """The kept part of the labelled n*n table, for training and test alike, and a fixed part of it."""
-        n, seed = self.n, self.seed
+        n, seed = self.cfg.n, self.data_config.data_seed
         x, y = np.divmod(np.arange(n * n), n)
         z = np.random.default_rng([seed, 2]).integers(0, n, size=n * n)
         table = np.stack([x, n + y, z], axis=1).astype(np.int64)  # (n*n, 3), ordered by (x, y)
-        if self.fraction < 1:
-            n_keep = max(1, math.floor(n * n * self.fraction))
+        if self.cfg.fraction < 1:
+            n_keep = max(1, math.floor(n * n * self.cfg.fraction))
             keep = np.sort(np.random.default_rng([seed, 3]).permutation(n * n)[:n_keep])
             table = table[keep]
-        rows = np.random.default_rng([seed, 4]).permutation(len(table))[: self.val_size]
+        _, val_size = self.data_config.sizes
+        rows = np.random.default_rng([seed, 4]).permutation(len(table))[:val_size]
         # No held-out part: the model is trained and scored on the whole table.
         return Tables(train=table, val=table[np.sort(rows)], test=table)
 
@@ -107,5 +96,5 @@ class Memorization(FixedSplitTask):
         out = super().score(preds, batch, counts)
         mask = batch.mask
         correct = int(((preds == batch.targets) & mask).any(dim=1).sum())
-        out.update(bits_metrics(correct, self.n, counts, correct_se=out["token_acc_se"] * len(batch)))
+        out.update(bits_metrics(correct, self.cfg.n, counts, correct_se=out["token_acc_se"] * len(batch)))
         return out

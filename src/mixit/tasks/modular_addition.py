@@ -62,21 +62,9 @@ class ModularAddition(FixedSplitTask):
     cfg: ModularAdditionConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
-    def __init__(
-        self,
-        cfg: ModularAdditionConfig | None = None,
-        seed: int = 0,
-        test_size: int = 4000,
-        val_size: int | None = None,
-        test_seed: int = 0,
-    ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
-        self.p = self.cfg.p
-        self.train_fraction = self.cfg.train_fraction
-
     @property
     def vocab_size(self) -> int:
-        return self.p
+        return self.cfg.p
 
     @property
     def seq_len(self) -> int:
@@ -85,12 +73,14 @@ class ModularAddition(FixedSplitTask):
     def build_tables(self) -> Tables:
         """All p*p pairs shuffled and cut: the train part, then validation and test from the rest, shuffled
         again by test_seed (module docstring)."""
-        p = self.p
-        n_train = math.floor(p * p * self.train_fraction)
-        order = np.random.default_rng([self.seed, 2]).permutation(p * p)
+        p = self.cfg.p
+        n_train = math.floor(p * p * self.cfg.train_fraction)
+        d = self.data_config
+        order = np.random.default_rng([d.data_seed, 2]).permutation(p * p)
         a, b = np.divmod(order, p)
         table = np.stack([a, b, (a + b) % p], axis=1).astype(np.int64)  # (p*p, 3), shuffled
         held = table[n_train:]
-        held = held[np.random.default_rng([self.seed, 5, self.test_seed]).permutation(len(held))]
-        n_val = min(self.val_size, len(held) // 2)
+        held = held[np.random.default_rng([d.data_seed, 5, d.test_seed]).permutation(len(held))]
+        _, val_size = d.sizes
+        n_val = min(val_size, len(held) // 2)
         return Tables(train=table[:n_train], val=held[:n_val], test=held[n_val:])

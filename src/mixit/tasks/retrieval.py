@@ -54,37 +54,25 @@ class Retrieval(SequenceTask):
     cfg: RetrievalConfig
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 1e-3}
 
-    def __init__(
-        self,
-        cfg: RetrievalConfig | None = None,
-        seed: int = 0,
-        test_size: int = 4000,
-        val_size: int | None = None,
-        test_seed: int = 0,
-    ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
-        self.max_pairs = self.cfg.max_pairs
-        self.vocab = self.cfg.vocab
-
     @property
     def vocab_size(self) -> int:
-        return self.vocab
+        return self.cfg.vocab
 
     @property
     def seq_len(self) -> int:
-        return 2 * self.max_pairs + 3
+        return 2 * self.cfg.max_pairs + 3
 
     def token_names(self) -> list[str]:
         """'PAD'; values as their ids; key j's marker 'kj' and query 'qj'; the unused ids above as numbers."""
-        names = [str(i) for i in range(self.vocab)]
+        names = [str(i) for i in range(self.cfg.vocab)]
         names[PAD] = "PAD"
-        half, k = self.vocab // 2, self.max_pairs
+        half, k = self.cfg.vocab // 2, self.cfg.max_pairs
         names[half : half + k] = [f"k{j}" for j in range(k)]
         names[half + k : half + 2 * k] = [f"q{j}" for j in range(k)]
         return names
 
     def sample(self, rng: np.random.Generator, n: int) -> Examples:
-        max_pairs, half = self.max_pairs, self.vocab // 2
+        max_pairs, half = self.cfg.max_pairs, self.cfg.vocab // 2
         k = rng.integers(1, max_pairs + 1, size=n)  # (n,) pairs per example
         # A random permutation of the keys per row; the first k are stored.
         keys = np.argsort(rng.random((n, max_pairs)), axis=1)  # (n, max_pairs)

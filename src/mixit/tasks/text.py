@@ -335,20 +335,9 @@ class LanguageModeling(TextTask, SequenceTask):
     }
     selection: ClassVar[tuple[str, bool]] = ("loss", False)
 
-    def __init__(
-        self,
-        cfg: LanguageModelingConfig | None = None,
-        seed: int = 0,
-        test_size: int = 4000,
-        val_size: int | None = None,
-        test_seed: int = 0,
-    ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
-        self.length = self.cfg.length
-
     @property
     def seq_len(self) -> int:
-        return self.length + 1
+        return self.cfg.length + 1
 
     @functools.cached_property
     def data(self) -> LMData:
@@ -381,26 +370,27 @@ class LanguageModeling(TextTask, SequenceTask):
         """
         stream = self.data.streams[split]
         if self.cfg.packing:
-            offsets = index[:, None] * self.length + np.arange(self.length + 1)
+            offsets = index[:, None] * self.cfg.length + np.arange(self.cfg.length + 1)
             seq = stream[offsets].astype(np.int64)
             return seq, np.ones_like(seq, dtype=bool)
         docs = self.data.docs[split]
-        seq = np.full((len(index), self.length + 1), self.data.tokenizer.pad_id, dtype=np.int64)
+        seq = np.full((len(index), self.cfg.length + 1), self.data.tokenizer.pad_id, dtype=np.int64)
         mask = np.zeros_like(seq, dtype=bool)
         for row, (start, end) in enumerate(docs[index]):
-            n = min(end - start, self.length + 1)
+            n = min(end - start, self.cfg.length + 1)
             seq[row, :n] = stream[start : start + n]
             mask[row, : n - 1] = True  # the prediction at t of token t + 1
         return seq, mask
 
     def build_held_out(self) -> tuple[Examples, Examples]:
         """The first test_size (val_size) sequences of the test (validation) split, spread evenly over it."""
-        counts = self.data.counts
-        test = self.sequences("test", spread(counts["test"], self.test_size))
-        return test, self.sequences("validation", spread(counts["validation"], self.val_size))
+        counts, (test_size, val_size) = self.data.counts, self.data_config.sizes
+        test = self.sequences("test", spread(counts["test"], test_size))
+        return test, self.sequences("validation", spread(counts["validation"], val_size))
 
     def train_examples(self, step: int, n: int) -> Examples:
-        return self.sequences("training", epoch_indices(self.seed, step, n, self.data.counts["training"]))
+        index = epoch_indices(self.data_config.data_seed, step, n, self.data.counts["training"])
+        return self.sequences("training", index)
 
     def loss_metrics(self, loss: float) -> dict[str, float]:
         return {"perplexity": math.exp(min(loss, 700.0))}
@@ -494,20 +484,9 @@ class Sentiment(TextTask):
     defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3, "eval_batch_size": 500}
     selection: ClassVar[tuple[str, bool]] = ("accuracy", True)
 
-    def __init__(
-        self,
-        cfg: SentimentConfig | None = None,
-        seed: int = 0,
-        test_size: int = 4000,
-        val_size: int | None = None,
-        test_seed: int = 0,
-    ):
-        super().__init__(cfg, seed=seed, test_size=test_size, val_size=val_size, test_seed=test_seed)
-        self.length = self.cfg.length
-
     @property
     def input_len(self) -> int:
-        return self.length
+        return self.cfg.length
 
     @property
     def n_classes(self) -> int:
@@ -529,10 +508,11 @@ class Sentiment(TextTask):
         tok, train_set, test_set, info = _sentiment_data(c.source(), c.length)
         # The validation set is split off the training split: a fixed random min(val_size, a fifth) of it.
         n_train = len(train_set[1])
-        n_val = min(self.val_size, n_train // 5)
+        _, val_size = self.data_config.sizes
+        n_val = min(val_size, n_train // 5)
         check(n_val >= 1, f"dataset {c.dataset!r}: {n_train} training texts leave none for validation; need >= 5")
         is_val = np.zeros(n_train, dtype=bool)
-        is_val[np.random.default_rng([self.seed, 6]).permutation(n_train)[:n_val]] = True
+        is_val[np.random.default_rng([self.data_config.data_seed, 6]).permutation(n_train)[:n_val]] = True
         labels = np.concatenate([train_set[1], test_set[1]])
         n_classes = max(int(labels.max()) + 1, 2)
         named = LABEL_CLASSES.get(c.dataset, n_classes)
@@ -550,8 +530,9 @@ class Sentiment(TextTask):
         """The test split, or a fixed random `test_size` of it: the split comes ordered by label
         from some sources, so its first rows would not be a fair sample."""
         rows, labels = self.data.test
-        if self.test_size < len(rows):
-            keep = np.sort(np.random.default_rng([self.seed, 4]).permutation(len(rows))[: self.test_size])
+        seed, test_size = self.data_config.data_seed, self.data_config.test_size
+        if test_size < len(rows):
+            keep = np.sort(np.random.default_rng([seed, 4]).permutation(len(rows))[:test_size])
             rows, labels = rows[keep], labels[keep]
         return self._batch(rows, labels)
 
@@ -560,7 +541,7 @@ class Sentiment(TextTask):
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
         rows, labels = self.data.train
-        index = epoch_indices(self.seed, step, batch_size, len(rows))
+        index = epoch_indices(self.data_config.data_seed, step, batch_size, len(rows))
         return self._batch(rows[index], labels[index])
 
     def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
