@@ -136,3 +136,24 @@ def test_nothing_points_outside_the_repository(folder):
     ]
     assert not offenders, offenders
     assert outside not in (ROOT / "README.md").read_text()
+
+
+def test_the_glossary_names_what_exists():
+    """Each dotted `mixit.` name in docs/design.md's glossary imports: a rename that forgets the glossary fails."""
+    import importlib
+
+    text = (ROOT / "docs" / "design.md").read_text()
+    glossary = text[text.index("## Glossary") : text.index("## The model")]
+    names = re.findall(r"`(mixit(?:\.\w+)+)`", glossary)
+    assert len(names) >= 10
+    for name in names:
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):  # the longest importable module, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+                break
+            except ModuleNotFoundError:
+                continue
+        for attr in parts[cut:]:
+            assert hasattr(obj, attr), f"docs/design.md's glossary names {name}, which does not exist"
+            obj = getattr(obj, attr)
