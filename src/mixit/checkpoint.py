@@ -6,10 +6,11 @@
         optimizer.safetensors   AdamW moments, flattened
         state.json              step, optimizer hyper-parameters, fp16's gradient scale, and whether it is kept
 
-Every function takes the checkpoints directory `root` (`Run.checkpoints_dir`), so that a run's layout stays
-`Run`'s and the protocol of its checkpoints stays here. No pickle: tensors go to safetensors, the rest to JSON.
+The functions take the checkpoints directory `root` (`Run.checkpoints_dir`), or one checkpoint's directory
+`ckpt`, so that a run's layout stays `Run`'s and the protocol of its checkpoints stays here. No pickle: tensors
+go to safetensors, the rest to JSON.
 
-The protocol, which makes a killed write harmless and resumption bit-exact:
+The protocol, which makes a write killed at any moment harmless:
 - a checkpoint is written under a temporary name (step_0000500.tmp), flushed to disk, and renamed: a
   directory named step_NNNNNNN is complete (`partial_checkpoints` lists the others, for the next session to remove);
 - ``latest`` is pointed at it only then, so a run killed mid-write resumes from the previous checkpoint;

@@ -333,12 +333,7 @@ class Run:
 
     def summary(self) -> dict[str, Any] | None:
         """The final summary, or None if the run has not completed."""
-        if not self.summary_path.exists():
-            return None
-        data = read_json(self.summary_path, "summary.json")
-        if not isinstance(data, dict):
-            raise UsageError(f"{self.summary_path} is corrupt: not a JSON object")
-        return data
+        return read_object(self.summary_path, SUMMARY)
 
     # -- loading ----------------------------------------------------------------------
     def load(self, device: str = "auto", step: int | None = None) -> Loaded:
@@ -475,17 +470,21 @@ class Analysis:
         return path if path.exists() else None
 
     def _read_json(self, name: str) -> dict[str, Any] | None:
-        path = self.path / name
-        if not path.exists():
-            return None
-        data = read_json(path, f"analysis {name}")
-        if not isinstance(data, dict):
-            raise UsageError(f"{path} is corrupt: not a JSON object")
-        return data
+        return read_object(self.path / name, f"analysis {name}")
 
     def _write_json(self, name: str, data: dict[str, Any]) -> Path:
         write_json(self.path / name, data)
         return self.path / name
+
+
+def read_object(path: Path, what: str) -> dict[str, Any] | None:
+    """The JSON object in `path` (`what` names it in a refusal), None if there is no such file."""
+    if not path.exists():
+        return None
+    data = read_json(path, what)
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is corrupt: not a JSON object")
+    return data
 
 
 def is_number(value: Any) -> bool:
