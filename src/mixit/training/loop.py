@@ -396,13 +396,7 @@ def open_logs(tr: Training, launch: Launch, run: Run | None, start: int) -> Logs
 def evaluate_model(tr: Training, batch: Batch | None = None) -> dict[str, float]:
     """Metrics on `batch` (default: the test set), every process evaluating its share."""
     return evaluate(
-        tr.model,
-        tr.task,
-        tr.device,
-        tr.cfg.train.eval_batch_size,
-        batch=batch,
-        dist=tr.dist,
-        precision=tr.precision,
+        tr.model, tr.task, tr.device, tr.cfg.train.eval_batch_size, batch=batch, dist=tr.dist, precision=tr.precision
     )
 
 
