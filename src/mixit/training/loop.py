@@ -287,7 +287,7 @@ def train_session(tr: Training, launch: Launch, run: Run | None) -> dict[str, An
                 if done % log_every == 0 or done == tc.steps:
                     loss = all_sum(share.item(), dist, dev)  # the global batch's mean
                     elapsed = round(time.perf_counter() - t0, 3)
-                    logs.record({"step": done, "event": "train", "loss": loss, "lr": lr, "elapsed_s": elapsed})
+                    logs.write({"step": done, "event": "train", "loss": loss, "lr": lr, "elapsed_s": elapsed})
                     shown = {"test": f"{first_accuracy(last.test):.3f}"} if last.test else {}
                     bar.set_postfix(loss=f"{loss:.4f}", **shown)
                 if done % eval_every == 0 or done == tc.steps:
@@ -358,7 +358,7 @@ class Logs:
     metrics: MetricsLog | None = None
     tracker: Tracker | None = None
 
-    def record(self, event: dict[str, Any]) -> None:
+    def write(self, event: dict[str, Any]) -> None:
         """Append `event` to metrics.jsonl, then send it to the tracking sinks."""
         if self.metrics is not None:
             self.metrics.write(event)
@@ -389,7 +389,7 @@ def open_logs(tr: Training, launch: Launch, run: Run | None, start: int) -> Logs
         tracker = Tracker.open(run, launch.logger, grouping, kept)
     logs = Logs(metrics, tracker)
     if not any(e.get("event") == "freeze" for e in kept):
-        logs.record({"step": 0, "event": "freeze", **tr.report.to_dict()})
+        logs.write({"step": 0, "event": "freeze", **tr.report.to_dict()})
     return logs
 
 
@@ -413,7 +413,7 @@ def evaluation(tr: Training, curve: Curve, logs: Logs, step: int) -> Evaluated:
     val = evaluate_model(tr, curve.val_batch)
     curve.conv.add(step, val[curve.conv.metric])
     curve.selected.add(step, test, val)
-    logs.record({"step": step, "event": "eval", **test, **{f"val_{k}": v for k, v in val.items()}})
+    logs.write({"step": step, "event": "eval", **test, **{f"val_{k}": v for k, v in val.items()}})
     return Evaluated(test, val)
 
 
