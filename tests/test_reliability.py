@@ -535,15 +535,15 @@ def test_two_new_runs_racing_into_one_directory_cannot_both_start(tmp_path):
 
 KILL_IN_CHECKPOINT = """
 import os, signal, sys
-import mixit.run as run_module
+import mixit.checkpoint as checkpoint_module
 calls = {"n": 0}
-original = run_module.save_file
+original = checkpoint_module.save_file
 def dying_save_file(tensors, path):
     original(tensors, path)
     calls["n"] += 1
     if calls["n"] == int(os.environ["MIXIT_TEST_DIE_AT"]):  # after this many checkpoint files, die mid-write
         os.kill(os.getpid(), signal.SIGKILL)
-run_module.save_file = dying_save_file
+checkpoint_module.save_file = dying_save_file
 from mixit.cli import main
 sys.exit(main(sys.argv[1:]))
 """

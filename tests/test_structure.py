@@ -21,7 +21,7 @@ LAYERS = {
     2: ["models", "text", "runtime", "precision", "distributed"],
     3: ["freezing", "tasks", "recipes", "resources"],
     4: ["experiment", "catalogue"],
-    5: ["run"],
+    5: ["checkpoint", "run"],
     6: ["training", "tracking"],
     7: ["analysis", "generate", "bench", "export", "remote_code", "interop"],
     8: ["study"],

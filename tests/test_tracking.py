@@ -18,7 +18,7 @@ from mixit import Run, run_config, train
 from mixit.cli import main
 from mixit.study import ReproduceOptions, reproduce
 from mixit.study.spec import run_id
-from mixit.tracking import TensorBoard, points, summary_points
+from mixit.tracking import TensorBoard, points, summary_points, tensorboard_events, tracking_state
 from tolerance import assert_close
 
 TINY = dict(
@@ -149,7 +149,7 @@ def test_tensorboard_reads_back_equal_to_metrics_jsonl(tmp_path):
 
 def test_a_resumed_run_sends_each_point_once(tmp_path):
     interrupted_then_resumed(tmp_path / "run", ["tensorboard"])
-    assert len(Run.open(tmp_path / "run").tensorboard_events()) == 2  # one file per session, the second purging
+    assert len(tensorboard_events(Run.open(tmp_path / "run"))) == 2  # one file per session, the second purging
     assert_same_points(split_summary(tensorboard_scalars(tmp_path / "run"))[0], expected(tmp_path / "run"))
 
 
@@ -186,7 +186,7 @@ def test_a_failing_sink_is_warned_about_once_and_training_goes_on(tmp_path, monk
     ]
     assert calls == [0, 0, 2, 4]  # freeze and eval at 0, train at 2, then the failure: never called again
     assert [e["step"] for e in Run.open(tmp_path / "run").metrics() if e["event"] == "train"] == [2, 4, 6]
-    assert Run.open(tmp_path / "run").tracking()["tensorboard"]["events"] == 3
+    assert tracking_state(Run.open(tmp_path / "run"))["tensorboard"]["events"] == 3
     # The next session sends it what it missed.
     monkeypatch.setattr(TensorBoard, "log", log)
     train(tiny_cfg(), tmp_path / "run", resume=True, progress=False, logger=["tensorboard"])
@@ -225,11 +225,11 @@ def test_export_logs_sends_a_run_trained_without_a_sink_once(tmp_path, capsys):
     scalars, summary = split_summary(tensorboard_scalars(tmp_path / "run"))
     assert_same_points(scalars, expected(tmp_path / "run"))
     assert set(summary) == set(summary_points(Run.open(tmp_path / "run").summary()))
-    files = Run.open(tmp_path / "run").tensorboard_events()
+    files = tensorboard_events(Run.open(tmp_path / "run"))
     assert main(["export-logs", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "already holds event files; export-logs never overwrites them" in err
-    assert Run.open(tmp_path / "run").tensorboard_events() == files
+    assert tensorboard_events(Run.open(tmp_path / "run")) == files
     assert main(["export-logs", str(tmp_path)]) == 2
     assert "holds no mixit run and no study" in capsys.readouterr().err
 
@@ -298,7 +298,7 @@ def test_mlflow_holds_every_point_once_after_a_resume(tmp_path, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
     interrupted_then_resumed(tmp_path / "run", ["mlflow"])
-    held = Run.open(tmp_path / "run").tracking()["mlflow"]
+    held = tracking_state(Run.open(tmp_path / "run"))["mlflow"]
     assert held["tracking_uri"] == mlflow_uri
     client = MlflowClient(mlflow_uri)
     run = client.get_run(held["run_id"])
@@ -360,7 +360,7 @@ def test_wandb_offline_holds_every_point_once_after_a_resume(tmp_path, monkeypat
     interrupted_then_resumed(tmp_path / "run", ["wandb"])
     records = wandb_records(tmp_path / "run")
     runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-    assert {r.run_id for r in runs} == {Run.open(tmp_path / "run").tracking()["wandb"]["id"]} and len(runs) == 2
+    assert {r.run_id for r in runs} == {tracking_state(Run.open(tmp_path / "run"))["wandb"]["id"]} and len(runs) == 2
     assert runs[0].project == "mixit" and runs[0].display_name == "run"
     assert set(runs[0].tags) == {"task=addition", "variant=standard", "seed=0"}
     assert_same_points(wandb_points(records), expected(tmp_path / "run"), resumed_in_place=True)
@@ -379,7 +379,7 @@ def test_several_sinks_at_once_each_hold_every_point(tmp_path, mlflow_uri, wandb
 
     interrupted_then_resumed(tmp_path / "run", ["tensorboard", "wandb", "mlflow"])
     want = expected(tmp_path / "run")
-    held = Run.open(tmp_path / "run").tracking()
+    held = tracking_state(Run.open(tmp_path / "run"))
     assert {name: held[name]["events"] for name in held} == dict.fromkeys(
         held, len(Run.open(tmp_path / "run").metrics())
     )
@@ -440,7 +440,7 @@ def test_the_options_name_the_project_and_the_run_and_the_environment_names_the_
     assert main([*train_args, *named, "--out", str(tmp_path / "named")]) == 0
     client = MlflowClient(mlflow_uri)
     for out, project, name in ((tmp_path / "plain", "from-env", "plain"), (tmp_path / "named", "proj", "first try")):
-        held = Run.open(out).tracking()
+        held = tracking_state(Run.open(out))
         run = client.get_run(held["mlflow"]["run_id"])
         assert (client.get_experiment(run.info.experiment_id).name, run.info.run_name) == (project, name)
         (started,) = [r.run for r in wandb_records(out) if r.WhichOneof("record_type") == "run"]
@@ -472,7 +472,7 @@ def test_trackio_takes_the_project_and_the_name(tmp_path):
     assert result.returncode == 0, result.stderr
     in_project, in_default = json.loads(result.stdout.splitlines()[-1])
     assert in_project == len(Run.open(tmp_path / "run").metrics()) + 1 and in_default == 0  # every event, the summary
-    assert Run.open(tmp_path / "run").tracking()["trackio"] | {"events": 0} == {
+    assert tracking_state(Run.open(tmp_path / "run"))["trackio"] | {"events": 0} == {
         "project": "proj",
         "name": "named",
         "events": 0,

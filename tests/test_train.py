@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from mixit import Run, build, run_config, train
+from mixit.checkpoint import load_model_state, save_checkpoint
 from mixit.config import TrainConfig
 from mixit.errors import UsageError
 from mixit.training.loop import log_spaced_steps
@@ -37,7 +38,7 @@ def tiny_cfg(**kw):
 
 def load_latest(run_dir, model):
     run = Run.open(run_dir)
-    run.load_model_state(model, run.latest_checkpoint())
+    load_model_state(model, run.latest_checkpoint())
 
 
 def latest_weights(run_dir):
@@ -287,10 +288,10 @@ def test_a_kept_checkpoint_is_never_removed_by_a_save(tmp_path):
     optimizer = build_optimizer(model, cfg.train, torch.device("cpu"))
     stray = run.checkpoint(10)
     kept = (stray / "model.safetensors").read_bytes()
-    run.save_checkpoint(10, model, optimizer)  # a kept checkpoint of the same step is left as it is
+    save_checkpoint(run.checkpoints_dir, 10, model, optimizer)  # a kept checkpoint of the same step is left as it is
     assert (stray / "model.safetensors").read_bytes() == kept
-    run.save_checkpoint(11, model, optimizer)
-    run.save_checkpoint(12, model, optimizer)  # removes 11, not kept
+    save_checkpoint(run.checkpoints_dir, 11, model, optimizer)
+    save_checkpoint(run.checkpoints_dir, 12, model, optimizer)  # removes 11, not kept
     assert run.checkpoints() == [10, 12] and run.latest_checkpoint() == run.checkpoint(12)
 
 
@@ -329,7 +330,7 @@ def test_corrupt_checkpoint_is_a_usage_error(tmp_path):
     (path / "model.safetensors").write_bytes(b"not a safetensors file")
     _, model, _ = build(cfg)
     with pytest.raises(UsageError, match="corrupt or unreadable"):
-        run.load_model_state(model, path)
+        load_model_state(model, path)
 
 
 def test_sequence_longer_than_n_ctx_is_refused(tmp_path):

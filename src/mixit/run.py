@@ -7,11 +7,8 @@
       metrics.jsonl        one JSON object per event: the freeze report, training losses, evaluations
       summary.json         final metrics (written when the run completes)
       tokenizer.json       text tasks: the run's own tokenizer
-      checkpoints/latest   the name of the newest complete checkpoint directory
-      checkpoints/step_0000500/   the newest checkpoint, and those kept (`train`'s keep_checkpoints)
-          model.safetensors       parameters and persistent buffers (MixiT matrices)
-          optimizer.safetensors   AdamW moments, flattened
-          state.json              step, optimizer hyper-parameters, and whether the checkpoint is kept
+      checkpoints/         the newest checkpoint, and those kept (`train`'s keep_checkpoints): latest and
+                           step_NNNNNNN/, written, pruned and loaded by `mixit.checkpoint` (its files: there)
       analysis/            written by `mixit analyze` (`Analysis`):
           head_scores.json / .png     head scores per layer and head, and the in-context gap
           attention.npz / .png        every head's pattern on one input, its tokens and their names
@@ -21,29 +18,26 @@
           over_time.json / .png       with --over-time: head scores and test metrics at every checkpoint
           summary.md                  the findings in words; written last, so it marks a complete analysis
       tracking.json        with --logger (or after `mixit export-logs`): per tracking sink, what identifies the run
-                           there and how many events of metrics.jsonl it holds (`mixit.tracking`)
-      tensorboard/         --logger tensorboard: the run's TensorBoard event files
+                           there and how many events of metrics.jsonl it holds (read and written by `mixit.tracking`)
+      tensorboard/         --logger tensorboard: the run's TensorBoard event files (`mixit.tracking`)
       wandb/               --logger wandb: W&B's local files (W&B names this directory itself)
 
 Training, evaluation, analysis, sampling, resumption and studies all go
 through `Run`: nothing else knows these names (tests/test_run_files.py checks
-it). The one exception is a task's own artifact, such as ``tokenizer.json``:
-the task names it (`Task.save_artifacts(run_dir)`, `TaskConfig.for_run`),
-because tasks sit below this module and cannot import it. No pickle anywhere
-(a checkpoint cannot carry code). Every JSON and text file is written
-atomically; a checkpoint directory is complete, and flushed to disk, before
-``latest`` points at it, so a run killed mid-write resumes from the previous
-checkpoint.
-
-Kept checkpoints: each checkpoint records in its state.json whether it is kept. Writing a checkpoint
-removes every other one that is not kept, so a run holds its kept checkpoints and its newest one, and
-nothing else; a kept checkpoint is never removed, whatever a later session (a resume) keeps.
+it), except the two modules that own a part of the directory and say so above:
+`mixit.checkpoint` (the checkpoint protocol: write, prune, keep, load) and
+`mixit.tracking` (what the tracking sinks hold). The one other exception is a
+task's own artifact, such as ``tokenizer.json``: the task names it
+(`Task.save_artifacts(run_dir)`, `TaskConfig.for_run`), because tasks sit
+below this module and cannot import it. No pickle anywhere (a checkpoint
+cannot carry code). Every JSON and text file is written atomically; a
+checkpoint is complete, and flushed to disk, before it is the latest, so a run
+killed mid-write resumes from the previous checkpoint.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -52,16 +46,19 @@ from types import ModuleType
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
-from torch import nn
 
+from mixit.checkpoint import (
+    checkpoint_path,
+    checkpoint_steps,
+    is_count,
+    latest_checkpoint,
+    load_model_state,
+    partial_checkpoints,
+)
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build, read_record, read_request_file, record
 from mixit.files import DirectoryLock, check_output_dir, read_json, remove_temporary, write_json, write_text
 from mixit.models import Transformer
-from mixit.precision import Precision
 from mixit.runtime import resolve_device
 from mixit.tasks import Task
 from mixit.version import install_hint
@@ -77,18 +74,12 @@ LOCK = DirectoryLock.NAME
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
-LATEST = "latest"
 ANALYSIS = "analysis"
-STEP_PREFIX = "step_"
 HEAD_SCORES = "head_scores.json"
 SIGNAL = "signal.json"
 BY_PAIRS = "retrieval_by_pairs.json"
 OVER_TIME = "over_time.json"
 ANALYSIS_SUMMARY = "summary.md"
-TRACKING = "tracking.json"
-TENSORBOARD = "tensorboard"
-TENSORBOARD_EVENTS = "events.out.tfevents.*"
-"""How TensorBoard names its event files."""
 FIGURES = ("head_scores", "attention", "fixed_patterns", "over_time")
 """The analysis's figures, by name: each drawn to NAME.png (attention and fixed_patterns: their arrays in NAME.npz;
 head_scores and over_time: their numbers in NAME.json)."""
@@ -103,18 +94,6 @@ def _config_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list
         elif va != vb:
             diffs.append(f"{prefix}{key}: {va!r} != {vb!r}")
     return diffs
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename or a new file inside `path` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def is_export(directory: Path) -> bool:
@@ -177,40 +156,17 @@ class Run:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        # The layout (module docstring).
+        self.config_path = self.path / CONFIG
+        self.metrics_path = self.path / METRICS
+        self.summary_path = self.path / SUMMARY
+        self.checkpoints_dir = self.path / CHECKPOINTS
+        self.analysis_dir = self.path / ANALYSIS
         self._config: RunConfig | None = None
         self._lock = DirectoryLock(self.path)
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
-
-    # -- layout -----------------------------------------------------------------------
-    @property
-    def config_path(self) -> Path:
-        return self.path / CONFIG
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.path / METRICS
-
-    @property
-    def summary_path(self) -> Path:
-        return self.path / SUMMARY
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        return self.path / CHECKPOINTS
-
-    @property
-    def analysis_dir(self) -> Path:
-        return self.path / ANALYSIS
-
-    @property
-    def tracking_path(self) -> Path:
-        return self.path / TRACKING
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        return self.path / TENSORBOARD
 
     @property
     def analysis(self) -> Analysis:
@@ -274,9 +230,8 @@ class Run:
         for directory in (self.path, self.checkpoints_dir):
             if directory.is_dir():
                 remove_temporary(directory)
-        if self.checkpoints_dir.is_dir():
-            for partial in self.checkpoints_dir.glob(f"{STEP_PREFIX}*.tmp"):
-                shutil.rmtree(partial, ignore_errors=True)
+        for partial in partial_checkpoints(self.checkpoints_dir):
+            shutil.rmtree(partial, ignore_errors=True)
 
     def release(self) -> None:
         self._lock.release()
@@ -334,26 +289,8 @@ class Run:
 
     # -- metrics ----------------------------------------------------------------------
     def metrics(self) -> list[dict[str, Any]]:
-        """Every event logged so far, in order. A torn last line (a process
-        killed while writing it) is skipped with a warning on stderr."""
-        if not self.metrics_path.exists():
-            return []
-        lines = self.metrics_path.read_text().splitlines()
-        events = []
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                if i == len(lines) - 1:
-                    print(f"mixit: warning: {self.metrics_path}: ignoring a torn last line", file=sys.stderr)
-                    continue
-                raise UsageError(f"{self.metrics_path} is corrupt at line {i + 1}") from None
-            if not isinstance(event, dict) or not _is_count(event.get("step")):
-                raise UsageError(f"{self.metrics_path} is corrupt at line {i + 1} (no integer step >= 0)")
-            events.append(event)
-        return events
+        """Every event logged so far, in order (`read_metrics`)."""
+        return read_metrics(self.metrics_path)
 
     def metrics_frame(self) -> pandas.DataFrame:
         """`metrics` as a pandas DataFrame: one row per event, in order, with the columns step, event and every
@@ -377,119 +314,18 @@ class Run:
             write_text(self.metrics_path, "".join(json.dumps(e) + "\n" for e in kept))
         return MetricsLog(self.metrics_path)
 
-    # -- tracking sinks (`mixit.tracking`) ---------------------------------------------
-    def tracking(self) -> dict[str, Any]:
-        """tracking.json: per tracking sink, what identifies the run there and how many events it holds ({} if
-        the run has been sent to none)."""
-        if not self.tracking_path.exists():
-            return {}
-        data = read_json(self.tracking_path, TRACKING)
-        if not isinstance(data, dict) or not all(
-            isinstance(v, dict) and _is_count(v.get("events")) for v in data.values()
-        ):
-            raise UsageError(f"{self.tracking_path} is corrupt: not an object of sinks, each with its count of events")
-        return data
-
-    def write_tracking(self, state: dict[str, Any]) -> None:
-        write_json(self.tracking_path, state)
-
-    def tensorboard_events(self) -> list[Path]:
-        """The TensorBoard event files in the run's tensorboard/ directory."""
-        return sorted(self.tensorboard_dir.glob(TENSORBOARD_EVENTS)) if self.tensorboard_dir.is_dir() else []
-
-    # -- checkpoints ------------------------------------------------------------------
-    def save_checkpoint(
-        self,
-        step: int,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        precision: Precision | None = None,
-        keep: bool = False,
-    ) -> Path:
-        """Write checkpoint `step`, point `latest` at it, then remove every other checkpoint not kept.
-
-        With `keep`, the checkpoint records that it is kept: no later save removes it (module docstring).
-        A kept checkpoint of `step` already there (a session killed between writing it and pointing
-        `latest` at it, then resumed: resumption is bit-exact, so it holds what would be written) is
-        left as it is, so that no moment of the rewrite finds it missing."""
-        root = self.checkpoints_dir
-        root.mkdir(parents=True, exist_ok=True)
-        final = self.checkpoint(step)
-        if not _is_kept(final):
-            tmp = root / (final.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-            _write_checkpoint(tmp, step, model, optimizer, precision, keep)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-        write_text(root / LATEST, final.name + "\n")
-        _fsync_dir(root)
-        for old in self.checkpoints():
-            path = self.checkpoint(old)
-            if path != final and not _is_kept(path):
-                shutil.rmtree(path, ignore_errors=True)
-        return final
-
+    # -- checkpoints (`mixit.checkpoint`) --------------------------------------------------
     def checkpoints(self) -> list[int]:
-        """The steps of the complete checkpoints this run holds, in order: the kept ones and the newest.
-
-        (A checkpoint directory is complete once it has its own name: it is written under a temporary one.)"""
-        if not self.checkpoints_dir.is_dir():
-            return []
-        steps = []
-        for path in self.checkpoints_dir.iterdir():
-            digits = path.name.removeprefix(STEP_PREFIX)
-            if path.is_dir() and path.name.startswith(STEP_PREFIX) and digits.isdigit():
-                steps.append(int(digits))
-        return sorted(steps)
+        """The steps of the checkpoints this run holds, in order: the kept ones and the newest."""
+        return checkpoint_steps(self.checkpoints_dir)
 
     def checkpoint(self, step: int) -> Path:
         """The directory of checkpoint `step` (which may not exist: `checkpoints` lists those that do)."""
-        return self.checkpoints_dir / f"{STEP_PREFIX}{step:07d}"
+        return checkpoint_path(self.checkpoints_dir, step)
 
     def latest_checkpoint(self) -> Path | None:
-        latest = self.checkpoints_dir / LATEST
-        if not latest.exists():
-            return None
-        path = latest.parent / latest.read_text().strip()
-        if not path.is_dir():
-            raise UsageError(f"{latest} points at {path.name}, which does not exist: the checkpoint is corrupt")
-        return path
-
-    def load_model_state(self, model: nn.Module, ckpt: Path) -> None:
-        """Load checkpoint `ckpt`'s parameters and buffers into `model`, refusing any mismatch."""
-        state = _load_tensors(ckpt / "model.safetensors")
-        expected = model.state_dict()
-        if set(state) != set(expected):
-            missing = sorted(set(expected) - set(state))[:3]
-            extra = sorted(set(state) - set(expected))[:3]
-            raise UsageError(
-                f"checkpoint {ckpt} does not match the model in config.json (missing {missing}, unexpected {extra})"
-            )
-        for key, value in state.items():
-            if value.shape != expected[key].shape:
-                raise UsageError(
-                    f"checkpoint {ckpt}: {key} has shape {tuple(value.shape)}, "
-                    f"the model expects {tuple(expected[key].shape)}"
-                )
-        model.load_state_dict(state)
-
-    def load_training_state(
-        self, optimizer: torch.optim.Optimizer, ckpt: Path, precision: Precision | None = None
-    ) -> int:
-        """Load checkpoint `ckpt`'s optimizer state (and fp16's gradient scale); return its step."""
-        meta = read_json(ckpt / "state.json", "checkpoint state.json")
-        tensors = _load_tensors(ckpt / "optimizer.safetensors")
-        try:
-            optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optimizer"]))
-            if precision is not None:
-                precision.load_state_dict(meta.get("scaler", {}))
-            step = meta["step"]
-        except (KeyError, ValueError, TypeError) as e:
-            raise UsageError(f"checkpoint {ckpt} has a corrupt optimizer state ({e})") from None
-        if not _is_count(step) or ckpt.name != f"{STEP_PREFIX}{step:07d}":
-            raise UsageError(f"checkpoint {ckpt} has a corrupt state.json (step {step!r}, not its own step)")
-        return step
+        """The newest checkpoint, which a resume starts from (None before the first)."""
+        return latest_checkpoint(self.checkpoints_dir)
 
     # -- summary ----------------------------------------------------------------------
     def write_summary(self, summary: dict[str, Any]) -> None:
@@ -497,12 +333,7 @@ class Run:
 
     def summary(self) -> dict[str, Any] | None:
         """The final summary, or None if the run has not completed."""
-        if not self.summary_path.exists():
-            return None
-        data = read_json(self.summary_path, "summary.json")
-        if not isinstance(data, dict):
-            raise UsageError(f"{self.summary_path} is corrupt: not a JSON object")
-        return data
+        return read_object(self.summary_path, SUMMARY)
 
     # -- loading ----------------------------------------------------------------------
     def load(self, device: str = "auto", step: int | None = None) -> Loaded:
@@ -516,12 +347,35 @@ class Run:
             raise UsageError(f"{self.path} holds no checkpoint of step {step}; it holds steps: {held}")
         dev = resolve_device(device)
         task, model, _ = build(self.config, self.path)
-        self.load_model_state(model, ckpt)
+        load_model_state(model, ckpt)
         return Loaded(self.config, task, model.to(dev), ckpt)
 
 
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The events of metrics.jsonl `path`, in order ([] if there is none yet). A torn last line (a process
+    killed while writing it) is skipped with a warning on stderr."""
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    events = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                print(f"mixit: warning: {path}: ignoring a torn last line", file=sys.stderr)
+                continue
+            raise UsageError(f"{path} is corrupt at line {i + 1}") from None
+        if not isinstance(event, dict) or not is_count(event.get("step")):
+            raise UsageError(f"{path} is corrupt at line {i + 1} (no integer step >= 0)")
+        events.append(event)
+    return events
+
+
 class MetricsLog:
-    """The open metrics.jsonl: one JSON object per line, flushed as written."""
+    """The open metrics.jsonl: one JSON object per line, flushed as written (`read_metrics` reads it back)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -616,82 +470,23 @@ class Analysis:
         return path if path.exists() else None
 
     def _read_json(self, name: str) -> dict[str, Any] | None:
-        path = self.path / name
-        if not path.exists():
-            return None
-        data = read_json(path, f"analysis {name}")
-        if not isinstance(data, dict):
-            raise UsageError(f"{path} is corrupt: not a JSON object")
-        return data
+        return read_object(self.path / name, f"analysis {name}")
 
     def _write_json(self, name: str, data: dict[str, Any]) -> Path:
         write_json(self.path / name, data)
         return self.path / name
 
 
+def read_object(path: Path, what: str) -> dict[str, Any] | None:
+    """The JSON object in `path` (`what` names it in a refusal), None if there is no such file."""
+    if not path.exists():
+        return None
+    data = read_json(path, what)
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is corrupt: not a JSON object")
+    return data
+
+
 def is_number(value: Any) -> bool:
     """Whether `value`, read from a run's file, is a number (an int or a float, not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_count(value: Any) -> bool:
-    """Whether `value`, read from a run's file, is an integer >= 0 (a step)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _write_checkpoint(
-    directory: Path,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    precision: Precision | None,
-    keep: bool,
-) -> None:
-    """Write checkpoint `step` into the empty `directory` and flush it to disk."""
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(directory / "model.safetensors"))
-    opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
-    save_file(opt_tensors, str(directory / "optimizer.safetensors"))
-    scaler = precision.state_dict() if precision is not None else {}
-    write_json(directory / "state.json", {"step": step, "optimizer": opt_meta, "scaler": scaler, "keep": keep})
-    for file in ("model.safetensors", "optimizer.safetensors"):
-        with open(directory / file, "rb") as f:
-            os.fsync(f.fileno())
-    _fsync_dir(directory)
-
-
-def _is_kept(checkpoint: Path) -> bool:
-    """Whether `checkpoint` records that it is kept (a state.json missing or unreadable: not kept)."""
-    try:
-        state = json.loads((checkpoint / "state.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(state, dict) and state.get("keep") is True
-
-
-def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors, scalars = {}, {}
-    for idx, per_param in state["state"].items():
-        for key, value in per_param.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{idx}.{key}"] = value.detach().cpu().contiguous()
-            else:
-                scalars[f"{idx}.{key}"] = value
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
-
-
-def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
-    state: dict[int, dict[str, Any]] = {}
-    for flat, value in list(tensors.items()) + list(meta["scalars"].items()):
-        idx, key = flat.split(".", 1)
-        state.setdefault(int(idx), {})[key] = value
-    return {"state": state, "param_groups": meta["param_groups"]}
-
-
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(path))
-    except FileNotFoundError:
-        raise UsageError(f"checkpoint file {path} is missing") from None
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise UsageError(f"checkpoint file {path} is corrupt or unreadable ({e})") from None

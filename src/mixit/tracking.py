@@ -14,7 +14,7 @@ name, project, group and tags (`Grouping`; the project and name a user chose, --
 --tracking-name, are a `Naming`). Which sinks a session uses, and how it names the runs, changes no result: it
 is no part of config.json or of a run id.
 
-What a sink holds of a run is recorded in the run's tracking.json (`Run.tracking`): for each sink, what
+What a sink holds of a run is recorded in the run's tracking.json (`tracking_state`): for each sink, what
 identifies the run there (W&B's id, MLflow's run id and tracking URI, trackio's project and name) and how
 many of metrics.jsonl's events it has been sent, in order. A session sends each sink the events from that
 count on, so that a resumed run sends no point twice: a sink the run is new to first gets every event
@@ -49,9 +49,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast, get_args, get_origin
 
+from mixit.checkpoint import is_count
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
-from mixit.files import check_output_dir
+from mixit.files import check_output_dir, read_json, write_json
 from mixit.run import LOCK, Run, is_number
 from mixit.version import install_hint
 
@@ -76,6 +77,42 @@ takes no / either)."""
 REACH_TIMEOUT_S = 2.5
 """How long an http(s) tracking server has to accept a connection before it is refused as unreachable."""
 
+TRACKING = "tracking.json"
+TENSORBOARD = "tensorboard"
+TENSORBOARD_EVENTS = "events.out.tfevents.*"
+"""How TensorBoard names its event files."""
+
+
+# -- the run's files of tracking: tracking.json and tensorboard/ ---------------------------------------
+
+
+def tracking_path(run: Run) -> Path:
+    """The run's tracking.json (module docstring)."""
+    return run.path / TRACKING
+
+
+def tracking_state(run: Run) -> dict[str, Any]:
+    """tracking.json: per tracking sink, what identifies the run there and how many events it holds ({} if the run
+    has been sent to none)."""
+    path = tracking_path(run)
+    if not path.exists():
+        return {}
+    data = read_json(path, TRACKING)
+    if not isinstance(data, dict) or not all(isinstance(v, dict) and is_count(v.get("events")) for v in data.values()):
+        raise UsageError(f"{path} is corrupt: not an object of sinks, each with its count of events")
+    return data
+
+
+def tensorboard_dir(run: Run) -> Path:
+    """Where --logger tensorboard writes the run's event files."""
+    return run.path / TENSORBOARD
+
+
+def tensorboard_events(run: Run) -> list[Path]:
+    """The TensorBoard event files in the run's tensorboard/ directory."""
+    directory = tensorboard_dir(run)
+    return sorted(directory.glob(TENSORBOARD_EVENTS)) if directory.is_dir() else []
+
 
 def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | Path | None = None) -> tuple[Sink, ...]:
     """`names` (or one name) as sinks, each once, in order; refused before any work if one is unknown, its
@@ -96,7 +133,7 @@ def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | P
     run = None if run_dir is None else Run(run_dir)
     if run is not None and run.state() == "absent":  # a new run: its directory is checked as it is made
         run = None
-    held = run.tracking() if run is not None and chosen else {}
+    held = tracking_state(run) if run is not None and chosen else {}
     for name in chosen:
         try:
             WRITERS[name]().check(run, held.get(name))
@@ -283,7 +320,7 @@ class SinkWriter(Protocol):
 
 
 class TensorBoard:
-    """Event files in RUN/tensorboard/ (`Run.tensorboard_dir`): ``tensorboard --logdir runs/`` shows every run,
+    """Event files in RUN/tensorboard/ (`tensorboard_dir`): ``tensorboard --logdir runs/`` shows every run,
     named by its directory (TensorBoard has no run names and no projects: the name and project are noted in the
     tags text). The config and tags are text at step 0; the summary, scalars at the last step, beside the run's
     hparams (`hparams`) for the HParams tab."""
@@ -293,16 +330,16 @@ class TensorBoard:
 
     def check(self, run: Run | None, held: Mapping[str, Any] | None) -> None:
         if run is not None:  # a new run's directory is checked by the run itself
-            check_writable(run.tensorboard_dir, "TensorBoard writes its event files there")
+            check_writable(tensorboard_dir(run), "TensorBoard writes its event files there")
 
     def open(
         self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
     ) -> dict[str, Any]:
         from torch.utils.tensorboard import SummaryWriter
 
-        if held is None and run.tensorboard_events():  # files of a session that died before it was recorded
+        if held is None and tensorboard_events(run):  # files of a session that died before it was recorded
             purge_step = 0
-        self.writer = SummaryWriter(str(run.tensorboard_dir), purge_step=purge_step)
+        self.writer = SummaryWriter(str(tensorboard_dir(run)), purge_step=purge_step)
         self.hparams = hparams(run.config.to_dict(), grouping)
         if held is None:
             self.writer.add_text("config", _code_block(json.dumps(run.config.to_dict(), indent=2)), 0)
@@ -405,7 +442,7 @@ class Mlflow:
         recorded = None
         if held and run is not None and "tracking_uri" in held:
             uri = held["tracking_uri"]
-            recorded = f"{run.tracking_path} records it for the MLflow run this run continues; or leave out mlflow"
+            recorded = f"{tracking_path(run)} records it for the MLflow run this run continues; or leave out mlflow"
         scheme, known = _mlflow_scheme(uri), _mlflow_schemes()
         if scheme not in known:
             allowed = "a path or a URI of " + ", ".join(f"{s}:" for s in known if s)
@@ -600,7 +637,7 @@ class Tracker:
     def open(cls, run: Run, sinks: Sequence[Sink], grouping: Grouping, kept: Sequence[dict[str, Any]]) -> Tracker:
         """Open `sinks` for `run`, whose metrics.jsonl holds the events `kept`, and send each what it lacks of them.
         The caller holds the run's lock."""
-        tracker = cls(run, run.tracking(), len(kept))
+        tracker = cls(run, tracking_state(run), len(kept))
         for name in sinks:
             tracker._open(WRITERS[name](), grouping, kept)
         tracker._save()
@@ -667,7 +704,7 @@ class Tracker:
         return True if result is None else result
 
     def _save(self) -> None:
-        self.run.write_tracking(self.state)
+        write_json(tracking_path(self.run), self.state)
 
 
 # -- export-logs ----------------------------------------------------------------------------
@@ -678,15 +715,15 @@ def check_export(run: Run, sinks: Sequence[Sink]) -> tuple[list[dict[str, Any]],
     (tracking.json records it, or RUN/tensorboard holds event files: they are never overwritten), if a sink cannot
     write the run (`check_sinks`), if its metrics.jsonl or summary.json is damaged, or if another process holds
     the run. Returns its events and summary, as read here."""
-    state = run.tracking()
+    state = tracking_state(run)
     for name in sinks:
-        if name == "tensorboard" and run.tensorboard_events():
+        if name == "tensorboard" and tensorboard_events(run):
             raise UsageError(
-                f"{run.tensorboard_dir} already holds event files; export-logs never overwrites them "
+                f"{tensorboard_dir(run)} already holds event files; export-logs never overwrites them "
                 f"(remove the directory to export again)"
             )
         if name in state:
-            raise UsageError(f"{run.path} has been sent to {name} already ({run.tracking_path}); it is sent once")
+            raise UsageError(f"{run.path} has been sent to {name} already ({tracking_path(run)}); it is sent once")
     check_sinks(sinks, "--to", run.path)
     logs = run.metrics(), run.summary()
     if (run.path / LOCK).exists():  # no lock file: no process holds the run (and none is made here)

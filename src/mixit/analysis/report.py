@@ -36,6 +36,7 @@ from mixit.analysis.attention_maps import (
 )
 from mixit.analysis.induction import head_scores, strongest
 from mixit.analysis.signal import token_similarity
+from mixit.checkpoint import load_model_state
 from mixit.config import ModelConfig, check
 from mixit.errors import UsageError
 from mixit.experiment import build_model
@@ -44,7 +45,7 @@ from mixit.models import Transformer
 from mixit.run import Analysis, Loaded, Run
 from mixit.tasks.base import Batch
 from mixit.training.evaluate import evaluate
-from mixit.training.loop import HEADLINE_METRICS
+from mixit.training.loop import ACCURACIES
 
 SCORE_KINDS = ("previous_token", "induction", "duplicate_token")
 """The head scores, by name (`mixit.analysis.induction.head_scores`)."""
@@ -164,12 +165,12 @@ def over_time_history(run: Run, loaded: Loaded, batch: int, seed: int) -> dict[s
     device = next(model.parameters()).device
     records = []
     for step in steps:
-        run.load_model_state(model, run.checkpoint(step))
+        load_model_state(model, run.checkpoint(step))
         scores = head_scores(model, task.analysis_tokens(), batch=batch, seed=seed)
         test = evaluate(model, task, device, loaded.cfg.train.eval_batch_size)
         records.append((scores, test))
-    run.load_model_state(model, loaded.checkpoint)
-    metric = next((m for m in HEADLINE_METRICS if m in records[-1][1]), "loss")
+    load_model_state(model, loaded.checkpoint)
+    metric = next((m for m in ACCURACIES if m in records[-1][1]), "loss")
     return {
         "steps": steps,
         "metric": metric,

@@ -21,7 +21,12 @@ The same loop runs in one process or in several under torchrun
 (docs/scaling.md): every process builds the same model, takes its slice of
 the same global batch, and DistributedDataParallel sums their gradients;
 only rank 0 writes the run directory, which is written through
-`mixit.run.Run` only.
+`mixit.run.Run` (its checkpoints through `mixit.checkpoint`).
+
+`train_session` is the loop, read top to bottom as one function: restore, evaluate where the curve
+starts, then each step (its batch, learning rate and optimizer step, then the log line, evaluation and
+checkpoint its number calls for), then the summary. What it uses is built once and passed explicitly
+(`Training`, `Curve`, `Logs`); what changes from step to step is its own local state.
 
 Where the metrics go besides metrics.jsonl is a choice of the session too: `logger`, any of the
 tracking sinks of `mixit.tracking` (docs/tracking.md), each fed every event of metrics.jsonl and the
@@ -33,14 +38,15 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from mixit.checkpoint import load_model_state, load_training_state, save_checkpoint
 from mixit.distributed import Dist, all_sum, broadcast, check_identical, env_world, setup, split, teardown
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build
@@ -176,14 +182,18 @@ class Launch:
 
 
 def _train(cfg: RunConfig, launch: Launch, dist: Dist, dev: torch.device) -> dict[str, Any]:
-    """Check everything, then create (or reopen) the run directory and train; the run stays locked meanwhile."""
+    """Check everything, then create (or reopen) the run directory, build what trains, and run the session; the
+    run stays locked meanwhile."""
     run, per_rank, (task, model, report) = _checked(cfg, launch, dist, dev)
     try:
         if dist.main and run is None:
             run = Run.create(launch.run_dir, cfg)  # created and locked
             task.save_artifacts(run.path)
-        session = Session(cfg, launch, run, task, model, report, dist, dev, per_rank)
-        return session.train()
+        model.to(dev)
+        check_identical(model, dist)
+        optimizer = build_optimizer(model, cfg.train, dev)
+        tr = Training(cfg, task, model, report, optimizer, Precision(cfg.train.dtype, dev), dist, dev, per_rank)
+        return train_session(tr, launch, run)
     finally:
         if run is not None:
             run.release()
@@ -225,241 +235,253 @@ def _checked(
     return run, per_rank, built
 
 
-@dataclass
-class Session:
-    """One process's training session: what the restore, the step loop, the evaluations and the summary share.
-
-    `run` is the locked run directory on rank 0, None on the others (which read checkpoints, never write).
-    """
+@dataclass(frozen=True)
+class Training:
+    """What one process trains, built once and handed to every part of its session: the config, the task, the
+    model and its freeze report, the optimizer and precision that train it, and where it runs."""
 
     cfg: RunConfig
-    launch: Launch
-    run: Run | None
     task: Task
     model: Transformer
     report: FreezeReport
+    optimizer: torch.optim.Optimizer
+    precision: Precision
     dist: Dist
     device: torch.device
     per_rank: int
     """Examples per process and micro-batch."""
-    optimizer: torch.optim.Optimizer = field(init=False)
-    precision: Precision = field(init=False)
-    start: int = 0
-    """The step this session starts from (that of the checkpoint it resumed, else 0)."""
-    val_batch: Batch = field(init=False)
-    conv: Convergence = field(init=False)
-    selected: Selection = field(init=False)
-    """The evaluation with the best validation metric so far, and its test metrics (summary.json's ``selected``)."""
-    log: MetricsLog | None = None
-    tracker: Tracker | None = None
-    """The tracking sinks, on rank 0 when `logger` names any."""
-    test: dict[str, float] = field(default_factory=dict)
-    """The latest test metrics (empty until the first evaluation of this session)."""
-    val: dict[str, float] = field(default_factory=dict)
-    stopped: bool = False
-    """Early stopping has stopped the run (every rank alike)."""
-    trained: int = 0
-    """Steps trained so far, counting those before a resume."""
-    train_time: float = 0.0
-    t0: float = field(default_factory=time.perf_counter)
 
-    def train(self) -> dict[str, Any]:
-        """Restore, evaluate where the curve starts, train, and return the summary."""
-        done_before = self.restore()
-        if done_before is not None:
-            return done_before
-        self.open_curve()
-        try:
-            # Where the curve starts, logged once (a run resumed at step 0 may have it already); rank 0 decides.
-            if broadcast(self.start == 0 and not self.conv.history, self.dist):
-                self.evaluation(0)
-            self.step_loop()
-            if not self.test:  # resumed from the final checkpoint of a run killed before its summary
-                self.test = self.evaluate()
-                self.val = self.evaluate(self.val_batch)
-            summary = self.summary()
-        except BaseException:
-            self.close_logs(None)
-            raise
-        self.close_logs(summary)
-        return summary
 
-    def restore(self) -> dict[str, Any] | None:
-        """Place the model, build the optimizer, and on resume load the latest checkpoint; return the run's
-        summary if it has nothing left to train (every step done, or stopped early), else None."""
-        tc, dist = self.cfg.train, self.dist
-        self.model.to(self.device)
-        check_identical(self.model, dist)
-        self.optimizer = build_optimizer(self.model, tc, self.device)
-        self.precision = Precision(tc.dtype, self.device)
-        reader = self.run if self.run is not None else Run(self.launch.run_dir)
-        found = reader.latest_checkpoint() if self.launch.resume and dist.main else None
-        # A run killed before its first checkpoint resumes from step 0.
-        last = broadcast(str(found) if found is not None else None, dist)
-        if last is not None:
-            reader.load_model_state(self.model, Path(last))
-            self.start = reader.load_training_state(self.optimizer, Path(last), self.precision)
-        self.trained = self.start
-        done_before = broadcast(self.run.summary() if self.launch.resume and self.run is not None else None, dist)
-        if done_before is not None and (
-            self.start >= tc.steps or done_before.get("convergence", {}).get("stopped_early")
-        ):
-            return done_before
-        return None
+def train_session(tr: Training, launch: Launch, run: Run | None) -> dict[str, Any]:
+    """One process's training session, top to bottom: restore the latest checkpoint (on resume), evaluate where
+    the curve starts, then each optimizer step and what its number calls for (a train log line, an evaluation, a
+    checkpoint) until the step budget or early stopping; then the summary, written to summary.json.
 
-    def open_curve(self) -> None:
-        """The validation set, the convergence criterion (with the curve so far on resume), and on rank 0 the
-        metrics log (its freeze event written once per run)."""
-        tc, run = self.cfg.train, self.run
-        self.val_batch = self.task.val_batch()
-        self.conv = Convergence(
-            *self.task.selection, tc.patience, tc.min_delta, earliest=tc.steps // 2, stop_at=tc.stop_at
-        )
-        self.selected = Selection(*self.task.selection)
-        if run is not None and self.launch.resume:
-            earlier = run.metrics()
-            self.conv.extend(earlier, up_to=self.start)
-            self.selected.extend(earlier, up_to=self.start)
-            run.begin()  # every check has passed: the first change to the resumed run
+    `run` is the locked run directory on rank 0, None on the others (which read checkpoints, never write)."""
+    tc, dist, dev = tr.cfg.train, tr.dist, tr.device
+    _, eval_every, log_every, checkpoint_every = tc.cadence
+    start = restore(tr, launch)
+    done_before = broadcast(run.summary() if launch.resume and run is not None else None, dist)
+    if done_before is not None and (start >= tc.steps or done_before.get("convergence", {}).get("stopped_early")):
+        return done_before  # nothing left to train: every step done, or stopped early
+    curve = validation_curve(tr, run.metrics() if run is not None and launch.resume else [], start)
+    logs = open_logs(tr, launch, run, start)
+    stopped = stops(tr, curve)  # a run killed just after early stopping stopped it
+    last = Evaluated({}, {})
+    try:
+        if broadcast(start == 0 and not curve.conv.history, dist):  # logged once: a run resumed at 0 may have it
+            last = evaluation(tr, curve, logs, 0)
+        parts = step_parts(tr, launch.compile)
+        with progress_bar(tr.cfg, start, launch.progress) as bar:
+            trained, train_time, t0 = start, 0.0, time.perf_counter()
+            tr.model.train()
+            for step in range(start, tc.steps):
+                if stopped:
+                    break
+                micro, scored = slices(tr.task.train_batch(step, tc.batch_size), dist, tr.per_rank, tc.grad_accum)
+                lr = set_lr(tr.optimizer, tc.lr_at(step))
+                tick = time.perf_counter()
+                share = accumulated_step(parts, [(b.inputs.to(dev), b.targets.to(dev)) for b in micro], scored)
+                train_time += time.perf_counter() - tick
+                done = step + 1
+                if done % log_every == 0 or done == tc.steps:
+                    loss = all_sum(share.item(), dist, dev)  # the global batch's mean
+                    elapsed = round(time.perf_counter() - t0, 3)
+                    logs.write({"step": done, "event": "train", "loss": loss, "lr": lr, "elapsed_s": elapsed})
+                    shown = {"test": f"{first_accuracy(last.test):.3f}"} if last.test else {}
+                    bar.set_postfix(loss=f"{loss:.4f}", **shown)
+                if done % eval_every == 0 or done == tc.steps:
+                    last = evaluation(tr, curve, logs, done)
+                    stopped = stops(tr, curve)
+                write, keep = launch.checkpoint_at(done, tc.steps, checkpoint_every, stopped)
+                if run is not None and write:
+                    save_checkpoint(run.checkpoints_dir, done, tr.model, tr.optimizer, tr.precision, keep)
+                trained = done
+                bar.update(1)
+                if launch.on_step is not None and dist.main:
+                    launch.on_step(done, share.item())
+        if not last.test:  # resumed from the final checkpoint of a run killed before its summary
+            last = Evaluated(evaluate_model(tr), evaluate_model(tr, curve.val_batch))
+        summary = session_summary(tr, launch, curve, last, start, trained, train_time, time.perf_counter() - t0)
         if run is not None:
-            self.log = run.open_metrics(resume_step=self.start if self.launch.resume else None)
-            kept = run.metrics()
-            if self.launch.logger:
-                grouping = self.launch.grouping or run_grouping(run.path, self.cfg)
-                self.tracker = Tracker.open(run, self.launch.logger, grouping, kept)
-            if not any(e.get("event") == "freeze" for e in kept):
-                self.record({"step": 0, "event": "freeze", **self.report.to_dict()})
-        self.stopped = bool(broadcast(tc.early_stop and self.conv.should_stop, self.dist))  # killed just after stopping
+            run.write_summary(summary)
+    except BaseException:
+        logs.close(None)  # the session ends without a summary; the sinks' run goes on when it is resumed
+        raise
+    logs.close(summary)
+    return summary
 
-    def record(self, event: dict[str, Any]) -> None:
-        """Append `event` to metrics.jsonl, then send it to the tracking sinks (rank 0; the others hold neither)."""
-        if self.log is not None:
-            self.log.write(event)
+
+def restore(tr: Training, launch: Launch) -> int:
+    """On resume, load the latest checkpoint into the model and the optimizer (rank 0 finds it, every rank loads
+    it) and return its step; 0 for a new run, and for a run killed before its first checkpoint."""
+    found = Run(launch.run_dir).latest_checkpoint() if launch.resume and tr.dist.main else None
+    last = broadcast(str(found) if found is not None else None, tr.dist)
+    if last is None:
+        return 0
+    load_model_state(tr.model, Path(last))
+    return load_training_state(tr.optimizer, Path(last), tr.precision)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The validation set and what is read off the curve of its metrics: the convergence criterion (early
+    stopping) and the selected evaluation (summary.json's ``selected``)."""
+
+    val_batch: Batch
+    conv: Convergence
+    selected: Selection
+
+
+def validation_curve(tr: Training, earlier: Sequence[dict[str, Any]], start: int) -> Curve:
+    """The validation curve of a session starting at step `start`, with the evaluations among the `earlier` events
+    of metrics.jsonl (rank 0 of a resumed run; the other ranks follow rank 0's decisions)."""
+    tc, selection = tr.cfg.train, tr.task.selection
+    val_batch = tr.task.val_batch()
+    conv = Convergence(*selection, tc.patience, tc.min_delta, earliest=tc.steps // 2, stop_at=tc.stop_at)
+    selected = Selection(*selection)
+    conv.extend(earlier, up_to=start)
+    selected.extend(earlier, up_to=start)
+    return Curve(val_batch, conv, selected)
+
+
+def stops(tr: Training, curve: Curve) -> bool:
+    """Whether early stopping stops the run now (rank 0 decides, every rank alike)."""
+    return bool(broadcast(tr.cfg.train.early_stop and curve.conv.should_stop, tr.dist))
+
+
+@dataclass(frozen=True)
+class Logs:
+    """Where the session's events go: metrics.jsonl, then the tracking sinks (`mixit.tracking`); rank 0 holds
+    them, the other ranks neither."""
+
+    metrics: MetricsLog | None = None
+    tracker: Tracker | None = None
+
+    def write(self, event: dict[str, Any]) -> None:
+        """Append `event` to metrics.jsonl, then send it to the tracking sinks."""
+        if self.metrics is not None:
+            self.metrics.write(event)
         if self.tracker is not None:
             self.tracker.write(event)
 
-    def close_logs(self, summary: dict[str, Any] | None) -> None:
+    def close(self, summary: dict[str, Any] | None) -> None:
         """Close metrics.jsonl and end the session in the tracking sinks, with the run's summary if it has one."""
-        if self.log is not None:
-            self.log.close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.tracker is not None:
             self.tracker.close(summary)
 
-    def evaluate(self, batch: Batch | None = None) -> dict[str, float]:
-        """Metrics on `batch` (default: the test set), every process evaluating its share."""
-        tc = self.cfg.train
-        return evaluate(
-            self.model,
-            self.task,
-            self.device,
-            tc.eval_batch_size,
-            batch=batch,
-            dist=self.dist,
-            precision=self.precision,
-        )
 
-    def evaluation(self, step: int) -> bool:
-        """Test and validation metrics at `step`, kept and logged; returns whether early stopping stops here
-        (every rank alike)."""
-        self.test = self.evaluate()
-        self.val = self.evaluate(self.val_batch)
-        self.conv.add(step, self.val[self.conv.metric])
-        self.selected.add(step, self.test, self.val)
-        self.record({"step": step, "event": "eval", **self.test, **{f"val_{k}": v for k, v in self.val.items()}})
-        return bool(broadcast(self.cfg.train.early_stop and self.conv.should_stop, self.dist))
+def open_logs(tr: Training, launch: Launch, run: Run | None, start: int) -> Logs:
+    """On rank 0, the first change to a resumed run (every check has passed), then metrics.jsonl open for
+    appending (cut back to step `start` on resume), the tracking sinks, and the freeze event, written once per
+    run."""
+    if run is None:
+        return Logs()
+    if launch.resume:
+        run.begin()
+    metrics = run.open_metrics(resume_step=start if launch.resume else None)
+    kept = run.metrics()
+    tracker = None
+    if launch.logger:
+        grouping = launch.grouping or run_grouping(run.path, tr.cfg)
+        tracker = Tracker.open(run, launch.logger, grouping, kept)
+    logs = Logs(metrics, tracker)
+    if not any(e.get("event") == "freeze" for e in kept):
+        logs.write({"step": 0, "event": "freeze", **tr.report.to_dict()})
+    return logs
 
-    def step_parts(self) -> StepParts:
-        """The forward pass (wrapped in DistributedDataParallel under torchrun, compiled if asked) and the rest
-        of what each optimizer step uses."""
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        ddp = None
-        if self.dist.active:
-            ddp = DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
-        forward: Callable[[torch.Tensor], torch.Tensor] = ddp if ddp is not None else self.model
-        forward = torch.compile(forward) if self.launch.compile else forward
-        no_sync = ddp.no_sync if ddp is not None else None
-        tc = self.cfg.train
-        return StepParts(
-            forward, self.optimizer, trainable, tc.grad_clip, self.precision, self.dist.world_size, no_sync
-        )
 
-    def step_loop(self) -> None:
-        """Train from `start` to the step budget, or until early stopping stops the run."""
-        tc = self.cfg.train
-        parts = self.step_parts()
-        # Redraw at most every 10 s when stderr is a log file rather than a terminal.
-        bar = tqdm(
-            total=tc.steps,
-            initial=self.start,
-            disable=not self.launch.progress,
-            desc=f"{self.cfg.task}/{self.cfg.variant}",
-            dynamic_ncols=True,
-            mininterval=0.1 if sys.stderr.isatty() else 10.0,
-        )
-        self.t0 = time.perf_counter()
-        self.model.train()
-        try:
-            for step in range(self.start, tc.steps):
-                if self.stopped:
-                    break
-                self.one_step(step, parts, bar)
-        finally:
-            bar.close()
+def evaluate_model(tr: Training, batch: Batch | None = None) -> dict[str, float]:
+    """Metrics on `batch` (default: the test set), every process evaluating its share."""
+    return evaluate(
+        tr.model, tr.task, tr.device, tr.cfg.train.eval_batch_size, batch=batch, dist=tr.dist, precision=tr.precision
+    )
 
-    def one_step(self, step: int, parts: StepParts, bar: tqdm) -> None:
-        """Optimizer step `step` (counting from 0), then what its number calls for: a train log line, an
-        evaluation, a checkpoint."""
-        tc, dev = self.cfg.train, self.device
-        _, eval_every, log_every, checkpoint_every = tc.cadence
-        micro, scored = slices(self.task.train_batch(step, tc.batch_size), self.dist, self.per_rank, tc.grad_accum)
-        lr = tc.lr_at(step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        tick = time.perf_counter()
-        share = accumulated_step(parts, [(b.inputs.to(dev), b.targets.to(dev)) for b in micro], scored)
-        self.train_time += time.perf_counter() - tick
-        done = step + 1
-        if done % log_every == 0 or done == tc.steps:
-            self.log_train(done, all_sum(share.item(), self.dist, dev), lr, bar)
-        if done % eval_every == 0 or done == tc.steps:
-            self.stopped = self.evaluation(done)
-        write, keep = self.launch.checkpoint_at(done, tc.steps, checkpoint_every, self.stopped)
-        if self.run is not None and write:
-            self.run.save_checkpoint(done, self.model, self.optimizer, self.precision, keep)
-        self.trained = done
-        bar.update(1)
-        if self.launch.on_step is not None and self.dist.main:
-            self.launch.on_step(done, share.item())
 
-    def log_train(self, step: int, loss: float, lr: float, bar: tqdm) -> None:
-        """The train event of `step` (loss: the global batch's mean), and the progress bar's loss and test metric."""
-        elapsed = round(time.perf_counter() - self.t0, 3)
-        self.record({"step": step, "event": "train", "loss": loss, "lr": lr, "elapsed_s": elapsed})
-        bar.set_postfix(loss=f"{loss:.4f}", **({"test": f"{headline(self.test):.3f}"} if self.test else {}))
+class Evaluated(NamedTuple):
+    """The test and validation metrics of one evaluation."""
 
-    def summary(self) -> dict[str, Any]:
-        """The session's summary, written to summary.json on rank 0."""
-        tc, report = self.cfg.train, self.report
-        summary = {
-            "task": self.task.describe(),
-            "variant": self.cfg.variant,
-            "steps": tc.steps,
-            "resumed_from": self.start if self.launch.resume else None,
-            "test": self.test,
-            "val": self.val,
-            "selected": self.selected.summary(),
-            "convergence": self.conv.summary(stopped_early=self.trained < tc.steps, steps_trained=self.trained),
-            "n_params": report.n_trainable + report.n_frozen,
-            "n_trainable": report.n_trainable,
-            "train_seconds_this_session": round(self.train_time, 2),
-            "wall_seconds_this_session": round(time.perf_counter() - self.t0, 2),
-            "device": str(self.device),
-            "world_size": self.dist.world_size,
-            "run_dir": str(self.launch.run_dir),
-        }
-        if self.run is not None:
-            self.run.write_summary(summary)
-        return summary
+    test: dict[str, float]
+    val: dict[str, float]
+
+
+def evaluation(tr: Training, curve: Curve, logs: Logs, step: int) -> Evaluated:
+    """Test and validation metrics at `step`, added to the curve and logged."""
+    test = evaluate_model(tr)
+    val = evaluate_model(tr, curve.val_batch)
+    curve.conv.add(step, val[curve.conv.metric])
+    curve.selected.add(step, test, val)
+    logs.write({"step": step, "event": "eval", **test, **{f"val_{k}": v for k, v in val.items()}})
+    return Evaluated(test, val)
+
+
+def step_parts(tr: Training, compile: bool) -> StepParts:
+    """The forward pass (wrapped in DistributedDataParallel under torchrun, compiled if asked) and the rest of
+    what each optimizer step uses."""
+    trainable = [p for p in tr.model.parameters() if p.requires_grad]
+    ddp = None
+    if tr.dist.active:
+        ddp = DistributedDataParallel(tr.model, device_ids=[tr.device] if tr.device.type == "cuda" else None)
+    forward: Callable[[torch.Tensor], torch.Tensor] = ddp if ddp is not None else tr.model
+    forward = torch.compile(forward) if compile else forward
+    no_sync = ddp.no_sync if ddp is not None else None
+    return StepParts(
+        forward, tr.optimizer, trainable, tr.cfg.train.grad_clip, tr.precision, tr.dist.world_size, no_sync
+    )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
+    """Set every parameter group's learning rate to `lr` (the schedule's, `TrainConfig.lr_at`); return it."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def progress_bar(cfg: RunConfig, start: int, show: bool) -> tqdm:
+    """The bar of steps `start` to cfg.train.steps, named task/variant (hidden unless `show`)."""
+    # Redraw at most every 10 s when stderr is a log file rather than a terminal.
+    return tqdm(
+        total=cfg.train.steps,
+        initial=start,
+        disable=not show,
+        desc=f"{cfg.task}/{cfg.variant}",
+        dynamic_ncols=True,
+        mininterval=0.1 if sys.stderr.isatty() else 10.0,
+    )
+
+
+def session_summary(
+    tr: Training,
+    launch: Launch,
+    curve: Curve,
+    last: Evaluated,
+    start: int,
+    trained: int,
+    train_time: float,
+    wall_time: float,
+) -> dict[str, Any]:
+    """summary.json: the latest evaluation, what the curve selected and says of convergence, the step the session
+    started from and the steps trained by its end, and the seconds it spent training and in all."""
+    tc, report = tr.cfg.train, tr.report
+    return {
+        "task": tr.task.describe(),
+        "variant": tr.cfg.variant,
+        "steps": tc.steps,
+        "resumed_from": start if launch.resume else None,
+        "test": last.test,
+        "val": last.val,
+        "selected": curve.selected.summary(),
+        "convergence": curve.conv.summary(stopped_early=trained < tc.steps, steps_trained=trained),
+        "n_params": report.n_trainable + report.n_frozen,
+        "n_trainable": report.n_trainable,
+        "train_seconds_this_session": round(train_time, 2),
+        "wall_seconds_this_session": round(wall_time, 2),
+        "device": str(tr.device),
+        "world_size": tr.dist.world_size,
+        "run_dir": str(launch.run_dir),
+    }
 
 
 def slices(batch: Batch, dist: Dist, per_rank: int, accum: int) -> tuple[list[Batch], int]:
@@ -471,13 +493,13 @@ def slices(batch: Batch, dist: Dist, per_rank: int, accum: int) -> tuple[list[Ba
     return micro, int((batch.targets != IGNORE).sum())
 
 
-HEADLINE_METRICS = ("exact_match", "accuracy", "token_acc")
-"""The metrics a person reads first, in order of preference (`headline`)."""
+ACCURACIES = ("exact_match", "accuracy", "token_acc")
+"""The accuracies a person reads first, in order of preference (`first_accuracy`)."""
 
 
-def headline(metrics: dict[str, float]) -> float:
-    """The metric a person reads first: exact match, accuracy, or token accuracy."""
-    for key in HEADLINE_METRICS:
+def first_accuracy(metrics: dict[str, float]) -> float:
+    """The first of `ACCURACIES` that `metrics` holds (the progress bar's test number); nan if none."""
+    for key in ACCURACIES:
         if key in metrics:
             return metrics[key]
     return float("nan")

@@ -1,0 +1,222 @@
+"""A run's checkpoints: written, pruned, kept and loaded back (the files of RUN/checkpoints/, `mixit.run`).
+
+    checkpoints/latest          the name of the newest complete checkpoint directory
+    checkpoints/step_0000500/   one checkpoint:
+        model.safetensors       parameters and persistent buffers (MixiT matrices)
+        optimizer.safetensors   AdamW moments, flattened
+        state.json              step, optimizer hyper-parameters, fp16's gradient scale, and whether it is kept
+
+The functions take the checkpoints directory `root` (`Run.checkpoints_dir`), or one checkpoint's directory
+`ckpt`, so that a run's layout stays `Run`'s and the protocol of its checkpoints stays here. No pickle: tensors
+go to safetensors, the rest to JSON.
+
+The protocol, which makes a write killed at any moment harmless:
+- a checkpoint is written under a temporary name (step_0000500.tmp), flushed to disk, and renamed: a
+  directory named step_NNNNNNN is complete (`partial_checkpoints` lists the others, for the next session to remove);
+- ``latest`` is pointed at it only then, so a run killed mid-write resumes from the previous checkpoint;
+- `save_checkpoint` then removes every other checkpoint that is not kept. Each checkpoint records in its state.json
+  whether it is kept; a kept one is never removed, whatever a later session (a resume) keeps, so a run
+  holds its kept checkpoints and its newest one, and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from mixit.errors import UsageError
+from mixit.files import read_json, write_json, write_text
+from mixit.precision import Precision
+
+LATEST = "latest"
+STEP_PREFIX = "step_"
+MODEL = "model.safetensors"
+OPTIMIZER = "optimizer.safetensors"
+STATE = "state.json"
+
+
+def is_count(value: Any) -> bool:
+    """Whether `value`, read from a run's file, is an integer >= 0 (a step)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def checkpoint_path(root: Path, step: int) -> Path:
+    """The directory of checkpoint `step` (which may not exist: `checkpoint_steps` lists those that do)."""
+    return root / f"{STEP_PREFIX}{step:07d}"
+
+
+def checkpoint_steps(root: Path) -> list[int]:
+    """The steps of the complete checkpoints in `root`, in order: the kept ones and the newest."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        digits = child.name.removeprefix(STEP_PREFIX)
+        if child.is_dir() and child.name.startswith(STEP_PREFIX) and digits.isdigit():
+            found.append(int(digits))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint (``latest`` names it), None before the first; a ``latest`` naming a
+    directory that is not there is refused."""
+    pointer = root / LATEST
+    if not pointer.exists():
+        return None
+    found = root / pointer.read_text().strip()
+    if not found.is_dir():
+        raise UsageError(f"{pointer} points at {found.name}, which does not exist: the checkpoint is corrupt")
+    return found
+
+
+def partial_checkpoints(root: Path) -> list[Path]:
+    """The checkpoint directories of killed writes (still under their temporary names)."""
+    return sorted(root.glob(f"{STEP_PREFIX}*.tmp")) if root.is_dir() else []
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision | None = None,
+    keep: bool = False,
+) -> Path:
+    """Write checkpoint `step`, point ``latest`` at it, then remove every other checkpoint not kept.
+
+    With `keep`, the checkpoint records that it is kept: no later save removes it (module docstring).
+    A kept checkpoint of `step` already there (a session killed between writing it and pointing
+    ``latest`` at it, then resumed: resumption is bit-exact, so it holds what would be written) is
+    left as it is, so that no moment of the rewrite finds it missing."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(root, step)
+    if not _is_kept(final):
+        tmp = root / (final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _write(tmp, step, model, optimizer, precision, keep)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    write_text(root / LATEST, final.name + "\n")
+    _fsync_dir(root)
+    for old in checkpoint_steps(root):
+        held = checkpoint_path(root, old)
+        if held != final and not _is_kept(held):
+            shutil.rmtree(held, ignore_errors=True)
+    return final
+
+
+def load_model_state(model: nn.Module, ckpt: Path) -> None:
+    """Load checkpoint `ckpt`'s parameters and buffers into `model`, refusing any mismatch."""
+    state = _load_tensors(ckpt / MODEL)
+    expected = model.state_dict()
+    if set(state) != set(expected):
+        missing = sorted(set(expected) - set(state))[:3]
+        extra = sorted(set(state) - set(expected))[:3]
+        raise UsageError(
+            f"checkpoint {ckpt} does not match the model in config.json (missing {missing}, unexpected {extra})"
+        )
+    for key, value in state.items():
+        if value.shape != expected[key].shape:
+            raise UsageError(
+                f"checkpoint {ckpt}: {key} has shape {tuple(value.shape)}, "
+                f"the model expects {tuple(expected[key].shape)}"
+            )
+    model.load_state_dict(state)
+
+
+def load_training_state(optimizer: torch.optim.Optimizer, ckpt: Path, precision: Precision | None = None) -> int:
+    """Load checkpoint `ckpt`'s optimizer state (and fp16's gradient scale); return its step."""
+    meta = read_json(ckpt / STATE, "checkpoint state.json")
+    tensors = _load_tensors(ckpt / OPTIMIZER)
+    try:
+        optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optimizer"]))
+        if precision is not None:
+            precision.load_state_dict(meta.get("scaler", {}))
+        step = meta["step"]
+    except (KeyError, ValueError, TypeError) as e:
+        raise UsageError(f"checkpoint {ckpt} has a corrupt optimizer state ({e})") from None
+    if not is_count(step) or ckpt.name != checkpoint_path(ckpt.parent, step).name:
+        raise UsageError(f"checkpoint {ckpt} has a corrupt state.json (step {step!r}, not its own step)")
+    return step
+
+
+def _write(
+    directory: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision | None,
+    keep: bool,
+) -> None:
+    """Write checkpoint `step` into the empty `directory` and flush it to disk."""
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / MODEL))
+    opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
+    save_file(opt_tensors, str(directory / OPTIMIZER))
+    scaler = precision.state_dict() if precision is not None else {}
+    write_json(directory / STATE, {"step": step, "optimizer": opt_meta, "scaler": scaler, "keep": keep})
+    for file in (MODEL, OPTIMIZER):
+        with open(directory / file, "rb") as f:
+            os.fsync(f.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename or a new file inside `directory` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _is_kept(ckpt: Path) -> bool:
+    """Whether `ckpt` records that it is kept (a state.json missing or unreadable: not kept)."""
+    try:
+        state = json.loads((ckpt / STATE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and state.get("keep") is True
+
+
+def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """An optimizer's state_dict as safetensors can hold it: its tensors by "<param index>.<name>", and the rest
+    (param groups, non-tensor entries) as JSON."""
+    tensors, scalars = {}, {}
+    for idx, per_param in state["state"].items():
+        for key, value in per_param.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{idx}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{idx}.{key}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer state_dict that `_flatten_optimizer` split."""
+    state: dict[int, dict[str, Any]] = {}
+    for flat, value in list(tensors.items()) + list(meta["scalars"].items()):
+        idx, key = flat.split(".", 1)
+        state.setdefault(int(idx), {})[key] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(file))
+    except FileNotFoundError:
+        raise UsageError(f"checkpoint file {file} is missing") from None
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise UsageError(f"checkpoint file {file} is corrupt or unreadable ({e})") from None
