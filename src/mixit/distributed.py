@@ -161,6 +161,14 @@ def _stopped_as_refused() -> None:
     time.sleep(REFUSAL_WAIT.total_seconds())
 
 
+def barrier(dist: Dist) -> None:
+    """Wait for every process. Before a finished job leaves its process group, so that no rank closes its
+    connections while another still uses them (gloo then aborted the slower rank at exit, "terminate called
+    without an active exception", seen once on a loaded 2-core machine)."""
+    if dist.active and td.is_initialized():
+        td.barrier()
+
+
 def teardown(dist: Dist) -> None:
     if dist.active and td.is_initialized():
         td.destroy_process_group()

@@ -47,7 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from mixit.checkpoint import load_model_state, load_training_state, save_checkpoint
-from mixit.distributed import Dist, all_sum, broadcast, check_identical, env_world, setup, split, teardown
+from mixit.distributed import Dist, all_sum, barrier, broadcast, check_identical, env_world, setup, split, teardown
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build
 from mixit.freezing import FreezeReport
@@ -147,7 +147,9 @@ def train(
         launch = Launch(
             Path(run_dir), resume, progress and dist.main, compile, on_step, keep_checkpoints, sinks, grouping
         )
-        return _train(cfg, launch, dist, dev)
+        summary = _train(cfg, launch, dist, dev)
+        barrier(dist)  # only a finished job: after an error another rank may never arrive
+        return summary
     finally:
         teardown(dist)
 
