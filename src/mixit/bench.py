@@ -72,7 +72,9 @@ class Shape:
     n_layers: int = 4
     n_heads: int = 4
     vocab_size: int = 512
+    """The vocabulary: BenchOptions' vocab_size, or the task's."""
     seq_len: int = 128
+    """Tokens per sequence: BenchOptions' seq_len, or the length the task's model reads."""
     batch_size: int = 64
 
     def __post_init__(self) -> None:

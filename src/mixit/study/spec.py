@@ -408,7 +408,3 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -
         screen_min_steps=dict(least),
         rebuild=lambda more, first: load_study_file(path, more, first),
     )
-
-
-def replace_labels(spec: RunSpec, **labels: Any) -> RunSpec:
-    return dataclasses.replace(spec, labels={**spec.labels, **labels})

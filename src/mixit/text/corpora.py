@@ -110,7 +110,9 @@ HUB: dict[str, HubSpec] = {
     ),
 }
 LM_CORPORA = ("english", "wikitext-103", "fineweb-edu")
+"""The language-modelling corpora by name; the first is embedded in the package, the others are read from the hub."""
 LABELLED = ("movies", "yelp_polarity")
+"""The labelled datasets by name; the first is embedded in the package, the others are read from the hub."""
 LABEL_CLASSES = {"movies": 2, "yelp_polarity": 2}
 """Classes of the named labelled datasets: both are binary (positive or negative)."""
 
@@ -505,30 +507,30 @@ def load_corpus(
     name: str = "english", data_dir: str | None = None, max_documents: int = 0, held_out_fraction: float = 0.05
 ) -> TextDataset:
     """Documents for language modelling: a name of LM_CORPORA or a local path."""
-    if name == "english":
-        texts = [d["text"] for d in english_documents()]
-        return _embedded_dataset(name, "english.jsonl.xz", texts, None, max_documents, held_out_fraction)
-    if name in HUB and name in LM_CORPORA:
-        return load_hub(name, data_dir, max_documents, held_out_fraction)
-    if _looks_like_path(name):
-        return load_local(name, labelled=False, max_documents=max_documents, held_out_fraction=held_out_fraction)
-    raise UsageError(
-        f"unknown corpus {name!r}; choose one of: {', '.join(LM_CORPORA)}, or a local file or directory "
-        f"({', '.join(LOCAL_SUFFIXES)})"
-    )
+    return _load(name, False, data_dir, max_documents, held_out_fraction)
 
 
 def load_labelled(
     name: str = "movies", data_dir: str | None = None, max_documents: int = 0, held_out_fraction: float = 0.2
 ) -> TextDataset:
     """Texts with integer labels for classification: a name of LABELLED or a local path."""
-    if name == "movies":
-        return _embedded_dataset(name, "movie_snippets.tsv.xz", *movie_snippets(), max_documents, held_out_fraction)
-    if name in HUB and name in LABELLED:
+    return _load(name, True, data_dir, max_documents, held_out_fraction)
+
+
+def _load(name: str, labelled: bool, data_dir: str | None, max_documents: int, held_out_fraction: float) -> TextDataset:
+    """`name` as the embedded data, a hub dataset of its catalogue (LABELLED or LM_CORPORA), or a local path."""
+    catalogue = LABELLED if labelled else LM_CORPORA
+    if name == catalogue[0]:  # the embedded one
+        if labelled:
+            return _embedded_dataset(name, "movie_snippets.tsv.xz", *movie_snippets(), max_documents, held_out_fraction)
+        texts = [d["text"] for d in english_documents()]
+        return _embedded_dataset(name, "english.jsonl.xz", texts, None, max_documents, held_out_fraction)
+    if name in HUB and name in catalogue:
         return load_hub(name, data_dir, max_documents, held_out_fraction)
     if _looks_like_path(name):
-        return load_local(name, labelled=True, max_documents=max_documents, held_out_fraction=held_out_fraction)
+        return load_local(name, labelled=labelled, max_documents=max_documents, held_out_fraction=held_out_fraction)
+    what, suffixes = ("dataset", LOCAL_SUFFIXES[1:]) if labelled else ("corpus", LOCAL_SUFFIXES)
     raise UsageError(
-        f"unknown dataset {name!r}; choose one of: {', '.join(LABELLED)}, or a local file or directory "
-        f"({', '.join(LOCAL_SUFFIXES[1:])}) with text and label columns"
+        f"unknown {what} {name!r}; choose one of: {', '.join(catalogue)}, or a local file or directory "
+        f"({', '.join(suffixes)})" + (" with text and label columns" if labelled else "")
     )

@@ -130,6 +130,12 @@ def cosines(signal: dict[str, Any], variant: str) -> dict[int, float]:
     return {int(d): x["cosine"] for d, x in signal["results"].get(variant, {}).items()}
 
 
+def depth_change(cosine: dict[int, float]) -> tuple[int, int, float]:
+    """(the shallowest depth, the deepest, and how much the cosine changes from the one to the other)."""
+    lo, hi = min(cosine), max(cosine)
+    return lo, hi, cosine[hi] - cosine[lo]
+
+
 def at_initialisation(name: str, signal: dict[str, Any], ok: bool, evidence: str) -> Check:
     """A check of models at initialisation: nothing to converge; judged on the mean over the sweep's seeds."""
     seeds = len(signal["config"]["seeds"])
@@ -148,8 +154,8 @@ def check_signal(study: StudyResults) -> Check:
     random, mixit = cosines(signal, "random"), cosines(signal, "mixit")
     if len(random) < 2 or len(mixit) < 2:
         return Check(name, "n/a", "missing: the random transformer or MixiT at two depths at least")
-    lo, hi = min(random), max(random)
-    rise, change = random[hi] - random[lo], mixit[hi] - mixit[lo]
+    lo, hi, rise = depth_change(random)
+    change = mixit[hi] - mixit[lo]
     return at_initialisation(
         name,
         signal,
@@ -170,8 +176,8 @@ def check_sink(study: StudyResults) -> Check:
     with_sink, without = cosines(sink, "mixit"), cosines(plain, "mixit")
     if len(with_sink) < 2 or set(with_sink) != set(without):
         return Check(name, "n/a", "missing: MixiT at the same two depths at least in both sweeps")
-    lo, hi = min(with_sink), max(with_sink)
-    rise_with, rise_without = with_sink[hi] - with_sink[lo], without[hi] - without[lo]
+    lo, hi, rise_with = depth_change(with_sink)
+    rise_without = without[hi] - without[lo]
     return at_initialisation(
         name,
         sink,
