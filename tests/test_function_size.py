@@ -1,4 +1,5 @@
-"""Every function and method of the package is short: at most 60 lines and 8 parameters.
+"""Every function and method of the package is short: at most 60 lines and 8 parameters; and every class at most
+220 lines, so that length pushed out of functions does not gather in a class that owns too much.
 
 Lines count from the `def` line to the function's last line, docstring included. Parameters count
 every name a caller can pass (`self` and `cls` of a method not counted; `*args` and `**kwargs` one
@@ -12,6 +13,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "mixit"
 MAX_LINES = 60
 MAX_PARAMS = 8
+MAX_CLASS_LINES = 220
 
 
 def functions(tree: ast.AST):
@@ -49,6 +51,16 @@ def offenders() -> list[str]:
 def test_functions_are_short_and_take_few_parameters():
     found = offenders()
     assert not found, f"{len(found)} functions too long or taking too many parameters:\n" + "\n".join(found)
+
+
+def test_classes_are_short():
+    found = [
+        f"{path.relative_to(SRC.parent)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for path in sorted(SRC.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
+    ]
+    assert not found, f"classes over {MAX_CLASS_LINES} lines:\n" + "\n".join(found)
 
 
 def test_the_counts_by_hand():
