@@ -212,7 +212,7 @@ class Grouping:
     """How a run is named, grouped and tagged in the sinks; plain data, so that it travels to a study's workers."""
 
     name: str
-    """The run's name: --tracking-name, else its directory's name (a study's run: `study_run_name`)."""
+    """The run's name: --tracking-name, else its directory's name (a study's run: `study_grouping`)."""
     group: str | None = None
     """The study it belongs to: W&B's and trackio's group, MLflow's tag study and its experiment (unless `project`
     is given); None for a run of its own."""
