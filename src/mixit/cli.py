@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from jsonargparse import ArgumentError
 
@@ -52,9 +52,6 @@ from mixit.version import __version__
 
 # -- mixit train ------------------------------------------------------------------------
 
-REQUEST_KEYS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "task_params"]
-"""The keys of a request that flags set directly (task_params comes from -p)."""
-
 
 def train_parser() -> Parser:
     """The flags of ``mixit train``: a request (`RunConfig`'s fields, the model and training options under
@@ -72,16 +69,12 @@ def train_parser() -> Parser:
         "apply where it does not.",
         epilog=epilog,
     )
-    p.add_option(
-        Option(
-            "config",
-            Path,
-            "Start from a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
-            "data_seed, test_size, val_size, test_seed), or replay a run's config.json or run directory; the "
-            "options given beside it override it.",
-            None,
-        )
+    config = (
+        "Start from a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, data_seed, "
+        "test_size, val_size, test_seed), or replay a run's config.json or run directory; the options given beside "
+        "it override it."
     )
+    p.add_option(Option("config", Path, config, None))
     # The default task is shown in --help; a request without a task gets it from `resolve`.
     p.add_options(RunConfig, skip=("model", "train"), partial=True, shown={"task": DEFAULT_TASK})
     p.add_options(ModelConfig, "model", skip=TASK_DECIDES, partial=True)
@@ -96,7 +89,8 @@ def train_parser() -> Parser:
 def train_request(args: Mapping[str, Any]) -> dict[str, Any]:
     """The request that the flags (and --config file) of `mixit train` make."""
     base = load_request(args["config"]) if "config" in args else {}
-    request = merge(base, {k: args[k] for k in REQUEST_KEYS if k in args})
+    keys = [f.name for f in dataclasses.fields(RunConfig) if f.name != "task_params"]  # task_params: from -p
+    request = merge(base, {k: args[k] for k in keys if k in args})
     if "task_param" in args:
         request = merge(request, {"task_params": task_params(request.get("task", DEFAULT_TASK), args["task_param"])})
     return request
@@ -279,8 +273,7 @@ def run_command(argv: Sequence[str] | None) -> int:
         world = env_world()
     except BadEnvironment as e:
         if command == "train":  # said by every process: there may be no rank 0 to say it
-            print(f"mixit train: error: {e}", file=sys.stderr)
-            return 2
+            return refuse(f"mixit train: error: {e}", Dist())
         world = Dist()  # the other commands run in one process, which reads no distributed variables
     try:
         load_plugins()  # before the parsers are built: a plugin's task is a choice of --task, and in --help
@@ -297,9 +290,8 @@ def run_command(argv: Sequence[str] | None) -> int:
     tune_allocator()
     try:
         return COMMANDS[command].run(dict(parsed.get(command) or {}))
-    except BadEnvironment as e:  # this process's own environment (its LOCAL_RANK names no GPU, say)
-        print(f"mixit {command}: error: {e}", file=sys.stderr)
-        return 2
+    except BadEnvironment as e:  # this process's own environment (its LOCAL_RANK names no GPU, say): all say it
+        return refuse(f"mixit {command}: error: {e}", Dist())
     except UsageError as e:
         return refuse(f"mixit {command}: error: {e}", world)
     except KeyboardInterrupt:
@@ -316,9 +308,5 @@ def refuse(message: str, world: Dist) -> int:
     return 2
 
 
-def _entry() -> NoReturn:
-    sys.exit(main())
-
-
 if __name__ == "__main__":
-    _entry()
+    sys.exit(main())

@@ -157,15 +157,12 @@ def help_default(value: Any) -> Any:
     return '""' if value == "" else value
 
 
-def help_text(option: Option, typed: bool = True) -> str:
-    """An option's help: its docstring, then (if `typed`) its type and default (``Type: int; default: 128.``); a
-    ``%`` doubled, since argparse formats a help text with %."""
-    text = option.doc
-    if typed:
-        text += f" Type: {help_type(option.hint)}"
-        default = "null" if option.default is None else help_default(option.default)
-        text += "." if option.default is REQUIRED else f"; default: {default}."
-    return text.replace("%", "%%")
+def help_text(option: Option) -> str:
+    """An option's help: its docstring, then its type and default (``Type: int; default: 128.``); a ``%`` doubled,
+    since argparse formats a help text with %."""
+    shown = "null" if option.default is None else help_default(option.default)
+    end = "." if option.default is REQUIRED else f"; default: {shown}."
+    return f"{option.doc} Type: {help_type(option.hint)}{end}".replace("%", "%%")
 
 
 def fill(text: str | None) -> str | None:
@@ -281,7 +278,7 @@ class Parser(ArgumentParser):
             if dataclasses.is_dataclass(option.hint) and not dataclasses.is_dataclass(target):
                 self.add_options(option.hint)
             elif kind(option.hint) == "mapping":
-                text = help_text(option, typed=False)
+                text = option.doc.replace("%", "%%")  # its type: the module docstring's
                 self.add_argument(*self.names(option), action="append", metavar="KEY=VALUE", help=text)
             else:
                 self.add_option(option, group, positional=not partial and option.default is REQUIRED)

@@ -127,8 +127,7 @@ def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | P
             raise UsageError(f"{option} {name} needs the {name} package: {install_hint(name)}") from None
         chosen.append(cast(Sink, name))
     run = None if run_dir is None else Run(run_dir)
-    if run is not None and run.state() == "absent":  # a new run: its directory is checked as it is made
-        run = None
+    run = None if run is None or run.state() == "absent" else run  # a new run's directory is checked as it is made
     held = tracking_state(run) if run is not None and chosen else {}
     for name in chosen:
         try:
@@ -246,13 +245,9 @@ def points(event: Mapping[str, Any]) -> dict[str, float]:
     kind = str(event.get("event", "event"))
     named = {}
     for key, value in event.items():
-        if key in ("step", "event") or not is_number(value):
-            continue
-        if kind == "eval":
-            name = f"val/{key.removeprefix('val_')}" if key.startswith("val_") else f"test/{key}"
-        else:
-            name = f"{kind}/{key}"
-        named[name] = float(value)
+        if key not in ("step", "event") and is_number(value):
+            split = "val" if key.startswith("val_") else "test"
+            named[f"{split}/{key.removeprefix('val_')}" if kind == "eval" else f"{kind}/{key}"] = float(value)
     return named
 
 
@@ -411,8 +406,6 @@ class Mlflow(SinkWriter):
     name = "mlflow"
     MAX_BATCH = 100
     """The most params MLflow takes in one log_batch."""
-    LOCAL = ("", "file", "sqlite")
-    """The schemes of a store on this machine, whose directory must be writable: a path, file:, sqlite:."""
 
     def check(self, run: Run | None, held: Held) -> None:
         """The tracking URI of a scheme MLflow knows; an http(s) server answering; a local store's directory
@@ -433,7 +426,7 @@ class Mlflow(SinkWriter):
             raise UsageError(f"tracking URI {uri!r} has a scheme MLflow does not know; {fix}")
         if scheme in ("http", "https"):
             check_reachable(uri, recorded or "start the MLflow server, or set MLFLOW_TRACKING_URI to one that answers")
-        elif scheme in self.LOCAL and uri not in ("databricks", "databricks-uc", "uc"):
+        elif scheme in ("", "file", "sqlite") and uri not in ("databricks", "databricks-uc", "uc"):  # on this machine
             fix = recorded or "set MLFLOW_TRACKING_URI to a writable place"
             check_writable(_mlflow_store_dir(uri, scheme), f"MLflow keeps its store there: {fix}")
 
@@ -460,15 +453,14 @@ class Mlflow(SinkWriter):
         find none and make it: the second to make it takes the first's."""
         refused = importlib.import_module("mlflow").exceptions.MlflowException
         found = self.client.get_experiment_by_name(name)
-        if found is not None:
-            return cast(str, found.experiment_id)
-        try:
-            return cast(str, self.client.create_experiment(name))
-        except refused:
-            found = self.client.get_experiment_by_name(name)
-            if found is None:
-                raise
-            return cast(str, found.experiment_id)
+        if found is None:
+            try:
+                return cast(str, self.client.create_experiment(name))
+            except refused:
+                found = self.client.get_experiment_by_name(name)
+                if found is None:
+                    raise
+        return cast(str, found.experiment_id)
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         metric = importlib.import_module("mlflow").entities.Metric
@@ -518,12 +510,7 @@ class Trackio(SinkWriter):
             importlib.import_module("trackio").finish()  # the current run, ours (`trackio.init` made it so)
 
 
-WRITERS: dict[str, Callable[[], SinkWriter]] = {
-    "tensorboard": TensorBoard,
-    "wandb": Wandb,
-    "mlflow": Mlflow,
-    "trackio": Trackio,
-}
+WRITERS: dict[str, Callable[[], SinkWriter]] = {writer.name: writer for writer in (TensorBoard, Wandb, Mlflow, Trackio)}
 
 
 def _mlflow_scheme(uri: str) -> str:
