@@ -86,18 +86,12 @@ def train_parser() -> Parser:
     return p
 
 
-def train_request(args: Mapping[str, Any]) -> dict[str, Any]:
-    """The request that the flags (and --config file) of `mixit train` make."""
-    base = load_request(args["config"]) if "config" in args else {}
-    keys = [f.name for f in dataclasses.fields(RunConfig) if f.name != "task_params"]  # task_params: from -p
-    request = merge(base, {k: args[k] for k in keys if k in args})
+def cmd_train(args: Mapping[str, Any]) -> int:
+    """Train the request that the --config file and the flags over it make (task_params from -p)."""
+    keys = [f.name for f in dataclasses.fields(RunConfig) if f.name != "task_params"]
+    request = merge(load_request(args["config"]) if "config" in args else {}, {k: args[k] for k in keys if k in args})
     if "task_param" in args:
         request = merge(request, {"task_params": task_params(request.get("task", DEFAULT_TASK), args["task_param"])})
-    return request
-
-
-def cmd_train(args: Mapping[str, Any]) -> int:
-    request = train_request(args)
     session = arguments(train, args)
     if session.get("resume"):
         if "out" not in args:
@@ -168,12 +162,12 @@ class Command:
 def command(
     function: Callable[..., Any],
     summary: str,
-    show: Callable[[Any, Mapping[str, Any]], Any],
+    show: Callable[[Any, Mapping[str, Any]], Any] = lambda result, args: print(result),
     hooks: Mapping[str, Any] = {},
     **more: Any,
 ) -> Command:
-    """The command whose options are `function`'s parameters (`command_parser`): it calls `function` with them
-    and `hooks` (`call`), and prints what it returns with `show` (given the options too); `more`: `Command`'s."""
+    """The command whose options are `function`'s parameters (`command_parser`): it calls `function` with them and
+    `hooks` (`call`), and prints the result with `show` (given the options too; print by default). `more`: Command's."""
 
     def run(args: Mapping[str, Any]) -> int:
         show(call(function, args, **hooks), args)
@@ -231,9 +225,7 @@ COMMANDS: dict[str, Command] = {
         "W&B, MLflow or trackio.",
         show_export_logs,
     ),
-    "list": command(
-        catalogue_text, "List the tasks with their parameters, the variants and the recipes.", lambda r, a: print(r)
-    ),
+    "list": command(catalogue_text, "List the tasks with their parameters, the variants and the recipes."),
 }
 
 

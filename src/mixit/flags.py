@@ -64,8 +64,7 @@ from mixit.tasks import TASKS
 REQUIRED: Any = dataclasses.MISSING
 """The default of an option that has none."""
 
-NEGATIVE = r"-\d+|-\d*\.\d+"
-"""A negative number, which argparse reads as an option's value, not as an option."""
+NEGATIVE = r"-\d+|-\d*\.\d+"  # a negative number, which argparse reads as an option's value, not as an option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +277,7 @@ class Parser(ArgumentParser):
             if dataclasses.is_dataclass(option.hint) and not dataclasses.is_dataclass(target):
                 self.add_options(option.hint)
             elif kind(option.hint) == "mapping":
-                text = option.doc.replace("%", "%%")  # its type: the module docstring's
+                text = option.doc.replace("%", "%%")  # no Type: KEY=VALUE items (module docstring)
                 self.add_argument(*self.names(option), action="append", metavar="KEY=VALUE", help=text)
             else:
                 self.add_option(option, group, positional=not partial and option.default is REQUIRED)
@@ -334,7 +333,7 @@ class Parser(ArgumentParser):
             if option is None:
                 continue
             if not eq:
-                # argparse reads the next word as the value unless it reads as an option (a negative number does not)
+                # argparse reads the next word as the value unless it reads as an option (`NEGATIVE` does not)
                 if i + 1 == len(argv) or (argv[i + 1].startswith("-") and not re.fullmatch(NEGATIVE, argv[i + 1])):
                     continue
                 value = argv[i + 1]

@@ -63,9 +63,7 @@ Sink = Literal["tensorboard", "wandb", "mlflow", "trackio"]
 SINKS: tuple[str, ...] = get_args(Sink)
 
 DEFAULT_PROJECT = "mixit"
-"""W&B's project (unless --tracking-project or WANDB_PROJECT says), MLflow's experiment for a run of no study
-(unless --tracking-project or MLFLOW_EXPERIMENT_NAME says), and trackio's project (unless --tracking-project
-says)."""
+"""W&B's and trackio's project, and MLflow's experiment, where nothing names one (each writer says what may)."""
 
 NAME_MAX = 128
 """The longest project or run name a user may give: W&B's limit for a project."""
@@ -419,7 +417,11 @@ class Mlflow(SinkWriter):
         # The schemes the installed MLflow accepts: a path, file:, its databases, http(s):, databricks:, plugins'.
         engines = importlib.import_module("mlflow.store.db.db_types").DATABASE_ENGINES
         plugins = [e.name for e in importlib.metadata.entry_points(group="mlflow.tracking_store")]
-        scheme, known = _mlflow_scheme(uri), ["", "file", *engines, "http", "https", "databricks", *plugins]
+        known = ["", "file", *engines, "http", "https", "databricks", *plugins]
+        try:  # the scheme as MLflow reads it: "" for a path; a database's dialect without its driver
+            scheme = importlib.import_module("mlflow.utils.uri").get_uri_scheme(uri)
+        except Exception:  # a database dialect MLflow does not know
+            scheme = urllib.parse.urlsplit(uri).scheme
         if scheme not in known:
             allowed = "a path or a URI of " + ", ".join(f"{s}:" for s in known if s)
             fix = f"{recorded}; allowed: {allowed}" if recorded else f"set MLFLOW_TRACKING_URI to {allowed}"
@@ -437,15 +439,14 @@ class Mlflow(SinkWriter):
         if held:
             self.run_id = held["run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
-            return {"run_id": self.run_id, "tracking_uri": uri}
-        name = grouping.project or grouping.group or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
-        tags = {**grouping.tags, **({"study": grouping.group} if grouping.group else {})}
-        created = self.client.create_run(self._experiment(name), run_name=grouping.name, tags=tags)
-        self.run_id = created.info.run_id
-        flat = _flat(run.config.to_dict()).items()  # a string as it is, any other value as JSON
-        params = [mlflow.entities.Param(k, v if isinstance(v, str) else json.dumps(v)) for k, v in flat]
-        for i in range(0, len(params), self.MAX_BATCH):
-            self.client.log_batch(self.run_id, params=params[i : i + self.MAX_BATCH])
+        else:
+            name = grouping.project or grouping.group or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
+            tags = {**grouping.tags, **({"study": grouping.group} if grouping.group else {})}
+            self.run_id = self.client.create_run(self._experiment(name), run_name=grouping.name, tags=tags).info.run_id
+            flat = _flat(run.config.to_dict()).items()  # a string as it is, any other value as JSON
+            params = [mlflow.entities.Param(k, v if isinstance(v, str) else json.dumps(v)) for k, v in flat]
+            for i in range(0, len(params), self.MAX_BATCH):
+                self.client.log_batch(self.run_id, params=params[i : i + self.MAX_BATCH])
         return {"run_id": self.run_id, "tracking_uri": uri}
 
     def _experiment(self, name: str) -> str:
@@ -511,14 +512,6 @@ class Trackio(SinkWriter):
 
 
 WRITERS: dict[str, Callable[[], SinkWriter]] = {writer.name: writer for writer in (TensorBoard, Wandb, Mlflow, Trackio)}
-
-
-def _mlflow_scheme(uri: str) -> str:
-    """The scheme of tracking URI `uri` as MLflow reads it ("" for a path; a database's dialect without its driver)."""
-    try:
-        return cast(str, importlib.import_module("mlflow.utils.uri").get_uri_scheme(uri))
-    except Exception:  # a database dialect MLflow does not know
-        return urllib.parse.urlsplit(uri).scheme
 
 
 def _mlflow_store_dir(uri: str, scheme: str) -> Path:
@@ -610,8 +603,7 @@ class Tracker:
         """Send event number `index` to sink `name` unless it holds it; whether it was sent."""
         if index < self.state[name]["events"]:
             return False
-        writer = self.writers[name]
-        if self._guard(name, partial(writer.log, int(event["step"]), points(event))) is None:
+        if self._guard(name, partial(self.writers[name].log, int(event["step"]), points(event))) is None:
             return False
         self.state[name]["events"] = index + 1
         return True
