@@ -1,26 +1,12 @@
 """`mixit <command>`: train, eval, sample, analyze, signal, bench, reproduce, report, export, list.
 
 This module only parses and dispatches. Every option is generated from the
-one place it is declared, with its type, default and docstring (`mixit.flags`):
-the parameters of the library function a command calls, and for ``mixit
-train`` the fields of `RunConfig`, `ModelConfig` and `TrainConfig` and a task's
-Config. jsonargparse parses each value by its type hint (see docs/design.md,
-"Configuration", for why it was chosen over tyro). Four generic rules:
-
-- a parameter whose type is a dataclass (`BenchOptions`, say) contributes that
-  dataclass's fields as the command's options, by field name, and
-  `mixit.flags.call` builds the dataclass from them;
-- a parameter typed as a Callable is a library hook (a progress callback), not
-  an option; the command's ``cmd_*`` function supplies it;
-- options with both ``task`` and ``task_params`` take ``-p KEY=VALUE``
-  (repeatable) instead of ``--task_params``, each value parsed by the type of
-  its field in the chosen task's Config (`mixit.flags.task_params`);
-- a parameter typed as a mapping (`ReproduceOptions.slurm`, a ``dict``) takes
-  ``--NAME KEY=VALUE``, repeatable, and is given to the library as a dict of
-  strings for it to check and type (`mixit.flags.key_values`).
-
-The spellings (``--d-model`` beside ``--model.d_model``, ``--no-compile``,
-``--depths 2,4``) and the words of --help are `mixit.flags`'s.
+one place it is declared, with its type, default and docstring, by
+`mixit.flags` (whose docstring gives its rules, spellings and words of --help):
+the parameters of the library function a command calls (`command`), and for
+``mixit train`` the fields of `RunConfig`, `ModelConfig` and `TrainConfig` and a
+task's Config. jsonargparse parses each value by its type hint (see
+docs/design.md, "Configuration", for why it was chosen over tyro).
 
 Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
@@ -40,7 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from jsonargparse import ArgumentError
 
@@ -66,9 +52,6 @@ from mixit.version import __version__
 
 # -- mixit train ------------------------------------------------------------------------
 
-REQUEST_KEYS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "task_params"]
-"""The keys of a request that flags set directly (task_params comes from -p)."""
-
 
 def train_parser() -> Parser:
     """The flags of ``mixit train``: a request (`RunConfig`'s fields, the model and training options under
@@ -86,16 +69,12 @@ def train_parser() -> Parser:
         "apply where it does not.",
         epilog=epilog,
     )
-    p.add_option(
-        Option(
-            "config",
-            Path,
-            "Start from a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, "
-            "data_seed, test_size, val_size, test_seed), or replay a run's config.json or run directory; the "
-            "options given beside it override it.",
-            None,
-        )
+    config = (
+        "Start from a config file (YAML, TOML or JSON with keys task, variant, task_params, model, train, data_seed, "
+        "test_size, val_size, test_seed), or replay a run's config.json or run directory; the options given beside "
+        "it override it."
     )
+    p.add_option(Option("config", Path, config, None))
     # The default task is shown in --help; a request without a task gets it from `resolve`.
     p.add_options(RunConfig, skip=("model", "train"), partial=True, shown={"task": DEFAULT_TASK})
     p.add_options(ModelConfig, "model", skip=TASK_DECIDES, partial=True)
@@ -107,17 +86,12 @@ def train_parser() -> Parser:
     return p
 
 
-def train_request(args: Mapping[str, Any]) -> dict[str, Any]:
-    """The request that the flags (and --config file) of `mixit train` make."""
-    base = load_request(args["config"]) if "config" in args else {}
-    request = merge(base, {k: args[k] for k in REQUEST_KEYS if k in args})
+def cmd_train(args: Mapping[str, Any]) -> int:
+    """Train the request that the --config file and the flags over it make (task_params from -p)."""
+    keys = [f.name for f in dataclasses.fields(RunConfig) if f.name != "task_params"]
+    request = merge(load_request(args["config"]) if "config" in args else {}, {k: args[k] for k in keys if k in args})
     if "task_param" in args:
         request = merge(request, {"task_params": task_params(request.get("task", DEFAULT_TASK), args["task_param"])})
-    return request
-
-
-def cmd_train(args: Mapping[str, Any]) -> int:
-    request = train_request(args)
     session = arguments(train, args)
     if session.get("resume"):
         if "out" not in args:
@@ -150,74 +124,25 @@ def command_parser(function: Callable[..., Any]) -> Parser:
     return parser
 
 
-def cmd_eval(args: Mapping[str, Any]) -> int:
-    print(json.dumps(call(evaluate_run, args), indent=2))
-    return 0
-
-
-def cmd_sample(args: Mapping[str, Any]) -> int:
-    texts = call(sample_run, args)
-    prompt = args.get("prompt", "")
+def show_samples(texts: Sequence[str], args: Mapping[str, Any]) -> None:
     for i, text in enumerate(texts):
         if len(texts) > 1:
             print(f"--- sample {i + 1}")
-        print(prompt + text)
-    return 0
+        print(args.get("prompt", "") + text)
 
 
-def cmd_analyze(args: Mapping[str, Any]) -> int:
-    result = call(analyze_run, args)
-    print(result["summary"].strip())
-    print(f"\nwritten to {result['out_dir']}")
-    return 0
-
-
-def cmd_signal(args: Mapping[str, Any]) -> int:
-    result, written = call(signal_command, args)
-    print(format_signal(result))
-    print("written to " + " and ".join(str(p) for p in written))
-    return 0
-
-
-def cmd_bench(args: Mapping[str, Any]) -> int:
-    result, out = call(
-        bench_command, args, progress=lambda message: print(f"... {message}", file=sys.stderr, flush=True)
-    )
-    print(format_table(result))
+def show_bench(result: tuple[Any, Path], args: Mapping[str, Any]) -> None:
+    print(format_table(result[0]))
     if args.get("profile"):
-        print(format_profiles(result))
-    print(f"written to {out}")
-    return 0
+        print(format_profiles(result[0]))
+    print(f"written to {result[1]}")
 
 
-def cmd_reproduce(args: Mapping[str, Any]) -> int:
-    result = call(reproduce, args)
-    print(result.get("listing") or result["text"])
-    return 0
-
-
-def cmd_report(args: Mapping[str, Any]) -> int:
-    print(call(report, args)["text"])
-    return 0
-
-
-def cmd_export(args: Mapping[str, Any]) -> int:
-    print(f"written to {call(export_run, args)}")
-    return 0
-
-
-def cmd_export_logs(args: Mapping[str, Any]) -> int:
-    result = call(export_logs, args)
+def show_export_logs(result: Mapping[str, Any], args: Mapping[str, Any]) -> None:
     for path in result["runs"]:
         print(f"sent {path} to {', '.join(result['sinks'])}")
     if "tensorboard" in result["sinks"]:
         print(f"open with: tensorboard --logdir {args['directory']}")
-    return 0
-
-
-def cmd_list(args: Mapping[str, Any]) -> int:
-    print(call(catalogue_text, args))
-    return 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +150,7 @@ class Command:
     """A subcommand of ``mixit``."""
 
     run: Callable[[Mapping[str, Any]], int]
-    """Its cmd_* function: calls the library with the parsed flags and prints the result."""
+    """Calls the library with the parsed flags and prints the result; its exit status."""
     parser: Callable[[], Parser]
     """Makes its parser."""
     summary: str
@@ -234,57 +159,73 @@ class Command:
     """What its user can do after a Ctrl-C."""
 
 
+def command(
+    function: Callable[..., Any],
+    summary: str,
+    show: Callable[[Any, Mapping[str, Any]], Any] = lambda result, args: print(result),
+    hooks: Mapping[str, Any] = {},
+    **more: Any,
+) -> Command:
+    """The command whose options are `function`'s parameters (`command_parser`): it calls `function` with them and
+    `hooks` (`call`), and prints the result with `show` (given the options too; print by default). `more`: Command's."""
+
+    def run(args: Mapping[str, Any]) -> int:
+        show(call(function, args, **hooks), args)
+        return 0
+
+    return Command(run, partial(command_parser, function), summary, **more)
+
+
 COMMANDS: dict[str, Command] = {
     "train": Command(
         cmd_train, train_parser, "Train a model on a task under a variant (`mixit list` names the choices)."
     ),
-    "eval": Command(
-        cmd_eval, partial(command_parser, evaluate_run), "Re-evaluate a run's latest checkpoint on its test set."
+    "eval": command(
+        evaluate_run,
+        "Re-evaluate a run's latest checkpoint on its test set.",
+        lambda result, args: print(json.dumps(result, indent=2)),
     ),
-    "sample": Command(
-        cmd_sample, partial(command_parser, sample_run), "Sample text from a trained language model (task lm)."
-    ),
-    "analyze": Command(
-        cmd_analyze,
-        partial(command_parser, analyze_run),
+    "sample": command(sample_run, "Sample text from a trained language model (task lm).", show_samples),
+    "analyze": command(
+        analyze_run,
         "Score the heads, draw the attention maps and measure the signal propagation of a trained run.",
+        lambda result, args: print(f"{result['summary'].strip()}\n\nwritten to {result['out_dir']}"),
     ),
-    "signal": Command(
-        cmd_signal,
-        partial(command_parser, signal_command),
+    "signal": command(
+        signal_command,
         "Measure how alike token representations grow with depth at initialisation (rank collapse).",
+        lambda result, args: print(f"{format_signal(result[0])}\nwritten to " + " and ".join(map(str, result[1]))),
     ),
-    "bench": Command(
-        cmd_bench,
-        partial(command_parser, bench_command),
+    "bench": command(
+        bench_command,
         "Measure training throughput, memory and MFU of each variant, beside a Hugging Face Llama.",
+        show_bench,
+        {"progress": lambda message: print(f"... {message}", file=sys.stderr, flush=True)},
     ),
-    "reproduce": Command(
-        cmd_reproduce,
-        partial(command_parser, reproduce),
+    "reproduce": command(
+        reproduce,
         "Run the paper's comparison (or a study file of your own) and write its report.",
-        "the same command again resumes the study, each run from its last checkpoint",
+        lambda result, args: print(result.get("listing") or result["text"]),
+        interrupted="the same command again resumes the study, each run from its last checkpoint",
     ),
-    "report": Command(
-        cmd_report, partial(command_parser, report), "Write the report of a study from the runs that have finished."
+    "report": command(
+        report,
+        "Write the report of a study from the runs that have finished.",
+        lambda result, args: print(result["text"]),
     ),
-    "export": Command(
-        cmd_export,
-        partial(command_parser, export_run),
+    "export": command(
+        export_run,
         "Write a run's model as a Hugging Face directory: a transformers Llama (--to hf) or one for "
         "Transformer.from_pretrained (--to hub).",
+        lambda result, args: print(f"written to {result}"),
     ),
-    "export-logs": Command(
-        cmd_export_logs,
-        partial(command_parser, export_logs),
+    "export-logs": command(
+        export_logs,
         "Send the logs of a run trained without a tracking sink, or of every run of a study, to TensorBoard, "
         "W&B, MLflow or trackio.",
+        show_export_logs,
     ),
-    "list": Command(
-        cmd_list,
-        partial(command_parser, catalogue_text),
-        "List the tasks with their parameters, the variants and the recipes.",
-    ),
+    "list": command(catalogue_text, "List the tasks with their parameters, the variants and the recipes."),
 }
 
 
@@ -319,31 +260,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_command(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args and args[0] in COMMANDS else None
+    prog = f"mixit {command}" if command else "mixit"
     try:
         world = env_world()
     except BadEnvironment as e:
         if command == "train":  # said by every process: there may be no rank 0 to say it
-            print(f"mixit train: error: {e}", file=sys.stderr)
-            return 2
+            return refuse(f"mixit train: error: {e}", Dist())
         world = Dist()  # the other commands run in one process, which reads no distributed variables
     try:
         load_plugins()  # before the parsers are built: a plugin's task is a choice of --task, and in --help
     except UsageError as e:
-        return refuse(f"mixit{' ' + command if command else ''}: error: {e}", world)
+        return refuse(f"{prog}: error: {e}", world)
     parser = build_parser()
     try:
         parsed = parser.parse_args(args, defaults=False).as_dict()
     except SystemExit as e:  # --help and --version
         return int(e.code or 0)
     except ArgumentError as e:
-        return refuse(f"mixit{' ' + command if command else ''}: error: {one_line(e)}", world)
+        return refuse(f"{prog}: error: {one_line(e)}", world)
     command = parsed["command"]
     tune_allocator()
     try:
         return COMMANDS[command].run(dict(parsed.get(command) or {}))
-    except BadEnvironment as e:  # this process's own environment (its LOCAL_RANK names no GPU, say)
-        print(f"mixit {command}: error: {e}", file=sys.stderr)
-        return 2
+    except BadEnvironment as e:  # this process's own environment (its LOCAL_RANK names no GPU, say): all say it
+        return refuse(f"mixit {command}: error: {e}", Dist())
     except UsageError as e:
         return refuse(f"mixit {command}: error: {e}", world)
     except KeyboardInterrupt:
@@ -360,9 +300,5 @@ def refuse(message: str, world: Dist) -> int:
     return 2
 
 
-def _entry() -> NoReturn:
-    sys.exit(main())
-
-
 if __name__ == "__main__":
-    _entry()
+    sys.exit(main())

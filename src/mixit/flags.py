@@ -24,9 +24,18 @@ on that same call, through argparse's public options (docs/design.md,
   integer, got 'ten'``: `Parser.explain`).
 
 What a command's options parse to goes back to the declaration that made
-them: `call` calls a library function with them, each dataclass parameter
-built from its fields' options, ``-p`` read by the task's Config
-(`task_params`), a mapping's ``KEY=VALUE`` items gathered (`key_values`).
+them (`call` calls a library function with them). Four generic rules:
+
+- a parameter typed as a dataclass (`BenchOptions`, say) gives that
+  dataclass's fields as options, by name, and is built from them;
+- a parameter typed as a Callable is a library hook (a progress callback), no
+  option: the caller of `call` supplies it;
+- ``task`` beside ``task_params`` takes ``-p KEY=VALUE`` (repeatable) for the
+  latter, each value read by the type of its field in the task's Config
+  (`task_params`);
+- a parameter typed as a mapping (`ReproduceOptions.slurm`) takes ``--NAME
+  KEY=VALUE``, repeatable, given to the library as a dict of strings for it to
+  check and type (`key_values`).
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ from mixit.tasks import TASKS
 REQUIRED: Any = dataclasses.MISSING
 """The default of an option that has none."""
 
+NEGATIVE = r"-\d+|-\d*\.\d+"  # a negative number, which argparse reads as an option's value, not as an option
+
 
 @dataclasses.dataclass(frozen=True)
 class Option:
@@ -77,50 +88,34 @@ def hints_of(target: Any) -> dict[str, Any]:
     return {k: v for k, v in typing.get_type_hints(target).items() if k != "return"}
 
 
-def doc(target: Any, name: str) -> str:
-    """The docstring of field `name` of dataclass `target`, or of parameter `name` of function `target` (its Args)."""
-    if dataclasses.is_dataclass(target):
-        return field_docs(target).get(name, "")  # type: ignore[arg-type]
-    params = docstring_parser.parse(inspect.getdoc(target) or "").params
-    return next((" ".join((p.description or "").split()) for p in params if p.arg_name == name), "")
-
-
 def options_of(target: Any, nested_key: str | None = None) -> list[Option]:
-    """An `Option` for each field of dataclass `target`, or each parameter of function `target`, under
-    `nested_key` (``model``) if given."""
+    """An `Option` for each field of dataclass `target` (its docstring the field's), or each parameter of function
+    `target` (its docstring the function's Args), under `nested_key` (``model``) if given."""
     prefix = f"{nested_key}." if nested_key else ""
-    hints = hints_of(target)
     if dataclasses.is_dataclass(target):
+        docs = field_docs(target)  # type: ignore[arg-type]
+        fields = dataclasses.fields(target)
         defaults = {
-            f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
-            for f in dataclasses.fields(target)
+            f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory() for f in fields
         }
     else:
+        args = docstring_parser.parse(inspect.getdoc(target) or "").params
+        docs = {p.arg_name: " ".join((p.description or "").split()) for p in reversed(args)}  # the first, if twice
         params = inspect.signature(target).parameters
         defaults = {n: REQUIRED if p.default is p.empty else p.default for n, p in params.items()}
-    return [Option(prefix + name, hint, doc(target, name), defaults[name]) for name, hint in hints.items()]
+    return [Option(prefix + name, hint, docs.get(name, ""), defaults[name]) for name, hint in hints_of(target).items()]
 
 
-def _alternatives(hint: Any) -> tuple[Any, ...]:
-    """The types a hint allows besides None: (int,) for `int | None`."""
-    if get_origin(hint) in (typing.Union, types.UnionType):
-        return tuple(a for a in get_args(hint) if a is not type(None))
-    return (hint,)
-
-
-def is_hook(hint: Any) -> bool:
-    """Whether a parameter of type `hint` is a library hook (a Callable), which is no option."""
-    return any(get_origin(a) is collections.abc.Callable for a in _alternatives(hint))
-
-
-def is_mapping(hint: Any) -> bool:
-    """Whether an option of type `hint` takes KEY=VALUE items (`key_values`)."""
-    return any(a is dict or get_origin(a) in (dict, collections.abc.Mapping) for a in _alternatives(hint))
-
-
-def is_list(hint: Any) -> bool:
-    """Whether an option of type `hint` takes a list (comma-separated on the command line)."""
-    return any(get_origin(a) in (list, tuple, collections.abc.Sequence) for a in _alternatives(hint))
+def kind(hint: Any) -> Literal["hook", "mapping", "list"] | None:
+    """What a parameter of type `hint` (or of one of the types its union allows) takes, unless a plain value: a
+    library hook (a Callable), which is no option; KEY=VALUE items (`key_values`); a list, comma-separated."""
+    allowed = get_args(hint) if get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    origins = {get_origin(a) for a in allowed}
+    if collections.abc.Callable in origins:
+        return "hook"
+    if dict in allowed or origins & {dict, collections.abc.Mapping}:
+        return "mapping"
+    return "list" if origins & {list, tuple, collections.abc.Sequence} else None
 
 
 # -- --help ----------------------------------------------------------------------------------
@@ -161,15 +156,12 @@ def help_default(value: Any) -> Any:
     return '""' if value == "" else value
 
 
-def help_text(option: Option, typed: bool = True) -> str:
-    """An option's help: its docstring, then (if `typed`) its type and default (``Type: int; default: 128.``); a
-    ``%`` doubled, since argparse formats a help text with %."""
-    text = option.doc
-    if typed:
-        text += f" Type: {help_type(option.hint)}"
-        default = "null" if option.default is None else help_default(option.default)
-        text += "." if option.default is REQUIRED else f"; default: {default}."
-    return text.replace("%", "%%")
+def help_text(option: Option) -> str:
+    """An option's help: its docstring, then its type and default (``Type: int; default: 128.``); a ``%`` doubled,
+    since argparse formats a help text with %."""
+    shown = "null" if option.default is None else help_default(option.default)
+    end = "." if option.default is REQUIRED else f"; default: {shown}."
+    return f"{option.doc} Type: {help_type(option.hint)}{end}".replace("%", "%%")
 
 
 def fill(text: str | None) -> str | None:
@@ -260,11 +252,9 @@ class Parser(ArgumentParser):
         shown: Mapping[str, Any] = {},
     ) -> None:
         """Options for the parameters of function `target` or the fields of dataclass `target`, under `nested_key`
-        (in a group of its own). A required parameter is positional, unless `partial` (every option may be left
-        out: a request). Three generic rules (docs/design.md, "Configuration"): a parameter typed as a dataclass
-        gives that dataclass's fields, by name; a Callable one is a library hook, not an option; ``task`` beside
-        ``task_params`` takes ``-p KEY=VALUE`` for the latter. `shown`: the default --help shows for an option
-        that declares none."""
+        (in a group of its own), by the rules of the module docstring. A required parameter is positional, unless
+        `partial` (every option may be left out: a request). `shown`: the default --help shows for an option that
+        declares none."""
         options = [
             dataclasses.replace(o, default=shown.get(o.dest, o.default))
             for o in options_of(target, nested_key)
@@ -282,12 +272,12 @@ class Parser(ArgumentParser):
             )
         group = self.add_argument_group(short_doc(target).rstrip(".")) if nested_key else self
         for option in options:
-            if is_hook(option.hint) or (dash_p and option.dest == "task_params"):
+            if kind(option.hint) == "hook" or (dash_p and option.dest == "task_params"):
                 continue
             if dataclasses.is_dataclass(option.hint) and not dataclasses.is_dataclass(target):
                 self.add_options(option.hint)
-            elif is_mapping(option.hint):
-                text = help_text(option, typed=False)
+            elif kind(option.hint) == "mapping":
+                text = option.doc.replace("%", "%%")  # no Type: KEY=VALUE items (module docstring)
                 self.add_argument(*self.names(option), action="append", metavar="KEY=VALUE", help=text)
             else:
                 self.add_option(option, group, positional=not partial and option.default is REQUIRED)
@@ -328,7 +318,7 @@ class Parser(ArgumentParser):
         argv = list(sys.argv[1:] if args is None else args)
         at = next((i + 1 for i, word in enumerate(argv) if word in self.commands), 0)
         parser = self.commands[argv[at - 1]] if at else self
-        lists = {name for name, option in parser.spellings.items() if is_list(option.hint)}
+        lists = {name for name, option in parser.spellings.items() if kind(option.hint) == "list"}
         try:
             return super().parse_args([*argv[:at], *bracket_lists(argv[at:], lists)], *more, **kwargs)
         except ArgumentError as error:
@@ -343,10 +333,11 @@ class Parser(ArgumentParser):
             if option is None:
                 continue
             if not eq:
-                if i + 1 == len(argv) or not takes(argv[i + 1]):
+                # argparse reads the next word as the value unless it reads as an option (`NEGATIVE` does not)
+                if i + 1 == len(argv) or (argv[i + 1].startswith("-") and not re.fullmatch(NEGATIVE, argv[i + 1])):
                     continue
                 value = argv[i + 1]
-            if not accepts(option.hint, comma_list(value) if is_list(option.hint) else value):
+            if not accepts(option.hint, comma_list(value) if kind(option.hint) == "list" else value):
                 return f"{option.dest}: expected {type_name(option.hint)}, got {value!r}"
         return None
 
@@ -369,7 +360,7 @@ def arguments(target: Any, args: Mapping[str, Any]) -> dict[str, Any]:
     names = hints_of(target)
     values = {k: args[k] for k in names if k in args}
     for name, hint in names.items():
-        if name in values and is_mapping(hint) and isinstance(values[name], list):
+        if name in values and kind(hint) == "mapping" and isinstance(values[name], list):
             values[name] = key_values(name, values[name])
     if "task_params" in names and "task_param" in args:
         values["task_params"] = task_params(values.get("task"), args["task_param"])
@@ -398,12 +389,6 @@ def task_params(task: Any, items: Sequence[str]) -> dict[str, Any]:
         return dict(parser.parse_args(argv, defaults=False).as_dict())
     except ArgumentError as e:
         raise UsageError(f"task parameter {e}") from None
-
-
-def takes(word: str) -> bool:
-    """Whether argparse reads `word`, after an option, as its value: unless it reads as an option itself (a
-    negative number does not)."""
-    return not word.startswith("-") or re.fullmatch(r"-\d+|-\d*\.\d+", word) is not None
 
 
 def one_line(error: BaseException) -> str:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import json
 import os
 import secrets
@@ -62,9 +63,7 @@ Sink = Literal["tensorboard", "wandb", "mlflow", "trackio"]
 SINKS: tuple[str, ...] = get_args(Sink)
 
 DEFAULT_PROJECT = "mixit"
-"""W&B's project (unless --tracking-project or WANDB_PROJECT says), MLflow's experiment for a run of no study
-(unless --tracking-project or MLFLOW_EXPERIMENT_NAME says), and trackio's project (unless --tracking-project
-says)."""
+"""W&B's and trackio's project, and MLflow's experiment, where nothing names one (each writer says what may)."""
 
 NAME_MAX = 128
 """The longest project or run name a user may give: W&B's limit for a project."""
@@ -77,18 +76,13 @@ takes no / either)."""
 REACH_TIMEOUT_S = 2.5
 """How long an http(s) tracking server has to accept a connection before it is refused as unreachable."""
 
-TRACKING = "tracking.json"
-TENSORBOARD = "tensorboard"
-TENSORBOARD_EVENTS = "events.out.tfevents.*"
-"""How TensorBoard names its event files."""
-
 
 # -- the run's files of tracking: tracking.json and tensorboard/ ---------------------------------------
 
 
 def tracking_path(run: Run) -> Path:
     """The run's tracking.json (module docstring)."""
-    return run.path / TRACKING
+    return run.path / "tracking.json"
 
 
 def tracking_state(run: Run) -> dict[str, Any]:
@@ -97,7 +91,7 @@ def tracking_state(run: Run) -> dict[str, Any]:
     path = tracking_path(run)
     if not path.exists():
         return {}
-    data = read_json(path, TRACKING)
+    data = read_json(path, path.name)
     if not isinstance(data, dict) or not all(isinstance(v, dict) and is_count(v.get("events")) for v in data.values()):
         raise UsageError(f"{path} is corrupt: not an object of sinks, each with its count of events")
     return data
@@ -105,13 +99,13 @@ def tracking_state(run: Run) -> dict[str, Any]:
 
 def tensorboard_dir(run: Run) -> Path:
     """Where --logger tensorboard writes the run's event files."""
-    return run.path / TENSORBOARD
+    return run.path / "tensorboard"
 
 
 def tensorboard_events(run: Run) -> list[Path]:
     """The TensorBoard event files in the run's tensorboard/ directory."""
     directory = tensorboard_dir(run)
-    return sorted(directory.glob(TENSORBOARD_EVENTS)) if directory.is_dir() else []
+    return sorted(directory.glob("events.out.tfevents.*")) if directory.is_dir() else []  # TensorBoard's names
 
 
 def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | Path | None = None) -> tuple[Sink, ...]:
@@ -131,8 +125,7 @@ def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | P
             raise UsageError(f"{option} {name} needs the {name} package: {install_hint(name)}") from None
         chosen.append(cast(Sink, name))
     run = None if run_dir is None else Run(run_dir)
-    if run is not None and run.state() == "absent":  # a new run: its directory is checked as it is made
-        run = None
+    run = None if run is None or run.state() == "absent" else run  # a new run's directory is checked as it is made
     held = tracking_state(run) if run is not None and chosen else {}
     for name in chosen:
         try:
@@ -216,7 +209,7 @@ class Grouping:
     """How a run is named, grouped and tagged in the sinks; plain data, so that it travels to a study's workers."""
 
     name: str
-    """The run's name: --tracking-name, else its directory's name (a study's run: `study_run_name`)."""
+    """The run's name: --tracking-name, else its directory's name (a study's run: `study_grouping`)."""
     group: str | None = None
     """The study it belongs to: W&B's and trackio's group, MLflow's tag study and its experiment (unless `project`
     is given); None for a run of its own."""
@@ -232,20 +225,12 @@ def run_grouping(run_dir: str | Path, cfg: RunConfig, naming: Naming = Naming())
 
 
 def study_grouping(study: str, run_id: str, cfg: RunConfig, role: str, naming: Naming = Naming()) -> Grouping:
-    """A run of the study `study`: named readably (`study_run_name`, after the prefix `naming.name`), grouped under
-    the study, tagged with its role too."""
-    name = study_run_name(run_id, cfg, role)
-    return Grouping(
-        f"{naming.name}-{name}" if naming.name else name, study, {**_tags(cfg), "role": role}, naming.project
-    )
-
-
-def study_run_name(run_id: str, cfg: RunConfig, role: str) -> str:
-    """A study's run as the sinks name it, readable first and unique by its id: addition-mixit-seed0-1a2b3c4d5e6f;
-    a screening run (of the search's own seed) addition-mixit-screen-1a2b3c4d5e6f. Only the name changes: the
-    run's id and directory are its id."""
+    """A run of the study `study`, grouped under the study, tagged with its role too, and named readably first and
+    unique by its id (after the prefix `naming.name`): addition-mixit-seed0-1a2b3c4d5e6f; a screening run (of the
+    search's own seed) addition-mixit-screen-1a2b3c4d5e6f. Only the name changes: the run's directory is its id."""
     marked = "screen" if role == "screen" else f"seed{cfg.model.seed}"
-    return "-".join([cfg.task, cfg.variant, marked, run_id])
+    name = "-".join([*filter(None, [naming.name]), cfg.task, cfg.variant, marked, run_id])
+    return Grouping(name, study, {**_tags(cfg), "role": role}, naming.project)
 
 
 def _tags(cfg: RunConfig) -> dict[str, str]:
@@ -258,13 +243,9 @@ def points(event: Mapping[str, Any]) -> dict[str, float]:
     kind = str(event.get("event", "event"))
     named = {}
     for key, value in event.items():
-        if key in ("step", "event") or not is_number(value):
-            continue
-        if kind == "eval":
-            name = f"val/{key.removeprefix('val_')}" if key.startswith("val_") else f"test/{key}"
-        else:
-            name = f"{kind}/{key}"
-        named[name] = float(value)
+        if key not in ("step", "event") and is_number(value):
+            split = "val" if key.startswith("val_") else "test"
+            named[f"{split}/{key.removeprefix('val_')}" if kind == "eval" else f"{kind}/{key}"] = float(value)
     return named
 
 
@@ -272,13 +253,8 @@ def summary_points(summary: Mapping[str, Any]) -> dict[str, float]:
     """The numbers of a run's summary.json that the sinks keep as its summary (module docstring)."""
     named = {f"summary/{split}/{k}": float(v) for split in ("test", "val") for k, v in summary.get(split, {}).items()}
     convergence = summary.get("convergence", {})
-    counts = {
-        "n_params": summary.get("n_params"),
-        "n_trainable": summary.get("n_trainable"),
-        "steps_trained": convergence.get("steps_trained"),
-        "converged": convergence.get("converged"),
-        "stopped_early": convergence.get("stopped_early"),
-    }
+    counts: dict[str, Any] = {k: summary.get(k) for k in ("n_params", "n_trainable")}
+    counts |= {k: convergence.get(k) for k in ("steps_trained", "converged", "stopped_early")}
     named.update({f"summary/{k}": float(v) for k, v in counts.items() if is_number(v) or isinstance(v, bool)})
     return named
 
@@ -286,24 +262,26 @@ def summary_points(summary: Mapping[str, Any]) -> dict[str, float]:
 # -- the sinks ----------------------------------------------------------------------------
 
 
+Held = Mapping[str, Any] | None
+"""tracking.json's record of a run in a sink; None where the sink holds none of it."""
+
+
 class SinkWriter(Protocol):
-    """What the tracker asks of a sink (one class per sink, in `WRITERS`)."""
+    """What the tracker asks of a sink (one class per sink, in `WRITERS`, each deriving from this one)."""
 
     name: str
-    purges: bool
+    purges: bool = False
     """It can drop the points it holds from a step on (`open`'s purge_step): TensorBoard."""
 
-    def check(self, run: Run | None, held: Mapping[str, Any] | None) -> None:
+    def check(self, run: Run | None, held: Held) -> None:
         """Refuse (UsageError, one line naming the setting to change), before any work, settings with which the
-        sink cannot work. `run`: the run it will write, if it exists already; `held`: tracking.json's record."""
+        sink cannot work. `run`: the run it will write, if it exists already."""
         ...
 
-    def open(
-        self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
-    ) -> dict[str, Any]:
-        """Start the run in the sink, with its config, or continue it (`held`: tracking.json's record of it);
-        with `purge_step`, drop the points it holds from that step on. Returns what identifies the run there,
-        which tracking.json keeps for the next session."""
+    def open(self, run: Run, held: Held, grouping: Grouping, purge_step: int | None) -> dict[str, Any]:
+        """Start the run in the sink, with its config, or continue it (`held`); with `purge_step`, drop the points
+        it holds from that step on. Returns what identifies the run there, which tracking.json keeps for the next
+        session."""
         ...
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
@@ -311,15 +289,15 @@ class SinkWriter(Protocol):
         ...
 
     def summary(self, step: int, values: Mapping[str, float]) -> None:
-        """The run's summary; `step`: the steps trained."""
-        ...
+        """The run's summary; `step`: the steps trained. Unless the sink has a place of its own for it, points."""
+        self.log(step, values)
 
     def close(self, completed: bool) -> None:
         """End this session of the run: `completed`, or stopped (interrupted, failed) to be resumed."""
         ...
 
 
-class TensorBoard:
+class TensorBoard(SinkWriter):
     """Event files in RUN/tensorboard/ (`tensorboard_dir`): ``tensorboard --logdir runs/`` shows every run,
     named by its directory (TensorBoard has no run names and no projects: the name and project are noted in the
     tags text). The config and tags are text at step 0; the summary, scalars at the last step, beside the run's
@@ -328,13 +306,11 @@ class TensorBoard:
     name = "tensorboard"
     purges = True
 
-    def check(self, run: Run | None, held: Mapping[str, Any] | None) -> None:
+    def check(self, run: Run | None, held: Held) -> None:
         if run is not None:  # a new run's directory is checked by the run itself
             check_writable(tensorboard_dir(run), "TensorBoard writes its event files there")
 
-    def open(
-        self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
-    ) -> dict[str, Any]:
+    def open(self, run: Run, held: Held, grouping: Grouping, purge_step: int | None) -> dict[str, Any]:
         from torch.utils.tensorboard import SummaryWriter
 
         if held is None and tensorboard_events(run):  # files of a session that died before it was recorded
@@ -342,7 +318,8 @@ class TensorBoard:
         self.writer = SummaryWriter(str(tensorboard_dir(run)), purge_step=purge_step)
         self.hparams = hparams(run.config.to_dict(), grouping)
         if held is None:
-            self.writer.add_text("config", _code_block(json.dumps(run.config.to_dict(), indent=2)), 0)
+            config = json.dumps(run.config.to_dict(), indent=2).splitlines()
+            self.writer.add_text("config", "\n".join("    " + line for line in config), 0)  # markdown: a code block
             named = {"name": grouping.name, "project": grouping.project, "group": grouping.group}
             about = {**{k: v for k, v in named.items() if v}, **grouping.tags}
             self.writer.add_text("tags", ", ".join(f"{k}={v}" for k, v in about.items()), 0)
@@ -372,15 +349,14 @@ class TensorBoard:
         self.writer.close()
 
 
-class Wandb:
+class Wandb(SinkWriter):
     """A W&B run whose local files are in RUN/wandb/, resumed by its id (resume="allow"). Mode, entity and the
     rest come from W&B's own environment variables (WANDB_MODE=offline, WANDB_ENTITY, ...); the project from
     --tracking-project, else WANDB_PROJECT, else "mixit". Tags are key=value."""
 
     name = "wandb"
-    purges = False
 
-    def check(self, run: Run | None, held: Mapping[str, Any] | None) -> None:
+    def check(self, run: Run | None, held: Held) -> None:
         """WANDB_MODE, if set, one of the modes the installed W&B accepts; RUN/wandb/ writable (WANDB_DIR is not
         used: the run directory is given to `wandb.init`)."""
         mode = os.environ.get("WANDB_MODE")
@@ -392,9 +368,7 @@ class Wandb:
         if run is not None:
             check_writable(run.path / "wandb", "W&B keeps its local files there")
 
-    def open(
-        self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
-    ) -> dict[str, Any]:
+    def open(self, run: Run, held: Held, grouping: Grouping, purge_step: int | None) -> dict[str, Any]:
         wandb = importlib.import_module("wandb")
         run_id = held["id"] if held else secrets.token_hex(6)
         project = held["project"] if held else grouping.project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
@@ -421,20 +395,17 @@ class Wandb:
         self.run.finish(exit_code=0 if completed else 1)
 
 
-class Mlflow:
+class Mlflow(SinkWriter):
     """An MLflow run, through MlflowClient (no active run is set): the tracking URI from MLFLOW_TRACKING_URI or
     MLflow's default (recorded, so that a resumed run goes on in the same store), the experiment
     --tracking-project, else the study's name, else MLFLOW_EXPERIMENT_NAME, else "mixit"; the config as params
     (dotted paths), the tags as tags (and a study's run tagged study=NAME)."""
 
     name = "mlflow"
-    purges = False
     MAX_BATCH = 100
     """The most params MLflow takes in one log_batch."""
-    LOCAL = ("", "file", "sqlite")
-    """The schemes of a store on this machine, whose directory must be writable: a path, file:, sqlite:."""
 
-    def check(self, run: Run | None, held: Mapping[str, Any] | None) -> None:
+    def check(self, run: Run | None, held: Held) -> None:
         """The tracking URI of a scheme MLflow knows; an http(s) server answering; a local store's directory
         writable. The URI is MLFLOW_TRACKING_URI's (or MLflow's default), or for a run MLflow holds already, the
         one tracking.json records (`open` continues the run there)."""
@@ -443,34 +414,39 @@ class Mlflow:
         if held and run is not None and "tracking_uri" in held:
             uri = held["tracking_uri"]
             recorded = f"{tracking_path(run)} records it for the MLflow run this run continues; or leave out mlflow"
-        scheme, known = _mlflow_scheme(uri), _mlflow_schemes()
+        # The schemes the installed MLflow accepts: a path, file:, its databases, http(s):, databricks:, plugins'.
+        engines = importlib.import_module("mlflow.store.db.db_types").DATABASE_ENGINES
+        plugins = [e.name for e in importlib.metadata.entry_points(group="mlflow.tracking_store")]
+        known = ["", "file", *engines, "http", "https", "databricks", *plugins]
+        try:  # the scheme as MLflow reads it: "" for a path; a database's dialect without its driver
+            scheme = importlib.import_module("mlflow.utils.uri").get_uri_scheme(uri)
+        except Exception:  # a database dialect MLflow does not know
+            scheme = urllib.parse.urlsplit(uri).scheme
         if scheme not in known:
             allowed = "a path or a URI of " + ", ".join(f"{s}:" for s in known if s)
             fix = f"{recorded}; allowed: {allowed}" if recorded else f"set MLFLOW_TRACKING_URI to {allowed}"
             raise UsageError(f"tracking URI {uri!r} has a scheme MLflow does not know; {fix}")
         if scheme in ("http", "https"):
             check_reachable(uri, recorded or "start the MLflow server, or set MLFLOW_TRACKING_URI to one that answers")
-        elif scheme in self.LOCAL and uri not in ("databricks", "databricks-uc", "uc"):
+        elif scheme in ("", "file", "sqlite") and uri not in ("databricks", "databricks-uc", "uc"):  # on this machine
             fix = recorded or "set MLFLOW_TRACKING_URI to a writable place"
             check_writable(_mlflow_store_dir(uri, scheme), f"MLflow keeps its store there: {fix}")
 
-    def open(
-        self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
-    ) -> dict[str, Any]:
+    def open(self, run: Run, held: Held, grouping: Grouping, purge_step: int | None) -> dict[str, Any]:
         mlflow = importlib.import_module("mlflow")
         uri = held["tracking_uri"] if held else mlflow.get_tracking_uri()
         self.client = mlflow.tracking.MlflowClient(uri)
         if held:
             self.run_id = held["run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
-            return {"run_id": self.run_id, "tracking_uri": uri}
-        name = grouping.project or grouping.group or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
-        tags = {**grouping.tags, **({"study": grouping.group} if grouping.group else {})}
-        created = self.client.create_run(self._experiment(name), run_name=grouping.name, tags=tags)
-        self.run_id = created.info.run_id
-        params = [mlflow.entities.Param(k, _text(v)) for k, v in _flat(run.config.to_dict()).items()]
-        for i in range(0, len(params), self.MAX_BATCH):
-            self.client.log_batch(self.run_id, params=params[i : i + self.MAX_BATCH])
+        else:
+            name = grouping.project or grouping.group or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
+            tags = {**grouping.tags, **({"study": grouping.group} if grouping.group else {})}
+            self.run_id = self.client.create_run(self._experiment(name), run_name=grouping.name, tags=tags).info.run_id
+            flat = _flat(run.config.to_dict()).items()  # a string as it is, any other value as JSON
+            params = [mlflow.entities.Param(k, v if isinstance(v, str) else json.dumps(v)) for k, v in flat]
+            for i in range(0, len(params), self.MAX_BATCH):
+                self.client.log_batch(self.run_id, params=params[i : i + self.MAX_BATCH])
         return {"run_id": self.run_id, "tracking_uri": uri}
 
     def _experiment(self, name: str) -> str:
@@ -478,45 +454,38 @@ class Mlflow:
         find none and make it: the second to make it takes the first's."""
         refused = importlib.import_module("mlflow").exceptions.MlflowException
         found = self.client.get_experiment_by_name(name)
-        if found is not None:
-            return cast(str, found.experiment_id)
-        try:
-            return cast(str, self.client.create_experiment(name))
-        except refused:
-            found = self.client.get_experiment_by_name(name)
-            if found is None:
-                raise
-            return cast(str, found.experiment_id)
+        if found is None:
+            try:
+                return cast(str, self.client.create_experiment(name))
+            except refused:
+                found = self.client.get_experiment_by_name(name)
+                if found is None:
+                    raise
+        return cast(str, found.experiment_id)
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         metric = importlib.import_module("mlflow").entities.Metric
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[metric(k, v, now, step) for k, v in values.items()])
 
-    def summary(self, step: int, values: Mapping[str, float]) -> None:
-        self.log(step, values)
-
     def close(self, completed: bool) -> None:
         self.client.set_terminated(self.run_id, status="FINISHED" if completed else "KILLED")
 
 
-class Trackio:
+class Trackio(SinkWriter):
     """A trackio run in trackio's local store (TRACKIO_DIR, by default ~/.cache/huggingface/trackio; `trackio show`
     opens it), project --tracking-project, else "mixit", grouped by study; continued by its name (resume="allow").
     trackio has no tags; its config holds the task, variant and seed. What trackio prints goes to stderr."""
 
     name = "trackio"
-    purges = False
 
-    def check(self, run: Run | None, held: Mapping[str, Any] | None) -> None:
+    def check(self, run: Run | None, held: Held) -> None:
         """trackio's store writable: where the imported trackio keeps it (it reads TRACKIO_DIR when imported)."""
         store = getattr(importlib.import_module("trackio.utils"), "TRACKIO_DIR", None)
         if store is not None:
             check_writable(Path(store), "trackio keeps its store there; set TRACKIO_DIR to a writable directory")
 
-    def open(
-        self, run: Run, held: Mapping[str, Any] | None, grouping: Grouping, purge_step: int | None
-    ) -> dict[str, Any]:
+    def open(self, run: Run, held: Held, grouping: Grouping, purge_step: int | None) -> dict[str, Any]:
         trackio = importlib.import_module("trackio")
         project, name = (
             (held["project"], held["name"]) if held else (grouping.project or DEFAULT_PROJECT, grouping.name)
@@ -537,28 +506,12 @@ class Trackio:
     def log(self, step: int, values: Mapping[str, float]) -> None:
         self.run.log(dict(values), step=step)
 
-    def summary(self, step: int, values: Mapping[str, float]) -> None:
-        self.log(step, values)
-
     def close(self, completed: bool) -> None:
         with contextlib.redirect_stdout(sys.stderr):
             importlib.import_module("trackio").finish()  # the current run, ours (`trackio.init` made it so)
 
 
-WRITERS: dict[str, Callable[[], SinkWriter]] = {
-    "tensorboard": TensorBoard,
-    "wandb": Wandb,
-    "mlflow": Mlflow,
-    "trackio": Trackio,
-}
-
-
-def _mlflow_scheme(uri: str) -> str:
-    """The scheme of tracking URI `uri` as MLflow reads it ("" for a path; a database's dialect without its driver)."""
-    try:
-        return cast(str, importlib.import_module("mlflow.utils.uri").get_uri_scheme(uri))
-    except Exception:  # a database dialect MLflow does not know
-        return urllib.parse.urlsplit(uri).scheme
+WRITERS: dict[str, Callable[[], SinkWriter]] = {writer.name: writer for writer in (TensorBoard, Wandb, Mlflow, Trackio)}
 
 
 def _mlflow_store_dir(uri: str, scheme: str) -> Path:
@@ -570,21 +523,6 @@ def _mlflow_store_dir(uri: str, scheme: str) -> Path:
     return Path(uri)
 
 
-def _mlflow_schemes() -> list[str]:
-    """The tracking URI schemes the installed MLflow accepts: a path, file:, its databases, http(s):,
-    databricks:, and those of MLflow plugins (entry points of mlflow.tracking_store)."""
-    from importlib.metadata import entry_points
-
-    engines = importlib.import_module("mlflow.store.db.db_types").DATABASE_ENGINES
-    plugins = [e.name for e in entry_points(group="mlflow.tracking_store")]
-    return ["", "file", *engines, "http", "https", "databricks", *plugins]
-
-
-def _code_block(text: str) -> str:
-    """`text` as a markdown code block (TensorBoard's text tab renders markdown)."""
-    return "\n".join("    " + line for line in text.splitlines())
-
-
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """A nested config as dotted keys (model.d_model) and the values at its leaves."""
     flat = {}
@@ -594,11 +532,6 @@ def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
-
-
-def _text(value: Any) -> str:
-    """A config value as MLflow's params hold it: a string as it is, anything else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def hparams(config: Mapping[str, Any], grouping: Grouping) -> dict[str, Any]:
@@ -640,7 +573,7 @@ class Tracker:
         tracker = cls(run, tracking_state(run), len(kept))
         for name in sinks:
             tracker._open(WRITERS[name](), grouping, kept)
-        tracker._save()
+        write_json(tracking_path(run), tracker.state)
         return tracker
 
     def _open(self, writer: SinkWriter, grouping: Grouping, kept: Sequence[dict[str, Any]]) -> None:
@@ -664,14 +597,13 @@ class Tracker:
         self.events += 1
         sent = [self._send(name, index, event) for name in list(self.writers)]  # to every sink: no short circuit
         if any(sent):
-            self._save()
+            write_json(tracking_path(self.run), self.state)
 
     def _send(self, name: str, index: int, event: Mapping[str, Any]) -> bool:
         """Send event number `index` to sink `name` unless it holds it; whether it was sent."""
         if index < self.state[name]["events"]:
             return False
-        writer = self.writers[name]
-        if self._guard(name, partial(writer.log, int(event["step"]), points(event))) is None:
+        if self._guard(name, partial(self.writers[name].log, int(event["step"]), points(event))) is None:
             return False
         self.state[name]["events"] = index + 1
         return True
@@ -702,9 +634,6 @@ class Tracker:
             self.failed.append(name)
             return None
         return True if result is None else result
-
-    def _save(self) -> None:
-        write_json(tracking_path(self.run), self.state)
 
 
 # -- export-logs ----------------------------------------------------------------------------
