@@ -192,6 +192,18 @@ def _json_fields(items: list[tuple[str, Any]]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in items}
 
 
+def flatten(nested: Mapping[str, Any], prefix: str = "", keep_empty: bool = False) -> dict[str, Any]:
+    """A nested config as dotted keys (model.d_model) and the values at its leaves. An empty mapping is a leaf
+    with `keep_empty` (a tracker shows it as a value), else it has none (results.csv has no column for it)."""
+    flat: dict[str, Any] = {}
+    for key, value in nested.items():
+        if isinstance(value, Mapping) and (value or not keep_empty):
+            flat.update(flatten(value, f"{prefix}{key}.", keep_empty))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def positive_int(name: str, value: int) -> None:
     check(value > 0, f"{name} must be a positive integer, got {value!r}")
 

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, cast, get_args, get_origin
 
 from mixit.checkpoint import is_count
+from mixit.config import flatten
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.files import check_output_dir, read_json, write_json
@@ -443,7 +444,7 @@ class Mlflow(SinkWriter):
             name = grouping.project or grouping.group or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
             tags = {**grouping.tags, **({"study": grouping.group} if grouping.group else {})}
             self.run_id = self.client.create_run(self._experiment(name), run_name=grouping.name, tags=tags).info.run_id
-            flat = _flat(run.config.to_dict()).items()  # a string as it is, any other value as JSON
+            flat = flatten(run.config.to_dict(), keep_empty=True).items()  # a string as it is, any other value as JSON
             params = [mlflow.entities.Param(k, v if isinstance(v, str) else json.dumps(v)) for k, v in flat]
             for i in range(0, len(params), self.MAX_BATCH):
                 self.client.log_batch(self.run_id, params=params[i : i + self.MAX_BATCH])
@@ -523,23 +524,13 @@ def _mlflow_store_dir(uri: str, scheme: str) -> Path:
     return Path(uri)
 
 
-def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested config as dotted keys (model.d_model) and the values at its leaves."""
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping) and value:
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def hparams(config: Mapping[str, Any], grouping: Grouping) -> dict[str, Any]:
     """A run's hyperparameters as TensorBoard's HParams tab compares them: its config flattened (task, variant,
     model.d_model, train.lr, task_params.n_digits, ...; a number, string or bool as it is, null left out, a list
     as JSON), and a study's run's study and role."""
     values = {
-        k: v if v is None or isinstance(v, (str, int, float)) else json.dumps(v) for k, v in _flat(config).items()
+        k: v if v is None or isinstance(v, (str, int, float)) else json.dumps(v)
+        for k, v in flatten(config, keep_empty=True).items()
     }
     study = {"study": grouping.group, "role": grouping.tags.get("role")} if grouping.group else {}
     return {k: v for k, v in {**values, **study}.items() if v is not None}

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mixit.config import flatten
 from mixit.run import require_pandas
 from mixit.study.cells import converged, converged_cell, fmt, reason, rows, values
 from mixit.study.collect import Result, collect, task_class
@@ -99,17 +100,6 @@ def variant_table(
 
 
 # -- results.csv -----------------------------------------------------------------------------------
-
-
-def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested mapping as dotted keys (model.d_model) and the values at its leaves; an empty mapping has none."""
-    flat: dict[str, Any] = {}
-    for key, value in nested.items():
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def results_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
