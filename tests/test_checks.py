@@ -172,6 +172,19 @@ CASES = [
 ]
 
 
+def test_a_signal_check_with_variants_at_different_depths_says_what_is_missing():
+    """The random transformer at depths MixiT was not swept at: n/a naming them, not a KeyError."""
+    uneven = sweep((0.2, 0.9), (0.1, 0.12))
+    uneven["results"]["random"]["64"] = {"cosine": 0.95, "covariance": 0.95}
+    result = table6_7.check_signal(study(signals={"signal-nosink": uneven}))
+    assert (result.verdict, result.evidence) == (
+        "n/a",
+        "missing: random and MixiT at the same two depths at least",
+    )
+    result = table6_7.check_sink(study(signals={"signal-nosink": sweep((0.2, 0.9), (0.1, 0.1))}))
+    assert result.evidence == "missing: the sweeps signal/signal.json and signal-nosink/signal.json"
+
+
 @pytest.mark.parametrize(
     "check, results, verdict", CASES, ids=[f"{c.__name__}-{v}-{i}" for i, (c, _, v) in enumerate(CASES)]
 )

@@ -130,6 +130,22 @@ def cosines(signal: dict[str, Any], variant: str) -> dict[int, float]:
     return {int(d): x["cosine"] for d, x in signal["results"].get(variant, {}).items()}
 
 
+def curves(
+    study: StudyResults, name: str, first: tuple[str, str], second: tuple[str, str], what: str
+) -> tuple[dict[int, float], dict[int, float], dict[str, Any]] | Check:
+    """The token cosines by depth of two (sweep, variant) pairs and the first one's sweep; or, where a sweep is
+    missing or the two are not at the same two depths at least, the check's n/a saying so (`what` names them)."""
+    names = list(dict.fromkeys((first[0], second[0])))
+    signals = {sweep: study.signals[sweep] for sweep in names if sweep in study.signals}
+    if len(signals) < len(names):
+        files = " and ".join(f"{sweep}/signal.json" for sweep in names)
+        return Check(name, "n/a", f"missing: the {'sweeps' if len(names) > 1 else 'sweep'} {files}")
+    a, b = (cosines(signals[sweep], variant) for sweep, variant in (first, second))
+    if len(a) < 2 or set(a) != set(b):
+        return Check(name, "n/a", f"missing: {what} at the same two depths at least")
+    return a, b, signals[first[0]]
+
+
 def depth_change(cosine: dict[int, float]) -> tuple[int, int, float]:
     """(the shallowest depth, the deepest, and how much the cosine changes from the one to the other)."""
     lo, hi = min(cosine), max(cosine)
@@ -148,12 +164,10 @@ def check_signal(study: StudyResults) -> Check:
         "at initialisation, built as the paper describes (no sink head), the random transformer's token cosine "
         f"rises with depth (by > {RISE}) while MixiT's stays flat (changes by < {RISE})"
     )
-    signal = study.signals.get("signal-nosink")
-    if signal is None:
-        return Check(name, "n/a", "missing: the sweep signal-nosink/signal.json")
-    random, mixit = cosines(signal, "random"), cosines(signal, "mixit")
-    if len(random) < 2 or len(mixit) < 2:
-        return Check(name, "n/a", "missing: the random transformer or MixiT at two depths at least")
+    found = curves(study, name, ("signal-nosink", "random"), ("signal-nosink", "mixit"), "random and MixiT")
+    if isinstance(found, Check):
+        return found
+    random, mixit, signal = found
     lo, hi, rise = depth_change(random)
     change = mixit[hi] - mixit[lo]
     return at_initialisation(
@@ -170,12 +184,10 @@ def check_sink(study: StudyResults) -> Check:
         f"the reference code's sink head makes MixiT's token cosine rise with depth (by > {RISE} more than "
         "without it): the reference code's construction differs from the paper's"
     )
-    sink, plain = study.signals.get("signal"), study.signals.get("signal-nosink")
-    if sink is None or plain is None:
-        return Check(name, "n/a", "missing: the sweeps signal/signal.json and signal-nosink/signal.json")
-    with_sink, without = cosines(sink, "mixit"), cosines(plain, "mixit")
-    if len(with_sink) < 2 or set(with_sink) != set(without):
-        return Check(name, "n/a", "missing: MixiT at the same two depths at least in both sweeps")
+    found = curves(study, name, ("signal", "mixit"), ("signal-nosink", "mixit"), "MixiT with and without the sink")
+    if isinstance(found, Check):
+        return found
+    with_sink, without, sink = found
     lo, hi, rise_with = depth_change(with_sink)
     rise_without = without[hi] - without[lo]
     return at_initialisation(
