@@ -64,6 +64,8 @@ OUT = Path(os.environ.get("MIXIT_EXAMPLE_OUT", f"runs/examples/own_task/{SIZE}")
 class ReverseConfig(TaskConfig):
     """Repeat a random sequence of `length` tokens backwards after a separator."""
 
+    run_defaults: ClassVar[dict[str, Any]] = {"steps": 800, "batch_size": 64, "lr": 3e-3}
+
     length: int = 6
     """Tokens to reverse."""
     alphabet: int = 10
@@ -82,7 +84,6 @@ class Reverse(SequenceTask):
     Config = ReverseConfig
     cfg: ReverseConfig
     exact_match = True
-    defaults: ClassVar[dict[str, Any]] = {"steps": 800, "batch_size": 64, "lr": 3e-3}
 
     @property
     def vocab_size(self) -> int:

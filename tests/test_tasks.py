@@ -208,7 +208,15 @@ def test_registry_has_every_task():
         assert cls.name == name
         assert "docs/tasks.md" in cls.__doc__
         assert cls.description() and "\n" not in cls.description()
-        assert set(cls.defaults) <= {"steps", "batch_size", "lr", "d_model", "n_layers", "n_heads", "eval_batch_size"}
+        assert set(cls.Config.run_defaults) <= {
+            "steps",
+            "batch_size",
+            "lr",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "eval_batch_size",
+        }
         # Every parameter has a docstring (it becomes --help and `mixit list`).
         assert set(field_docs(cls.Config)) == set(task_parameters(name))
         assert all(field_docs(cls.Config).values())

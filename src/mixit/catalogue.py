@@ -30,7 +30,7 @@ def catalogue() -> dict[str, Any]:
                 key: {"default": value, "type": _type_label(hints[key]), "doc": docs.get(key, "")}
                 for key, value in cls.Config().to_dict().items()
             },
-            "defaults": dict(cls.defaults),
+            "defaults": dict(cls.Config.run_defaults),
         }
     variants = {
         name: {

@@ -123,13 +123,15 @@ def field_hints(cls: type) -> dict[str, Any]:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring written under each field of `cls` (and its bases), on one line."""
+    """The docstring written under each field of `cls` (and its bases), on one line; not a class variable's."""
     if cls not in _DOCS:
         docs: dict[str, str] = {}
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
         for klass in reversed(cls.__mro__):
             if dataclasses.is_dataclass(klass):
                 for param in docstring_parser.parse_from_object(klass).params:
-                    docs[param.arg_name] = " ".join((param.description or "").split())
+                    if param.arg_name in fields:
+                        docs[param.arg_name] = " ".join((param.description or "").split())
         _DOCS[cls] = docs
     return _DOCS[cls]
 
@@ -491,6 +493,9 @@ class TaskConfig(Config):
     the task's own module, validated at construction like every config."""
 
     what: ClassVar[str] = "task parameter"
+    run_defaults: ClassVar[dict[str, Any]] = {}
+    """The task's own defaults for the run's training and model options (steps, lr, n_layers, ...), by option
+    name: what a run of the task uses unless a recipe or the user says otherwise (`mixit.experiment.resolve`)."""
 
     def memory_bytes(self) -> int:
         """Bytes the task allocates when it is built (a table of every example); 0 for tasks that

@@ -10,7 +10,7 @@ Every key is optional. `resolve` fills in the rest, each layer overriding the
 one before:
 
     1. the dataclass defaults (`ModelConfig`, `TrainConfig`, `DataConfig`, the task's Config)
-    2. the task's own defaults (``Task.defaults``: steps, batch size, lr, ...)
+    2. the task's own defaults (``run_defaults`` on its Config: steps, batch size, lr, ...)
     3. the recipe's settings (`mixit.recipes`: ``laptop`` adds nothing, ``reference``
        the paper's code's hyperparameters)
     4. the request
@@ -245,7 +245,7 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
         f"task {task_name}", {"its table of examples": params.memory_bytes()}, "cpu", "choose smaller task parameters"
     )
     task = task_cls(params, data)
-    defaults = nest(task_cls.defaults)
+    defaults = nest(task_cls.Config.run_defaults)
     model = _model_options(task, attention, [defaults.get("model", {}), recipe.get("model", {}), requested_model])
     train = {**defaults.get("train", {}), **recipe.get("train", {}), **_section(request, "train")}
     cfg = RunConfig(

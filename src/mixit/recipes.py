@@ -3,7 +3,7 @@
 A recipe maps (task, attention kind) to a partial request (docs/extending.md): the
 options it sets, by name, which the request then overrides. Two are built in:
 
-- ``laptop`` (the default): each task's own defaults (``Task.defaults``),
+- ``laptop`` (the default): each task's own defaults (``run_defaults`` on each task's Config),
   sized to train in minutes on a laptop CPU.
 - ``reference``: what the paper's public code runs for each task, with the
   step count as that code actually counts it (docs/fidelity.md, "Recipes",

@@ -31,6 +31,8 @@ VOCAB = 31
 class AdditionConfig(TaskConfig):
     """Decimal addition of two n_digits numbers, digits least-significant first."""
 
+    run_defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
+
     n_digits: int = 10
     """Digits of each operand, 1 to 18."""
     reference_mask: bool = False
@@ -58,7 +60,6 @@ class Addition(SequenceTask):
     Config = AdditionConfig
     cfg: AdditionConfig
     exact_match = True
-    defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
     @property
     def vocab_size(self) -> int:

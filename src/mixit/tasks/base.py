@@ -152,14 +152,13 @@ class Task:
     options (``data_config``, a `DataConfig`: data seed, test and validation sizes, test seed), and the
     shape facts come from them; the data is built the first time a batch (or a tokenizer) is asked for.
     A subclass sets ``name`` and its parameter class ``Config``, implements the three batch methods,
-    ``vocab_size`` and ``input_len``; most do so by deriving from `SequenceTask`. ``defaults`` holds the
-    task's own training (and model) defaults, by option name.
+    ``vocab_size`` and ``input_len``; most do so by deriving from `SequenceTask`. Its Config's
+    ``run_defaults`` holds the task's own training (and model) defaults, by option name.
     """
 
     name: ClassVar[str]
     Config: ClassVar[type[TaskConfig]] = TaskConfig
     exact_match: ClassVar[bool] = False  # report whole-answer accuracy (multi-token answers)
-    defaults: ClassVar[dict[str, Any]] = {}  # per-task option defaults (steps, lr, ...)
     selection: ClassVar[tuple[str, bool]] = ("token_acc", True)
     """The validation metric that settings are chosen and convergence is judged by, and whether higher is better."""
     report_metric: ClassVar[tuple[str, str, int]] = ("accuracy", "token_acc", 100)

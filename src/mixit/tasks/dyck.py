@@ -81,6 +81,8 @@ def is_balanced(parens: np.ndarray) -> np.ndarray:
 class DyckConfig(TaskConfig):
     """Say whether a string of up to 2*max_pairs parentheses is balanced."""
 
+    run_defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
+
     max_pairs: int = 30
     """Longest string: 2 * max_pairs parentheses."""
 
@@ -101,7 +103,6 @@ class Dyck(SequenceTask):
     report_columns = (("distinct strings", "distinct_token_acc", 100), ("majority", "majority_baseline", 100))
     Config = DyckConfig
     cfg: DyckConfig
-    defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 3e-3}
 
     @property
     def vocab_size(self) -> int:

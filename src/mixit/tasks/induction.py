@@ -75,6 +75,8 @@ def hop_labels(x: np.ndarray, k: int, none: int) -> np.ndarray:
 class InductionConfig(TaskConfig):
     """At every position, output the token reached by k induction hops (find^k) back."""
 
+    run_defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3}
+
     k: int = 1
     """Induction hops; 1 is the classic induction head."""
     alphabet: int = 16
@@ -101,7 +103,6 @@ class Induction(SequenceTask):
     report_columns = (("answered acc", "answered_acc", 100),)
     Config = InductionConfig
     cfg: InductionConfig
-    defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3}
 
     @property
     def none(self) -> int:

@@ -29,6 +29,8 @@ from mixit.tasks.base import TASKS, Batch, FixedSplitTask, ParamCounts, Tables, 
 class MemorizationConfig(TaskConfig):
     """Recall a random label in [0, n) for every pair (x, y) in [0, n)^2."""
 
+    run_defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
+
     n: int = 512
     """Keys and labels range over 0..n-1; the table has n*n pairs."""
     fraction: float = 1.0
@@ -57,7 +59,6 @@ class Memorization(FixedSplitTask):
     report_columns = (("bits/param", "bits_per_trainable_param", 1), ("bits", "bits", 1))
     Config = MemorizationConfig
     cfg: MemorizationConfig
-    defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
     @property
     def vocab_size(self) -> int:

@@ -28,6 +28,8 @@ from mixit.tasks.base import TASKS, FixedSplitTask, Tables
 class ModularAdditionConfig(TaskConfig):
     """(a + b) mod p on a fixed train/test split of all p*p pairs."""
 
+    run_defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
+
     p: int = 599
     """The modulus; the vocabulary is 0..p-1."""
     train_fraction: float = 0.95
@@ -60,7 +62,6 @@ class ModularAddition(FixedSplitTask):
     name = "modular_addition"
     Config = ModularAdditionConfig
     cfg: ModularAdditionConfig
-    defaults: ClassVar[dict[str, Any]] = {"steps": 3000, "batch_size": 512, "lr": 1e-3}
 
     @property
     def vocab_size(self) -> int:

@@ -25,6 +25,8 @@ PAD = 0
 class RetrievalConfig(TaskConfig):
     """Recall the value stored under a queried key among up to max_pairs pairs."""
 
+    run_defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 1e-3}
+
     max_pairs: int = 30
     """Most key-value pairs in one example (each example has 1 to max_pairs)."""
     vocab: int = 512
@@ -52,7 +54,6 @@ class Retrieval(SequenceTask):
     name = "retrieval"
     Config = RetrievalConfig
     cfg: RetrievalConfig
-    defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 128, "lr": 1e-3}
 
     @property
     def vocab_size(self) -> int:

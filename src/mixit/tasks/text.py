@@ -258,6 +258,16 @@ def _lm_data(source: TextSource) -> tuple[TextTokenizer, np.ndarray, np.ndarray,
 class LanguageModelingConfig(TextConfig):
     """Language modelling on real text (embedded English by default), packed sequences."""
 
+    # Sized for a laptop CPU (about 15 minutes on 2 cores); the paper used length 256,
+    # 8-12 layers of width 512-1024 and 40,000 steps.
+    run_defaults: ClassVar[dict[str, Any]] = {
+        "steps": 2000,
+        "batch_size": 32,
+        "lr": 2e-3,
+        "eval_batch_size": 64,
+        "n_layers": 4,
+    }
+
     corpus: str = "english"
     """The corpus: english (embedded), wikitext-103, fineweb-edu, or a local file
     or directory of .txt/.jsonl/.json/.parquet/.csv/.tsv."""
@@ -324,15 +334,6 @@ class LanguageModeling(TextTask, SequenceTask):
     report_dataset = "corpus"
     Config = LanguageModelingConfig
     cfg: LanguageModelingConfig
-    # Sized for a laptop CPU (about 15 minutes on 2 cores); the paper used length 256,
-    # 8-12 layers of width 512-1024 and 40,000 steps.
-    defaults: ClassVar[dict[str, Any]] = {
-        "steps": 2000,
-        "batch_size": 32,
-        "lr": 2e-3,
-        "eval_batch_size": 64,
-        "n_layers": 4,
-    }
     selection: ClassVar[tuple[str, bool]] = ("loss", False)
 
     @property
@@ -426,6 +427,8 @@ def _sentiment_data(source: TextSource, length: int) -> tuple[TextTokenizer, Lab
 class SentimentConfig(TextConfig):
     """Sentiment classification (embedded movie snippets by default, yelp_polarity when reachable)."""
 
+    run_defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3, "eval_batch_size": 500}
+
     dataset: str = "movies"
     """The dataset: movies (embedded), yelp_polarity, or a local file or directory with text and integer label
     fields."""
@@ -481,7 +484,6 @@ class Sentiment(TextTask):
     report_dataset = "dataset"
     Config = SentimentConfig
     cfg: SentimentConfig
-    defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 64, "lr": 1e-3, "eval_batch_size": 500}
     selection: ClassVar[tuple[str, bool]] = ("accuracy", True)
 
     @property
