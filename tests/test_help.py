@@ -13,7 +13,8 @@ from typing import Literal
 import pytest
 
 from mixit.cli import COMMANDS, build_parser
-from mixit.flags import Parser, help_default, help_type
+from mixit.config import help_type
+from mixit.flags import Parser, help_default
 from mixit.tasks import TASKS
 
 TOP = "mixit"  # the test case of `mixit --help` itself

@@ -13,8 +13,9 @@ is checked against its field's type, strictly (``"false"`` is not a bool,
 mapping with a key the class does not have is refused by `Config.from_dict`,
 so a config file cannot carry a typo silently. Every failure is a
 `UsageError` naming the key and what is allowed. The same strict check of a
-value against a type (`coerce`, `is_a`) and its description (`type_name`)
-serve the command line, config files and ``--slurm``.
+value against a type (`coerce`, `is_a`) and its description (`type_name` in
+messages, `help_type` in ``--help``) serve the command line, config files and
+``--slurm``: this module is the one place a type is checked or described.
 
 The run as a whole (task, variant, these, the task's parameters) is
 `mixit.experiment.RunConfig`, a `Config` too.
@@ -29,7 +30,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self, TypeVar, get_args, get_origin
@@ -49,7 +50,8 @@ def check(ok: bool, message: str) -> None:
 
 
 def type_name(hint: Any) -> str:
-    """A type hint in the words of mixit's messages: "an integer", "one of 'a', 'b'", "a list of ..."."""
+    """A type hint in the words of mixit's messages: "an integer", "one of 'a', 'b'", "a list of ..."; `help_type`
+    names it in --help's."""
     if get_origin(hint) is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(hint))
     if get_origin(hint) in (typing.Union, types.UnionType):
@@ -63,6 +65,31 @@ def type_name(hint: Any) -> str:
     return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(
         hint, getattr(hint, "__name__", str(hint))
     )
+
+
+def help_type(hint: Any) -> str:
+    """A type hint as --help names it, in the words of the command line: "int", "Path", "int or null", "one of a,
+    b or c", "comma-separated list of int", "comma-separated list, each one of a or b"."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return "one of " + alternatives([str(a) for a in args])
+    if origin in (typing.Union, types.UnionType):
+        values = [a for a in args if a is not type(None)]
+        null = ["null"] if len(values) < len(args) else []
+        if len(values) == 1 and get_origin(values[0]) is Literal:
+            return "one of " + alternatives([*(str(a) for a in get_args(values[0])), *null])
+        return alternatives([*(help_type(a) for a in values), *null])
+    if origin in (list, tuple, collections.abc.Sequence):
+        item = help_type(args[0]) if args else "str"
+        return "comma-separated list" + (", each " if item.startswith("one of ") else " of ") + item
+    if origin in (dict, collections.abc.Mapping):
+        return f"mapping of {help_type(args[0])} to {help_type(args[1])}" if args else "mapping"
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def alternatives(names: Sequence[str]) -> str:
+    """``a, b or c``."""
+    return " or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def coerce(hint: Any, value: Any) -> tuple[bool, Any]:

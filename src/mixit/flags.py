@@ -57,7 +57,7 @@ from typing import Any, Literal, get_args, get_origin
 import docstring_parser
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
-from mixit.config import field_docs, field_hints, short_doc, type_name
+from mixit.config import field_docs, field_hints, help_type, short_doc, type_name
 from mixit.errors import UsageError
 from mixit.tasks import TASKS
 
@@ -119,31 +119,6 @@ def kind(hint: Any) -> Literal["hook", "mapping", "list"] | None:
 
 
 # -- --help ----------------------------------------------------------------------------------
-
-
-def help_type(hint: Any) -> str:
-    """A type hint as --help names it, in the words of the command line: "int", "Path", "int or null", "one of a,
-    b or c", "comma-separated list of int", "comma-separated list, each one of a or b"."""
-    origin, args = get_origin(hint), get_args(hint)
-    if origin is Literal:
-        return "one of " + alternatives([str(a) for a in args])
-    if origin in (typing.Union, types.UnionType):
-        values = [a for a in args if a is not type(None)]
-        null = ["null"] if len(values) < len(args) else []
-        if len(values) == 1 and get_origin(values[0]) is Literal:
-            return "one of " + alternatives([*(str(a) for a in get_args(values[0])), *null])
-        return alternatives([*(help_type(a) for a in values), *null])
-    if origin in (list, tuple, collections.abc.Sequence):
-        item = help_type(args[0]) if args else "str"
-        return "comma-separated list" + (", each " if item.startswith("one of ") else " of ") + item
-    if origin in (dict, collections.abc.Mapping):
-        return f"mapping of {help_type(args[0])} to {help_type(args[1])}" if args else "mapping"
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def alternatives(names: Sequence[str]) -> str:
-    """``a, b or c``."""
-    return " or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def help_default(value: Any) -> Any:
