@@ -12,6 +12,7 @@ paper's finding is judged on the first; what the sink changes is a finding of it
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 from mixit.study.cells import by_label, rows
@@ -125,16 +126,27 @@ def check_depth(study: StudyResults) -> Check:
     return judge(name, study.final, [falls, holds], precondition=learns)
 
 
-def cosines(signal: dict[str, Any], variant: str) -> dict[int, float]:
-    """The token cosine after the last block of `variant`, by depth."""
+Cosines = dict[int, float]
+"""A variant's token cosine after the last block, by depth."""
+
+
+def cosines(signal: dict[str, Any], variant: str) -> Cosines:
+    """`Cosines` of `variant` in a signal sweep."""
     return {int(d): x["cosine"] for d, x in signal["results"].get(variant, {}).items()}
 
 
-def curves(
-    study: StudyResults, name: str, first: tuple[str, str], second: tuple[str, str], what: str
-) -> tuple[dict[int, float], dict[int, float], dict[str, Any]] | Check:
-    """The token cosines by depth of two (sweep, variant) pairs and the first one's sweep; or, where a sweep is
-    missing or the two are not at the same two depths at least, the check's n/a saying so (`what` names them)."""
+def signal_check(
+    study: StudyResults,
+    name: str,
+    first: tuple[str, str],
+    second: tuple[str, str],
+    what: str,
+    verdict: Callable[[Cosines, Cosines, int, int], tuple[bool, str]],
+) -> Check:
+    """A check of models at initialisation comparing two (sweep, variant) curves of token cosine from the
+    shallowest depth `lo` to the deepest `hi`: ``verdict(first, second, lo, hi)`` says whether it holds and
+    why. n/a where a sweep is missing or the two are not at the same two depths at least (`what` names them).
+    Nothing converges at initialisation: the verdict is the mean over the sweep's seeds."""
     names = list(dict.fromkeys((first[0], second[0])))
     signals = {sweep: study.signals[sweep] for sweep in names if sweep in study.signals}
     if len(signals) < len(names):
@@ -143,60 +155,44 @@ def curves(
     a, b = (cosines(signals[sweep], variant) for sweep, variant in (first, second))
     if len(a) < 2 or set(a) != set(b):
         return Check(name, "n/a", f"missing: {what} at the same two depths at least")
-    return a, b, signals[first[0]]
-
-
-def depth_change(cosine: dict[int, float]) -> tuple[int, int, float]:
-    """(the shallowest depth, the deepest, and how much the cosine changes from the one to the other)."""
-    lo, hi = min(cosine), max(cosine)
-    return lo, hi, cosine[hi] - cosine[lo]
-
-
-def at_initialisation(name: str, signal: dict[str, Any], ok: bool, evidence: str) -> Check:
-    """A check of models at initialisation: nothing to converge; judged on the mean over the sweep's seeds."""
-    seeds = len(signal["config"]["seeds"])
+    ok, evidence = verdict(a, b, min(a), max(a))
+    seeds = len(signals[first[0]]["config"]["seeds"])
     evidence += f"; the mean over the sweep's {seeds} initialisation seed(s)"
     return Check(name, "PASS" if ok else "FAIL", evidence, seeds, seeds if ok else 0)
 
 
 def check_signal(study: StudyResults) -> Check:
+    def verdict(random: Cosines, mixit: Cosines, lo: int, hi: int) -> tuple[bool, str]:
+        rise, change = random[hi] - random[lo], mixit[hi] - mixit[lo]
+        return rise > RISE and abs(change) < RISE, (
+            f"token cosine from {lo} to {hi} layers: random {random[lo]:.3f} -> {random[hi]:.3f} ({rise:+.3f}), "
+            f"mixit {mixit[lo]:.3f} -> {mixit[hi]:.3f} ({change:+.3f})"
+        )
+
     name = (
         "at initialisation, built as the paper describes (no sink head), the random transformer's token cosine "
         f"rises with depth (by > {RISE}) while MixiT's stays flat (changes by < {RISE})"
     )
-    found = curves(study, name, ("signal-nosink", "random"), ("signal-nosink", "mixit"), "random and MixiT")
-    if isinstance(found, Check):
-        return found
-    random, mixit, signal = found
-    lo, hi, rise = depth_change(random)
-    change = mixit[hi] - mixit[lo]
-    return at_initialisation(
-        name,
-        signal,
-        rise > RISE and abs(change) < RISE,
-        f"token cosine from {lo} to {hi} layers: random {random[lo]:.3f} -> {random[hi]:.3f} ({rise:+.3f}), "
-        f"mixit {mixit[lo]:.3f} -> {mixit[hi]:.3f} ({change:+.3f})",
+    return signal_check(
+        study, name, ("signal-nosink", "random"), ("signal-nosink", "mixit"), "random and MixiT", verdict
     )
 
 
 def check_sink(study: StudyResults) -> Check:
+    def verdict(with_sink: Cosines, without: Cosines, lo: int, hi: int) -> tuple[bool, str]:
+        rise_with, rise_without = with_sink[hi] - with_sink[lo], without[hi] - without[lo]
+        return rise_with - rise_without > RISE, (
+            f"MixiT's token cosine at {hi} layers: {with_sink[hi]:.3f} with the sink, {without[hi]:.3f} without "
+            f"({with_sink[hi] - without[hi]:+.3f}); from {lo} to {hi} layers it changes by {rise_with:+.3f} with "
+            f"the sink, {rise_without:+.3f} without"
+        )
+
     name = (
         f"the reference code's sink head makes MixiT's token cosine rise with depth (by > {RISE} more than "
         "without it): the reference code's construction differs from the paper's"
     )
-    found = curves(study, name, ("signal", "mixit"), ("signal-nosink", "mixit"), "MixiT with and without the sink")
-    if isinstance(found, Check):
-        return found
-    with_sink, without, sink = found
-    lo, hi, rise_with = depth_change(with_sink)
-    rise_without = without[hi] - without[lo]
-    return at_initialisation(
-        name,
-        sink,
-        rise_with - rise_without > RISE,
-        f"MixiT's token cosine at {hi} layers: {with_sink[hi]:.3f} with the sink, {without[hi]:.3f} without "
-        f"({with_sink[hi] - without[hi]:+.3f}); from {lo} to {hi} layers it changes by {rise_with:+.3f} with the "
-        f"sink, {rise_without:+.3f} without",
+    return signal_check(
+        study, name, ("signal", "mixit"), ("signal-nosink", "mixit"), "MixiT with and without the sink", verdict
     )
 
 
