@@ -298,21 +298,13 @@ def profile_step(contender: Contender, device: torch.device, top: int = 15) -> l
         events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(getattr(e, attr) for e in events)
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
-    return [
-        {"op": e.key, "self_ms": getattr(e, attr) / 1e3, "calls": e.count, "share": getattr(e, attr) / total}
-        for e in events[:top]
-    ] + ([_rest(events[top:], attr, total)] if events[top:] else [])
 
+    def entry(op: str, group: list[Any]) -> dict[str, Any]:
+        spent = sum(getattr(e, attr) for e in group)
+        return {"op": op, "self_ms": spent / 1e3, "calls": sum(e.count for e in group), "share": spent / total}
 
-def _rest(events: list[Any], attr: str, total: float) -> dict[str, Any]:
-    """The operators a profile does not list by name, together."""
-    spent = sum(getattr(e, attr) for e in events)
-    return {
-        "op": f"({len(events)} others)",
-        "self_ms": spent / 1e3,
-        "calls": sum(e.count for e in events),
-        "share": spent / total,
-    }
+    rest = events[top:]  # the operators not listed by name, together
+    return [entry(e.key, [e]) for e in events[:top]] + ([entry(f"({len(rest)} others)", rest)] if rest else [])
 
 
 def profile_summary(profile: list[dict[str, Any]], step_ms: float) -> dict[str, float]:

@@ -91,11 +91,6 @@ def extra_result(study_dir: Path, name: str) -> Path:
     return Path(study_dir) / name / "signal.json"
 
 
-def _grows(study: Study, search: bool) -> Callable[[Any], bool]:
-    """Accepts a directory's study.json that records `study` with fewer of its seeds (`Study.grows`)."""
-    return lambda old: study.grows(old, search)
-
-
 def write_study(
     study: Study, study_dir: Path, planned: Sequence[PlannedRun], search: bool, searches: Sequence[Group] = ()
 ) -> None:
@@ -122,7 +117,8 @@ def write_study(
         "runs": [p.to_dict() for p in planned],
     }
     if path.exists():  # checked before the study started (`check_out`); again here, under the lock
-        check_same_study(study_dir, read_json(path, "study.json"), study.name, fingerprint, _grows(study, search))
+        old = read_json(path, "study.json")
+        check_same_study(study_dir, old, study.name, fingerprint, functools.partial(study.grows, search=search))
     write_json(path, record)
 
 
@@ -168,19 +164,14 @@ def run_one(
         if isinstance(e.__cause__, KeyboardInterrupt):  # a plugin's import stopped (`_stop_pool`): not a failure
             raise e.__cause__ from None
         message = " ".join(str(e).split()) or type(e).__name__
-        if not main:
-            return {"id": run_id, "state": "failed", "error": message, "seconds": time.perf_counter() - start}
-        failed.parent.mkdir(parents=True, exist_ok=True)
-        write_json(
-            failed,
-            {
-                "id": run_id,
-                "error": f"{type(e).__name__}: {message}",
-                "traceback": traceback.format_exc()[-4000:],
-                "seconds": time.perf_counter() - start,
-            },
-        )
-        return {"id": run_id, "state": "failed", "error": message, "seconds": time.perf_counter() - start}
+        seconds = time.perf_counter() - start
+        if main:
+            failed.parent.mkdir(parents=True, exist_ok=True)
+            error = f"{type(e).__name__}: {message}"
+            write_json(
+                failed, {"id": run_id, "error": error, "traceback": traceback.format_exc()[-4000:], "seconds": seconds}
+            )
+        return {"id": run_id, "state": "failed", "error": message, "seconds": seconds}
 
 
 def _distributed_job() -> None:
@@ -260,13 +251,6 @@ def _watch_parent(parent: int, interval: float) -> None:
     os._exit(1)
 
 
-def default_pool(cores: int | None = None) -> tuple[int, int]:
-    """(workers, threads per worker) for this machine: one single-threaded worker per core, which
-    ran the quick preset's small models fastest on 2 cores (docs/reproduction.md)."""
-    cores = cores or os.cpu_count() or 1
-    return cores, 1
-
-
 @dataclass
 class Pool:
     """Where a study's runs execute (module docstring, "Executors")."""
@@ -275,9 +259,9 @@ class Pool:
     """local (a process pool), sequential (one after another, here), slurm (an array job through
     submitit) or submitit-local (the same code path on this machine)."""
     workers: int = 0
-    """Processes of the local pool (0: `default_pool`)."""
+    """Processes of the local pool (0: `sized`)."""
     threads: int = 0
-    """Torch threads per worker of the local pool (0: `default_pool`)."""
+    """Torch threads per worker of the local pool (0: `sized`)."""
     slurm: dict[str, Any] = field(default_factory=dict)
     """Parameters of the submitit executors' jobs, as given (`slurm_parameters` checks and types them): any that
     submitit's Slurm executor accepts, e.g. partition, account, qos, mem, timeout_min, array_parallelism."""
@@ -312,9 +296,9 @@ class Pool:
             )
 
     def sized(self) -> Pool:
-        """This pool with workers and threads left at 0 chosen by `default_pool`."""
-        workers, threads = default_pool()
-        return replace(self, workers=self.workers or workers, threads=self.threads or threads)
+        """This pool with workers and threads left at 0 chosen for this machine: one single-threaded worker per
+        core, which ran the quick preset's small models fastest on 2 cores (docs/reproduction.md)."""
+        return replace(self, workers=self.workers or os.cpu_count() or 1, threads=self.threads or 1)
 
 
 def execute(
@@ -328,7 +312,7 @@ def execute(
     naming: Naming | None = None,
 ) -> dict[str, Any]:
     """Run every run of `study` not yet done into `study_dir` on `pool` (default: a local pool sized by
-    `default_pool`), then its extras; return a tally. `logger`: tracking sinks every run is sent to as well,
+    `Pool.sized`), then its extras; return a tally. `logger`: tracking sinks every run is sent to as well,
     grouped under the study's name and named readably, in `naming`'s project (`mixit.tracking.study_grouping`).
 
     With `search`, the runs that declare candidates are searched first (`mixit.study.search`): their
@@ -345,7 +329,7 @@ def execute(
     # The searched cells with each of their candidates resolved too, so a bad one is refused at once.
     plan(apply(spec, combination) for g in planned.groups for spec in g.specs for combination in g.combinations)
     # Everything that can refuse reads only, and comes before the first write (the probe of writability).
-    check_out(study_dir, study.name, study.fingerprint(search), _grows(study, search))
+    check_out(study_dir, study.name, study.fingerprint(search), functools.partial(study.grows, search=search))
     pool.check_available()
     sinks = check_sinks(logger)
     (naming or Naming()).check_sent(sinks)
@@ -679,8 +663,7 @@ def _submitit(
     ex.update_parameters(**slurm_parameters(executor, slurm))
     if not jobs:
         return
-    submitted = ex.map_array(run_one, *zip(*jobs))
-    pending = list(submitted)
+    pending = list(ex.map_array(run_one, *zip(*jobs)))
     while pending:
         for job in [j for j in pending if j.done()]:
             pending.remove(job)
