@@ -127,8 +127,8 @@ def run_id(cfg: RunConfig) -> str:
         "": (data, RunConfig),
         "model": (data["model"], type(cfg.model)),
         "train": (data["train"], type(cfg.train)),
+        f"task_params.{cfg.task}": (data["task_params"], type(cfg.params)),
     }
-    sections[f"task_params.{cfg.task}"] = (data["task_params"], type(cfg.params))
     for section, (values, cls) in sections.items():
         known = ID_OPTIONS.get(section, ())
         for f in dataclasses.fields(cls):
