@@ -47,7 +47,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import torch
 from tqdm.auto import tqdm
@@ -69,7 +69,7 @@ from mixit.training.loop import KeepCheckpoints, train
 from mixit.version import __version__, git_commit, install_hint
 
 Executor = Literal["local", "sequential", "slurm", "submitit-local"]
-EXECUTORS = ("local", "sequential", "slurm", "submitit-local")
+EXECUTORS: tuple[str, ...] = get_args(Executor)
 
 
 def run_dir(study_dir: Path, run_id: str) -> Path:
@@ -578,20 +578,19 @@ def slurm_parameters(executor: str, given: Mapping[str, Any]) -> dict[str, Any]:
     does not say: `SLURM_DEFAULTS`, and one task per GPU (tasks_per_node = gpus_per_node, or 1), so that each GPU
     trains one rank of the run (docs/scaling.md, "Slurm"). The generic names go as they are, Slurm's own with
     submitit's ``slurm_`` prefix, which the local executor ignores."""
-    types = SLURM_TYPES
     params: dict[str, Any] = {}
     for raw, value in given.items():
         key = str(raw).replace("-", "_")
         if key in SLURM_RENAMED:
             raise UsageError(f"--slurm {key} is submitit's deprecated name for {SLURM_RENAMED[key]}; give that")
-        if key not in types:
-            near = difflib.get_close_matches(key, types, n=1)
+        if key not in SLURM_TYPES:
+            near = difflib.get_close_matches(key, SLURM_TYPES, n=1)
             raise UsageError(
                 f"unknown --slurm key {key!r}{f' (did you mean {near[0]}?)' if near else ''}; "
-                f"submitit's Slurm executor accepts: {', '.join(sorted(types))}"
+                f"submitit's Slurm executor accepts: {', '.join(sorted(SLURM_TYPES))}"
             )
         check(key not in params, f"--slurm {key} is given twice (once as {raw!r})")
-        params[key] = _typed(key, value, types[key])
+        params[key] = _typed(key, value, SLURM_TYPES[key])
         if key in SLURM_MINIMA:
             minimum, what = SLURM_MINIMA[key]
             check(params[key] >= minimum, f"--slurm {key}={value} is out of range: {what}, at least {minimum}")

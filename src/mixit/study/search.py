@@ -101,12 +101,6 @@ def group_key(spec: RunSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def combinations(search: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the candidate values, the first path varying slowest."""
-    paths = list(search)
-    return [dict(zip(paths, values)) for values in itertools.product(*(search[p] for p in paths))]
-
-
 def rung_steps(
     request: Mapping[str, Any], fraction: float, min_steps: int = 0, n_combinations: int = 1
 ) -> tuple[int, ...]:
@@ -135,7 +129,8 @@ def groups(specs: Sequence[RunSpec], fraction: float, min_steps: Mapping[str, in
             found[key].specs.append(spec)
             continue
         base = seeded(spec.request, SCREEN_SEED)
-        grid = combinations(spec.search)
+        paths = list(spec.search)  # every combination of the candidates, the first path varying slowest
+        grid = [dict(zip(paths, values)) for values in itertools.product(*spec.search.values())]
         least = (min_steps or {}).get(str(base.get("task")), 0)
         group = Group(key, [spec], grid, base, rung_steps(base, fraction, least, len(grid)))
         group.screens = [group.screen(c, 0) for c in grid]
