@@ -66,15 +66,14 @@ PEAK_NAME = "matmul_peak"
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """What is benchmarked: model size and the batch one step trains on."""
+    """What is benchmarked: model size and the batch one step trains on; the vocabulary and the tokens per
+    sequence are BenchOptions', or the task's (`shape_of`)."""
 
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 4
     vocab_size: int = 512
-    """The vocabulary: BenchOptions' vocab_size, or the task's."""
     seq_len: int = 128
-    """Tokens per sequence: BenchOptions' seq_len, or the length the task's model reads."""
     batch_size: int = 64
 
     def __post_init__(self) -> None:
