@@ -66,15 +66,14 @@ PEAK_NAME = "matmul_peak"
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """What is benchmarked: model size and the batch one step trains on."""
+    """What is benchmarked: model size and the batch one step trains on; the vocabulary and the tokens per
+    sequence are BenchOptions', or the task's (`shape_of`)."""
 
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 4
     vocab_size: int = 512
-    """The vocabulary: BenchOptions' vocab_size, or the task's."""
     seq_len: int = 128
-    """Tokens per sequence: BenchOptions' seq_len, or the length the task's model reads."""
     batch_size: int = 64
 
     def __post_init__(self) -> None:
@@ -298,21 +297,13 @@ def profile_step(contender: Contender, device: torch.device, top: int = 15) -> l
         events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(getattr(e, attr) for e in events)
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
-    return [
-        {"op": e.key, "self_ms": getattr(e, attr) / 1e3, "calls": e.count, "share": getattr(e, attr) / total}
-        for e in events[:top]
-    ] + ([_rest(events[top:], attr, total)] if events[top:] else [])
 
+    def entry(op: str, group: list[Any]) -> dict[str, Any]:
+        spent = sum(getattr(e, attr) for e in group)
+        return {"op": op, "self_ms": spent / 1e3, "calls": sum(e.count for e in group), "share": spent / total}
 
-def _rest(events: list[Any], attr: str, total: float) -> dict[str, Any]:
-    """The operators a profile does not list by name, together."""
-    spent = sum(getattr(e, attr) for e in events)
-    return {
-        "op": f"({len(events)} others)",
-        "self_ms": spent / 1e3,
-        "calls": sum(e.count for e in events),
-        "share": spent / total,
-    }
+    rest = events[top:]  # the operators not listed by name, together
+    return [entry(e.key, [e]) for e in events[:top]] + ([entry(f"({len(rest)} others)", rest)] if rest else [])
 
 
 def profile_summary(profile: list[dict[str, Any]], step_ms: float) -> dict[str, float]:

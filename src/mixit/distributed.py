@@ -22,9 +22,10 @@ import datetime
 import hashlib
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as td
@@ -61,17 +62,14 @@ MAX_PORT = 65535
 def _env_int(name: str, low: int, high: int | None = None) -> int:
     """The integer in environment variable `name`, in [low, high] (no upper bound if `high` is None)."""
     text = os.environ[name]
-    value: int | None
     try:
         value = int(text)
+        if value >= low and (high is None or value <= high):
+            return value
     except ValueError:
-        value = None
-    if value is None or value < low or (high is not None and value > high):
-        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise BadEnvironment(
-            f"environment variable {name} must be an integer {allowed}, got {text!r} ({TORCHRUN_SETS})"
-        )
-    return value
+        pass
+    allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+    raise BadEnvironment(f"environment variable {name} must be an integer {allowed}, got {text!r} ({TORCHRUN_SETS})")
 
 
 def _listed(names: list[str]) -> str:
@@ -130,10 +128,10 @@ REFUSAL_WAIT = datetime.timedelta(seconds=60)
 
 def refusal_said(dist: Dist) -> None:
     """After a refusal, before exiting under torchrun: rank 0 has printed why, and posts that in torchrun's store;
-    another rank waits for the post, then for torchrun to stop it, and leaves with exit status 2 either way
-    (`_stopped_as_refused`). torchrun stops every process as soon as one exits, so rank 0 must exit first: else a
-    rank exiting before it could stop it before its line is out, or torchrun's SIGTERM end it with -15. Needs no
-    process group: the store is torchrun's own (TORCHELASTIC_USE_AGENT_STORE); elsewhere this does nothing."""
+    another rank waits for the post, then for torchrun to stop it, and leaves with exit status 2 either way.
+    torchrun stops every process as soon as one exits, so rank 0 must exit first: else a rank exiting before it
+    could stop it before its line is out, or torchrun's SIGTERM end it with -15. Needs no process group: the store
+    is torchrun's own (TORCHELASTIC_USE_AGENT_STORE); elsewhere this does nothing."""
     if not dist.active or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return
     key = f"{REFUSAL_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
@@ -147,17 +145,9 @@ def refusal_said(dist: Dist) -> None:
         store.wait([key])
     except RuntimeError:  # the store is gone (torchrun is stopping the job) or rank 0 never refused: exit anyway
         return
-    _stopped_as_refused()
-
-
-def _stopped_as_refused() -> None:
-    """Wait (at most REFUSAL_WAIT) for torchrun, which stops the job once rank 0 has exited, and exit with status
-    2 when its SIGTERM comes: the status of a refusal, which torchrun then reports for every rank."""
-
-    def refused(signum: int, frame: object) -> NoReturn:
-        raise SystemExit(2)
-
-    signal.signal(signal.SIGTERM, refused)
+    # torchrun stops the job once rank 0 has exited: wait for its SIGTERM (at most REFUSAL_WAIT) and exit with
+    # status 2 then, the status of a refusal, which torchrun reports for every rank.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(2))
     time.sleep(REFUSAL_WAIT.total_seconds())
 
 
@@ -201,23 +191,18 @@ def broadcast(obj: Any, dist: Dist) -> Any:
     return box[0]
 
 
-def fingerprint(tensors: dict[str, torch.Tensor]) -> str:
-    """A hash of the values of `tensors` (to check that every process holds the same ones)."""
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        h.update(name.encode())
-        h.update(tensors[name].detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
 def check_identical(model: torch.nn.Module, dist: Dist) -> None:
     """Refuse loudly unless every process built the same fixed tensors: the MixiT matrices (buffers)
     and every frozen parameter, which training never synchronises."""
     if not dist.active:
         return
-    fixed = {n: b for n, b in model.named_buffers()}
+    fixed = dict(model.named_buffers())
     fixed.update({n: p for n, p in model.named_parameters() if not p.requires_grad})
-    prints = gather(fingerprint(fixed), dist)
+    fingerprint = hashlib.sha256()  # of every fixed tensor's name and values
+    for name in sorted(fixed):
+        fingerprint.update(name.encode())
+        fingerprint.update(fixed[name].detach().float().cpu().numpy().tobytes())
+    prints = gather(fingerprint.hexdigest(), dist)
     if len(set(prints)) != 1:
         raise RuntimeError(
             f"the processes built different fixed tensors (MixiT matrices or frozen weights): "

@@ -82,12 +82,6 @@ def estimate_seconds(cfg: RunConfig, flops_per_second: float) -> float:
     return (train_flops + eval_flops) / (flops_per_second * EFFICIENCY)
 
 
-def _study(preset: str, study: Path | None, seeds: int, first_seed: int = 0) -> Study:
-    if study is not None:
-        return load_study_file(study, seeds if seeds != 1 else None, first_seed)
-    return paper_study(preset, seeds, first_seed)
-
-
 def planned_runs(study: Study, search: bool = True) -> list[PlannedRun]:
     """Every run `study` may train, resolved: its cells (a searched cell with its first candidates, which
     the search may change for others) and the most screening runs its searches can ask for (`upper_bound`)."""
@@ -186,7 +180,10 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
     seeds = options.seeds
     check(isinstance(seeds, int) and seeds >= 1, f"seeds must be a positive integer, got {seeds}")
     naming = Naming(options.tracking_project, options.tracking_name)
-    chosen = _study(options.preset, options.study, seeds, options.first_seed)
+    if options.study is not None:  # the file's own seeds unless --seeds says otherwise
+        chosen = load_study_file(options.study, seeds if seeds != 1 else None, options.first_seed)
+    else:
+        chosen = paper_study(options.preset, seeds, options.first_seed)
     out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
     start = time.perf_counter()
     tally = execute(

@@ -47,7 +47,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import torch
 from tqdm.auto import tqdm
@@ -69,7 +69,7 @@ from mixit.training.loop import KeepCheckpoints, train
 from mixit.version import __version__, git_commit, install_hint
 
 Executor = Literal["local", "sequential", "slurm", "submitit-local"]
-EXECUTORS = ("local", "sequential", "slurm", "submitit-local")
+EXECUTORS: tuple[str, ...] = get_args(Executor)
 
 
 def run_dir(study_dir: Path, run_id: str) -> Path:
@@ -89,11 +89,6 @@ def state(study_dir: Path, run_id: str) -> str:
 def extra_result(study_dir: Path, name: str) -> Path:
     """The result file of the study's extra `name`: a signal sweep, written by `signal_command`."""
     return Path(study_dir) / name / "signal.json"
-
-
-def _grows(study: Study, search: bool) -> Callable[[Any], bool]:
-    """Accepts a directory's study.json that records `study` with fewer of its seeds (`Study.grows`)."""
-    return lambda old: study.grows(old, search)
 
 
 def write_study(
@@ -122,7 +117,8 @@ def write_study(
         "runs": [p.to_dict() for p in planned],
     }
     if path.exists():  # checked before the study started (`check_out`); again here, under the lock
-        check_same_study(study_dir, read_json(path, "study.json"), study.name, fingerprint, _grows(study, search))
+        old = read_json(path, "study.json")
+        check_same_study(study_dir, old, study.name, fingerprint, functools.partial(study.grows, search=search))
     write_json(path, record)
 
 
@@ -168,19 +164,14 @@ def run_one(
         if isinstance(e.__cause__, KeyboardInterrupt):  # a plugin's import stopped (`_stop_pool`): not a failure
             raise e.__cause__ from None
         message = " ".join(str(e).split()) or type(e).__name__
-        if not main:
-            return {"id": run_id, "state": "failed", "error": message, "seconds": time.perf_counter() - start}
-        failed.parent.mkdir(parents=True, exist_ok=True)
-        write_json(
-            failed,
-            {
-                "id": run_id,
-                "error": f"{type(e).__name__}: {message}",
-                "traceback": traceback.format_exc()[-4000:],
-                "seconds": time.perf_counter() - start,
-            },
-        )
-        return {"id": run_id, "state": "failed", "error": message, "seconds": time.perf_counter() - start}
+        seconds = time.perf_counter() - start
+        if main:
+            failed.parent.mkdir(parents=True, exist_ok=True)
+            error = f"{type(e).__name__}: {message}"
+            write_json(
+                failed, {"id": run_id, "error": error, "traceback": traceback.format_exc()[-4000:], "seconds": seconds}
+            )
+        return {"id": run_id, "state": "failed", "error": message, "seconds": seconds}
 
 
 def _distributed_job() -> None:
@@ -260,13 +251,6 @@ def _watch_parent(parent: int, interval: float) -> None:
     os._exit(1)
 
 
-def default_pool(cores: int | None = None) -> tuple[int, int]:
-    """(workers, threads per worker) for this machine: one single-threaded worker per core, which
-    ran the quick preset's small models fastest on 2 cores (docs/reproduction.md)."""
-    cores = cores or os.cpu_count() or 1
-    return cores, 1
-
-
 @dataclass
 class Pool:
     """Where a study's runs execute (module docstring, "Executors")."""
@@ -275,9 +259,9 @@ class Pool:
     """local (a process pool), sequential (one after another, here), slurm (an array job through
     submitit) or submitit-local (the same code path on this machine)."""
     workers: int = 0
-    """Processes of the local pool (0: `default_pool`)."""
+    """Processes of the local pool (0: `sized`)."""
     threads: int = 0
-    """Torch threads per worker of the local pool (0: `default_pool`)."""
+    """Torch threads per worker of the local pool (0: `sized`)."""
     slurm: dict[str, Any] = field(default_factory=dict)
     """Parameters of the submitit executors' jobs, as given (`slurm_parameters` checks and types them): any that
     submitit's Slurm executor accepts, e.g. partition, account, qos, mem, timeout_min, array_parallelism."""
@@ -312,9 +296,9 @@ class Pool:
             )
 
     def sized(self) -> Pool:
-        """This pool with workers and threads left at 0 chosen by `default_pool`."""
-        workers, threads = default_pool()
-        return replace(self, workers=self.workers or workers, threads=self.threads or threads)
+        """This pool with workers and threads left at 0 chosen for this machine: one single-threaded worker per
+        core, which ran the quick preset's small models fastest on 2 cores (docs/reproduction.md)."""
+        return replace(self, workers=self.workers or os.cpu_count() or 1, threads=self.threads or 1)
 
 
 def execute(
@@ -328,7 +312,7 @@ def execute(
     naming: Naming | None = None,
 ) -> dict[str, Any]:
     """Run every run of `study` not yet done into `study_dir` on `pool` (default: a local pool sized by
-    `default_pool`), then its extras; return a tally. `logger`: tracking sinks every run is sent to as well,
+    `Pool.sized`), then its extras; return a tally. `logger`: tracking sinks every run is sent to as well,
     grouped under the study's name and named readably, in `naming`'s project (`mixit.tracking.study_grouping`).
 
     With `search`, the runs that declare candidates are searched first (`mixit.study.search`): their
@@ -345,7 +329,7 @@ def execute(
     # The searched cells with each of their candidates resolved too, so a bad one is refused at once.
     plan(apply(spec, combination) for g in planned.groups for spec in g.specs for combination in g.combinations)
     # Everything that can refuse reads only, and comes before the first write (the probe of writability).
-    check_out(study_dir, study.name, study.fingerprint(search), _grows(study, search))
+    check_out(study_dir, study.name, study.fingerprint(search), functools.partial(study.grows, search=search))
     pool.check_available()
     sinks = check_sinks(logger)
     (naming or Naming()).check_sent(sinks)
@@ -594,20 +578,19 @@ def slurm_parameters(executor: str, given: Mapping[str, Any]) -> dict[str, Any]:
     does not say: `SLURM_DEFAULTS`, and one task per GPU (tasks_per_node = gpus_per_node, or 1), so that each GPU
     trains one rank of the run (docs/scaling.md, "Slurm"). The generic names go as they are, Slurm's own with
     submitit's ``slurm_`` prefix, which the local executor ignores."""
-    types = SLURM_TYPES
     params: dict[str, Any] = {}
     for raw, value in given.items():
         key = str(raw).replace("-", "_")
         if key in SLURM_RENAMED:
             raise UsageError(f"--slurm {key} is submitit's deprecated name for {SLURM_RENAMED[key]}; give that")
-        if key not in types:
-            near = difflib.get_close_matches(key, types, n=1)
+        if key not in SLURM_TYPES:
+            near = difflib.get_close_matches(key, SLURM_TYPES, n=1)
             raise UsageError(
                 f"unknown --slurm key {key!r}{f' (did you mean {near[0]}?)' if near else ''}; "
-                f"submitit's Slurm executor accepts: {', '.join(sorted(types))}"
+                f"submitit's Slurm executor accepts: {', '.join(sorted(SLURM_TYPES))}"
             )
         check(key not in params, f"--slurm {key} is given twice (once as {raw!r})")
-        params[key] = _typed(key, value, types[key])
+        params[key] = _typed(key, value, SLURM_TYPES[key])
         if key in SLURM_MINIMA:
             minimum, what = SLURM_MINIMA[key]
             check(params[key] >= minimum, f"--slurm {key}={value} is out of range: {what}, at least {minimum}")
@@ -679,8 +662,7 @@ def _submitit(
     ex.update_parameters(**slurm_parameters(executor, slurm))
     if not jobs:
         return
-    submitted = ex.map_array(run_one, *zip(*jobs))
-    pending = list(submitted)
+    pending = list(ex.map_array(run_one, *zip(*jobs)))
     while pending:
         for job in [j for j in pending if j.done()]:
             pending.remove(job)

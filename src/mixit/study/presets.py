@@ -212,6 +212,11 @@ QUICK = Scale(
     screen_min_steps={"modular_addition": 1200, "retrieval": 1000},
 )
 
+# The searches at the paper's widths (the gpu and paper presets): the learning rate of every variant, and MixiT's
+# heads and width on the reference's grid (as `_MIXIT_GRID` above, unscaled).
+_PAPER_LR: dict[str, tuple[Any, ...]] = {"train.lr": (3e-3, 1e-2)}
+_PAPER_SEARCH = {"*": _PAPER_LR, "mixit": {"model.n_heads": (4, 32, 64), "model.d_model": (512, 1024)}}
+
 # Sized for one GPU (an H100) in about an hour; the whole preset has not been timed (docs/reproduction.md, "On a
 # GPU"). Table 4 at the paper's exact scale with the reference's memorization recipe trained for 500 epochs (4,000
 # steps) instead of its 500 steps: at 500 steps no variant converged (docs/results/gpu-table4), at 4,000 the
@@ -243,17 +248,7 @@ GPU = Scale(
     depths=(2, 4, 8),
     retrieval_pairs=(10, 20, 30),
     signal={"depths": (2, 4, 8, 16, 32), "d_model": 512, "n_heads": 8, "n_ctx": 256, "seeds": 5},
-    search={
-        "addition": {
-            "*": {"train.lr": (3e-3, 1e-2)},
-            "mixit": {"model.n_heads": (4, 32, 64), "model.d_model": (512, 1024)},
-        },
-        "dyck": {
-            "*": {"train.lr": (3e-3, 1e-2)},
-            "mixit": {"model.n_heads": (4, 32, 64), "model.d_model": (512, 1024)},
-        },
-        "retrieval": {"*": {"train.lr": (3e-3, 1e-2)}},
-    },
+    search={"addition": _PAPER_SEARCH, "dyck": _PAPER_SEARCH, "retrieval": {"*": _PAPER_LR}},
     screen_fraction=0.2,
     estimate_here=False,
 )
@@ -276,10 +271,7 @@ PAPER = Scale(
     signal={"depths": (2, 4, 8, 16, 32), "d_model": 512, "n_heads": 8, "n_ctx": 256, "seeds": 5},
     lm_corpora=("wikitext-103", "fineweb-edu"),
     extra={"heads_d_model": 1024},
-    search={
-        task: {"*": {"train.lr": (3e-3, 1e-2)}, "mixit": {"model.n_heads": (4, 32, 64), "model.d_model": (512, 1024)}}
-        for task in ("addition", "dyck", "retrieval")
-    },
+    search=dict.fromkeys(("addition", "dyck", "retrieval"), _PAPER_SEARCH),
     estimate_here=False,
 )
 

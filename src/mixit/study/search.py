@@ -46,7 +46,7 @@ from typing import Any
 
 from mixit.errors import UsageError
 from mixit.experiment import merge, resolve
-from mixit.study.spec import PlannedRun, RunSpec, Study, assign, plan
+from mixit.study.spec import PlannedRun, RunSpec, Study, assign, plan, seeded
 
 SCREEN_SEED = 1_000_003
 """The model seed and data seed of every screening run. Final runs have seeds 0..seeds-1, so none is a
@@ -77,10 +77,7 @@ class Group:
 
     def screen(self, combination: Mapping[str, Any], rung: int, extends: str = "") -> RunSpec:
         """The screening run of `combination` at `rung` (`extends`: the axis an extension candidate extends)."""
-        request = self.base
-        for path, value in combination.items():
-            request = assign(request, path, value)
-        request = merge(request, {"train": {"steps": self.rungs[rung]}})
+        request = merge(assign(self.base, combination), {"train": {"steps": self.rungs[rung]}})
         spec = self.specs[0]
         labels = {
             "table": "search",
@@ -96,21 +93,12 @@ class Group:
         return RunSpec(request, labels)
 
 
-def _screening(request: Mapping[str, Any]) -> dict[str, Any]:
-    """`request` with the screening seed for the model and the data."""
-    return merge(request, {"model": {"seed": SCREEN_SEED}, "data_seed": SCREEN_SEED})
-
-
 def group_key(spec: RunSpec) -> str:
     """What makes two specs share a search: their request at the screening seed and their candidates."""
-    text = json.dumps({"request": _screening(spec.request), "search": spec.search}, sort_keys=True, default=str)
+    text = json.dumps(
+        {"request": seeded(spec.request, SCREEN_SEED), "search": spec.search}, sort_keys=True, default=str
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def combinations(search: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the candidate values, the first path varying slowest."""
-    paths = list(search)
-    return [dict(zip(paths, values)) for values in itertools.product(*(search[p] for p in paths))]
 
 
 def rung_steps(
@@ -140,8 +128,9 @@ def groups(specs: Sequence[RunSpec], fraction: float, min_steps: Mapping[str, in
         if key in found:
             found[key].specs.append(spec)
             continue
-        base = _screening(spec.request)
-        grid = combinations(spec.search)
+        base = seeded(spec.request, SCREEN_SEED)
+        paths = list(spec.search)  # every combination of the candidates, the first path varying slowest
+        grid = [dict(zip(paths, values)) for values in itertools.product(*spec.search.values())]
         least = (min_steps or {}).get(str(base.get("task")), 0)
         group = Group(key, [spec], grid, base, rung_steps(base, fraction, least, len(grid)))
         group.screens = [group.screen(c, 0) for c in grid]
@@ -283,10 +272,7 @@ def _values(group: Group, screen: RunSpec) -> dict[str, Any]:
 
 def apply(spec: RunSpec, chosen: Mapping[str, Any]) -> RunSpec:
     """`spec` with the chosen values in its request, its search done."""
-    request = dict(spec.request)
-    for path, value in chosen.items():
-        request = assign(request, path, value)
-    return replace(spec, request=request, search={})
+    return replace(spec, request=assign(spec.request, chosen), search={})
 
 
 @dataclass

@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from mixit.config import check
+from mixit.config import check, is_a
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig, merge, resolve
 
@@ -127,8 +127,8 @@ def run_id(cfg: RunConfig) -> str:
         "": (data, RunConfig),
         "model": (data["model"], type(cfg.model)),
         "train": (data["train"], type(cfg.train)),
+        f"task_params.{cfg.task}": (data["task_params"], type(cfg.params)),
     }
-    sections[f"task_params.{cfg.task}"] = (data["task_params"], type(cfg.params))
     for section, (values, cls) in sections.items():
         known = ID_OPTIONS.get(section, ())
         for f in dataclasses.fields(cls):
@@ -187,28 +187,28 @@ def seed_range(seeds: int, first: int = 0) -> range:
     """Seeds first..first+seeds-1, refused in one line unless both are integers, `seeds` positive and `first`
     not negative."""
     for name, value, least in (("seeds", seeds, 1), ("first_seed", first, 0)):
-        check(
-            isinstance(value, int) and not isinstance(value, bool) and value >= least,
-            f"{name} must be an integer >= {least}, got {value!r}",
-        )
+        check(is_a(int, value) and value >= least, f"{name} must be an integer >= {least}, got {value!r}")
     return range(first, first + seeds)
 
 
-def with_seeds(request: Mapping[str, Any], seeds: Seeds) -> list[tuple[int, dict[str, Any]]]:
-    """(seed, request) for each seed (a count n: seeds 0..n-1): the model's seed and the data seed both set
-    to it."""
-    found = seed_range(seeds) if isinstance(seeds, int) else seeds
-    return [(s, merge(request, {"model": {"seed": s}, "data_seed": s})) for s in found]
+def seeded(request: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """`request` with the model's seed and the data seed both set to `seed`."""
+    return merge(request, {"model": {"seed": seed}, "data_seed": seed})
 
 
-def assign(request: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    """`request` with the dotted `path` (e.g. "model.n_heads", "variant", "task_params.k") set to `value`."""
-    head, _, rest = path.partition(".")
-    if not rest:
-        return {**request, head: value}
-    inner = request.get(head, {})
-    check(isinstance(inner, Mapping), f"grid key {path}: {head} is not a section")
-    return {**request, head: assign(dict(inner), rest, value)}
+def assign(request: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """`request` with each dotted path of `values` (e.g. "model.n_heads", "variant", "task_params.k") set to
+    its value."""
+    out = dict(request)
+    for path, value in values.items():
+        head, _, rest = path.partition(".")
+        if not rest:
+            out[head] = value
+            continue
+        inner = out.get(head, {})
+        check(isinstance(inner, Mapping), f"grid key {path}: {head} is not a section")
+        out[head] = assign(inner, {rest: value})
+    return out
 
 
 def grid(
@@ -226,16 +226,15 @@ def grid(
             isinstance(values, (list, tuple)) and len(values) > 0,
             f"grid key {path} must list one value or more, got {values!r}",
         )
+    candidates = {path: tuple(values) for path, values in (search or {}).items()}
     specs = []
     names = list(axes)
     for combination in itertools.product(*(axes[n] for n in names)):
-        request: dict[str, Any] = dict(base)
-        for path, value in zip(names, combination):
-            request = assign(request, path, value)
-        for seed, seeded in with_seeds(request, seeds):
-            varied = {path.split(".")[-1]: value for path, value in zip(names, combination)}
-            candidates = {path: tuple(values) for path, values in (search or {}).items()}
-            specs.append(RunSpec(seeded, {**(labels or {}), **varied, "seed": seed}, analyze, candidates))
+        request = assign(base, dict(zip(names, combination)))
+        varied = {path.split(".")[-1]: value for path, value in zip(names, combination)}
+        cell = {**(labels or {}), **varied}
+        for seed in seed_range(seeds) if isinstance(seeds, int) else seeds:
+            specs.append(RunSpec(seeded(request, seed), {**cell, "seed": seed}, analyze, candidates))
     return specs
 
 
@@ -387,13 +386,12 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -
         )
     fraction = data.get("screen_fraction", 0.25)
     check(
-        isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction <= 1,
+        is_a(float, fraction) and 0 < fraction <= 1,
         f"study file {path}: screen_fraction must be a number in (0, 1], got {fraction!r}",
     )
     least = data.get("screen_min_steps", {})
     check(
-        isinstance(least, dict)
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in least.values()),
+        isinstance(least, dict) and all(is_a(int, v) and v >= 1 for v in least.values()),
         f"study file {path}: screen_min_steps must be a table of task names to positive integers, got {least!r}",
     )
     specs = grid(base, axes, seed_range(n_seeds, first_seed), {"table": name}, analyze, search=search)
