@@ -40,7 +40,7 @@ import torch
 
 from mixit.config import ModelConfig
 from mixit.errors import UsageError
-from mixit.experiment import RunConfig, build, read_record
+from mixit.experiment import build, read_record
 from mixit.files import check_output_dir, read_json, write_json, write_text
 from mixit.freezing import VARIANTS, query_key
 from mixit.models import Transformer
@@ -348,7 +348,8 @@ def load(source: str | Path, device: str = "cpu") -> Loaded:
         path = hub_snapshot(str(source))
     if not is_export(path):
         return Run.open(path).load(device)
-    meta, cfg = read_export(path)
+    meta = read_json(path / CONFIG, "the exported config")[EXPORTED]
+    cfg = read_record(meta["run"], str(path / CONFIG))
     task, model, _ = build(cfg, path)  # the task reads the tokenizer shipped beside the weights
     from safetensors.torch import load_file
 
@@ -358,12 +359,6 @@ def load(source: str | Path, device: str = "cpu") -> Loaded:
     else:
         model.load_state_dict(weights, strict=True)
     return Loaded(cfg, task, model.to(resolve_device(device)), path)
-
-
-def read_export(path: Path) -> tuple[dict[str, Any], RunConfig]:
-    """The ``mixit_export`` entry of an exported directory's config.json, and the run config it records."""
-    meta = read_json(Path(path) / CONFIG, "the exported config")[EXPORTED]
-    return meta, read_record(meta["run"], str(Path(path) / CONFIG))
 
 
 @torch.no_grad()
@@ -387,22 +382,17 @@ def hub_snapshot(repo_id: str) -> Path:
         raise UsageError(f"{repo_id} is neither a directory nor a Hub model that can be read ({reason})") from None
 
 
-def hub_offline() -> bool:
-    """Whether huggingface_hub is offline: its flag as imported, or HF_HUB_OFFLINE set since."""
-    from huggingface_hub import constants
-
-    return constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
-
-
 def check_push(repo_id: str) -> None:
     """Refuse --push-to-hub before any work: an invalid repo id, or huggingface_hub offline."""
+    from huggingface_hub import constants
     from huggingface_hub.utils import validate_repo_id
 
     try:
         validate_repo_id(repo_id)
     except ValueError as e:
         raise UsageError(f"--push-to-hub {repo_id!r} is not a Hub repo id ({e})") from None
-    if hub_offline():
+    # offline: huggingface_hub's flag as it was read when imported, or HF_HUB_OFFLINE set since
+    if constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}:
         raise UsageError(f"--push-to-hub {repo_id} needs the network, and HF_HUB_OFFLINE is set; unset it to push")
 
 

@@ -55,6 +55,7 @@ from mixit.checkpoint import (
     load_model_state,
     partial_checkpoints,
 )
+from mixit.config import flatten
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build, read_record, read_request_file, record
 from mixit.files import DirectoryLock, check_output_dir, read_json, remove_temporary, write_json, write_text
@@ -85,17 +86,6 @@ FIGURES = ("head_scores", "attention", "fixed_patterns", "over_time")
 head_scores and over_time: their numbers in NAME.json)."""
 
 
-def _config_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    diffs = []
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key), b.get(key)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            diffs += _config_diff(va, vb, f"{prefix}{key}.")
-        elif va != vb:
-            diffs.append(f"{prefix}{key}: {va!r} != {vb!r}")
-    return diffs
-
-
 def is_export(directory: Path) -> bool:
     """Whether `directory` holds a model written by `mixit export` (its config.json names `EXPORTED`)."""
     path = Path(directory) / CONFIG
@@ -103,11 +93,6 @@ def is_export(directory: Path) -> bool:
         return False
     data = read_json(path, CONFIG)
     return isinstance(data, dict) and EXPORTED in data
-
-
-def load_config_file(path: Path) -> RunConfig:
-    """The RunConfig stored in a run's config.json, with the request it was resolved from (`read_record`)."""
-    return read_record(read_json(path, "config.json"), str(path))
 
 
 def require_pandas() -> ModuleType:
@@ -254,8 +239,9 @@ class Run:
 
     @property
     def config(self) -> RunConfig:
+        """The run's config.json, read (with the request it was resolved from: `read_record`) at first use."""
         if self._config is None:
-            self._config = load_config_file(self.config_path)
+            self._config = read_record(read_json(self.config_path, CONFIG), str(self.config_path))
         return self._config
 
     @property
@@ -266,7 +252,9 @@ class Run:
 
     def check_same(self, cfg: RunConfig) -> None:
         """Refuse to continue this run with a config that differs from its own."""
-        diffs = _config_diff(self.config.to_dict(), cfg.to_dict())
+        saved, requested = flatten(self.config.to_dict()), flatten(cfg.to_dict())
+        differ = [k for k in sorted(saved | requested) if saved.get(k) != requested.get(k)]
+        diffs = [f"{k}: {saved.get(k)!r} != {requested.get(k)!r}" for k in differ]
         if diffs:
             raise UsageError(
                 f"{self.path} holds a different run; differences (saved != requested): " + "; ".join(diffs[:5])
