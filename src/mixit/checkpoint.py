@@ -57,12 +57,8 @@ def checkpoint_steps(root: Path) -> list[int]:
     """The steps of the complete checkpoints in `root`, in order: the kept ones and the newest."""
     if not root.is_dir():
         return []
-    found = []
-    for child in root.iterdir():
-        digits = child.name.removeprefix(STEP_PREFIX)
-        if child.is_dir() and child.name.startswith(STEP_PREFIX) and digits.isdigit():
-            found.append(int(digits))
-    return sorted(found)
+    digits = [child.name.removeprefix(STEP_PREFIX) for child in root.glob(f"{STEP_PREFIX}*") if child.is_dir()]
+    return sorted(int(d) for d in digits if d.isdigit())
 
 
 def latest_checkpoint(root: Path) -> Path | None:

@@ -31,12 +31,13 @@ import importlib.resources
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from safetensors.torch import load_file
 
 from mixit.config import ModelConfig
 from mixit.errors import UsageError
@@ -44,7 +45,7 @@ from mixit.experiment import build, read_record
 from mixit.files import check_output_dir, read_json, write_json, write_text
 from mixit.freezing import VARIANTS, query_key
 from mixit.models import Transformer
-from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export
+from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export, require
 from mixit.runtime import resolve_device
 from mixit.text.tokenizer import EOS, PAD, TOKENIZER_FILE
 from mixit.version import __version__, git_commit, install_hint
@@ -129,17 +130,18 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
     out = Path(out) if out is not None else run.path.with_name(f"{run.path.name}-{to}")
     if to == "hf":
         llama_refusal(run.config.model)
-        require_transformers()
-    check_export_dir(out)
+        require("transformers", f"--to hf needs the transformers package: {install_hint('bench')}")
+    if out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"output directory {out} is not empty; choose a new or empty directory")
+    check_output_dir(out)
     if push_to_hub is not None:
         check_push(push_to_hub)
     loaded = run.load("cpu")
-    writers: dict[str, Callable[[Loaded, Path], None]] = {"hf": write_llama, "hub": write_hub}
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        writers[to](loaded, tmp)
+        (write_llama if to == "hf" else write_hub)(loaded, tmp)
         add_to_config(tmp, {EXPORTED: export_record(run, loaded, to)})
         write_text(tmp / "README.md", model_card(run, loaded, to))
         os.replace(tmp, out)  # an empty --out is replaced whole
@@ -171,21 +173,6 @@ def add_to_config(out: Path, entries: Mapping[str, Any]) -> None:
     """Add `entries` to the config.json the writer left in `out`."""
     config = read_json(out / CONFIG, "the exported config")
     write_json(out / CONFIG, {**config, **entries})
-
-
-def check_export_dir(out: Path) -> None:
-    """Refuse `out` unless it is absent or an empty directory that can be written."""
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"output directory {out} is not empty; choose a new or empty directory")
-    check_output_dir(out)
-
-
-def require_transformers() -> None:
-    """Refuse --to hf without the transformers package."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise UsageError(f"--to hf needs the transformers package: {install_hint('bench')}") from None
 
 
 # -- --to hf: a transformers LlamaForCausalLM -----------------------------------------------
@@ -351,8 +338,6 @@ def load(source: str | Path, device: str = "cpu") -> Loaded:
     meta = read_json(path / CONFIG, "the exported config")[EXPORTED]
     cfg = read_record(meta["run"], str(path / CONFIG))
     task, model, _ = build(cfg, path)  # the task reads the tokenizer shipped beside the weights
-    from safetensors.torch import load_file
-
     weights = load_file(path / WEIGHTS)
     if meta["format"] == "hf":
         into_llama_views(model, weights)

@@ -30,13 +30,13 @@ it), except the two modules that own a part of the directory and say so above:
 task's own artifact, such as ``tokenizer.json``: the task names it
 (`Task.save_artifacts(run_dir)`, `TaskConfig.for_run`), because tasks sit
 below this module and cannot import it. No pickle anywhere (a checkpoint
-cannot carry code). Every JSON and text file is written atomically; a
-checkpoint is complete, and flushed to disk, before it is the latest, so a run
-killed mid-write resumes from the previous checkpoint.
+cannot carry code). Every JSON and text file is written atomically, and every
+checkpoint by the protocol `mixit.checkpoint` describes.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import sys
@@ -95,15 +95,18 @@ def is_export(directory: Path) -> bool:
     return isinstance(data, dict) and EXPORTED in data
 
 
-def require_pandas() -> ModuleType:
-    """The pandas module, which the DataFrames of a notebook need (`Run.metrics_frame`,
-    `mixit.study.render.results_frame`); UsageError naming the install command where it is missing. Imported
-    here, not at the top: pandas is an optional dependency (the `notebook` extra)."""
+def require(module: str, refusal: str) -> ModuleType:
+    """The optional dependency `module`, imported when a command needs it; UsageError `refusal` (naming the
+    command that installs it) where it is not installed."""
     try:
-        import pandas
+        return importlib.import_module(module)
     except ImportError:
-        raise UsageError(f"a DataFrame needs pandas, which is not installed: {install_hint('notebook')}") from None
-    return pandas
+        raise UsageError(refusal) from None
+
+
+def require_pandas() -> ModuleType:
+    """pandas, which the DataFrames of a notebook need (`Run.metrics_frame`, `mixit.study.render.results_frame`)."""
+    return require("pandas", f"a DataFrame needs pandas, which is not installed: {install_hint('notebook')}")
 
 
 def load_request(path: str | Path) -> dict[str, Any]:
@@ -366,7 +369,6 @@ class MetricsLog:
     """The open metrics.jsonl: one JSON object per line, flushed as written (`read_metrics` reads it back)."""
 
     def __init__(self, path: Path):
-        self.path = path
         self._file: IO[str] = open(path, "a")
 
     def write(self, event: dict[str, Any]) -> None:
