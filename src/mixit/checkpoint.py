@@ -57,12 +57,8 @@ def checkpoint_steps(root: Path) -> list[int]:
     """The steps of the complete checkpoints in `root`, in order: the kept ones and the newest."""
     if not root.is_dir():
         return []
-    found = []
-    for child in root.iterdir():
-        digits = child.name.removeprefix(STEP_PREFIX)
-        if child.is_dir() and child.name.startswith(STEP_PREFIX) and digits.isdigit():
-            found.append(int(digits))
-    return sorted(found)
+    digits = [child.name.removeprefix(STEP_PREFIX) for child in root.glob(f"{STEP_PREFIX}*") if child.is_dir()]
+    return sorted(int(d) for d in digits if d.isdigit())
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -102,7 +98,16 @@ def save_checkpoint(
         tmp = root / (final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _write(tmp, step, model, optimizer, precision, keep)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        save_file(tensors, str(tmp / MODEL))
+        opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
+        save_file(opt_tensors, str(tmp / OPTIMIZER))
+        scaler = precision.state_dict() if precision is not None else {}
+        write_json(tmp / STATE, {"step": step, "optimizer": opt_meta, "scaler": scaler, "keep": keep})
+        for file in (MODEL, OPTIMIZER):  # flushed to disk before the rename makes the checkpoint complete
+            with open(tmp / file, "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     write_text(root / LATEST, final.name + "\n")
@@ -147,27 +152,6 @@ def load_training_state(optimizer: torch.optim.Optimizer, ckpt: Path, precision:
     if not is_count(step) or ckpt.name != checkpoint_path(ckpt.parent, step).name:
         raise UsageError(f"checkpoint {ckpt} has a corrupt state.json (step {step!r}, not its own step)")
     return step
-
-
-def _write(
-    directory: Path,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    precision: Precision | None,
-    keep: bool,
-) -> None:
-    """Write checkpoint `step` into the empty `directory` and flush it to disk."""
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(directory / MODEL))
-    opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
-    save_file(opt_tensors, str(directory / OPTIMIZER))
-    scaler = precision.state_dict() if precision is not None else {}
-    write_json(directory / STATE, {"step": step, "optimizer": opt_meta, "scaler": scaler, "keep": keep})
-    for file in (MODEL, OPTIMIZER):
-        with open(directory / file, "rb") as f:
-            os.fsync(f.fileno())
-    _fsync_dir(directory)
 
 
 def _fsync_dir(directory: Path) -> None:

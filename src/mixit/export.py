@@ -31,20 +31,21 @@ import importlib.resources
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from safetensors.torch import load_file
 
 from mixit.config import ModelConfig
 from mixit.errors import UsageError
-from mixit.experiment import RunConfig, build, read_record
+from mixit.experiment import build, read_record
 from mixit.files import check_output_dir, read_json, write_json, write_text
 from mixit.freezing import VARIANTS, query_key
 from mixit.models import Transformer
-from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export
+from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export, require
 from mixit.runtime import resolve_device
 from mixit.text.tokenizer import EOS, PAD, TOKENIZER_FILE
 from mixit.version import __version__, git_commit, install_hint
@@ -129,17 +130,18 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
     out = Path(out) if out is not None else run.path.with_name(f"{run.path.name}-{to}")
     if to == "hf":
         llama_refusal(run.config.model)
-        require_transformers()
-    check_export_dir(out)
+        require("transformers", f"--to hf needs the transformers package: {install_hint('bench')}")
+    if out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"output directory {out} is not empty; choose a new or empty directory")
+    check_output_dir(out)
     if push_to_hub is not None:
         check_push(push_to_hub)
     loaded = run.load("cpu")
-    writers: dict[str, Callable[[Loaded, Path], None]] = {"hf": write_llama, "hub": write_hub}
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        writers[to](loaded, tmp)
+        (write_llama if to == "hf" else write_hub)(loaded, tmp)
         add_to_config(tmp, {EXPORTED: export_record(run, loaded, to)})
         write_text(tmp / "README.md", model_card(run, loaded, to))
         os.replace(tmp, out)  # an empty --out is replaced whole
@@ -171,21 +173,6 @@ def add_to_config(out: Path, entries: Mapping[str, Any]) -> None:
     """Add `entries` to the config.json the writer left in `out`."""
     config = read_json(out / CONFIG, "the exported config")
     write_json(out / CONFIG, {**config, **entries})
-
-
-def check_export_dir(out: Path) -> None:
-    """Refuse `out` unless it is absent or an empty directory that can be written."""
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"output directory {out} is not empty; choose a new or empty directory")
-    check_output_dir(out)
-
-
-def require_transformers() -> None:
-    """Refuse --to hf without the transformers package."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise UsageError(f"--to hf needs the transformers package: {install_hint('bench')}") from None
 
 
 # -- --to hf: a transformers LlamaForCausalLM -----------------------------------------------
@@ -348,22 +335,15 @@ def load(source: str | Path, device: str = "cpu") -> Loaded:
         path = hub_snapshot(str(source))
     if not is_export(path):
         return Run.open(path).load(device)
-    meta, cfg = read_export(path)
+    meta = read_json(path / CONFIG, "the exported config")[EXPORTED]
+    cfg = read_record(meta["run"], str(path / CONFIG))
     task, model, _ = build(cfg, path)  # the task reads the tokenizer shipped beside the weights
-    from safetensors.torch import load_file
-
     weights = load_file(path / WEIGHTS)
     if meta["format"] == "hf":
         into_llama_views(model, weights)
     else:
         model.load_state_dict(weights, strict=True)
     return Loaded(cfg, task, model.to(resolve_device(device)), path)
-
-
-def read_export(path: Path) -> tuple[dict[str, Any], RunConfig]:
-    """The ``mixit_export`` entry of an exported directory's config.json, and the run config it records."""
-    meta = read_json(Path(path) / CONFIG, "the exported config")[EXPORTED]
-    return meta, read_record(meta["run"], str(Path(path) / CONFIG))
 
 
 @torch.no_grad()
@@ -387,22 +367,17 @@ def hub_snapshot(repo_id: str) -> Path:
         raise UsageError(f"{repo_id} is neither a directory nor a Hub model that can be read ({reason})") from None
 
 
-def hub_offline() -> bool:
-    """Whether huggingface_hub is offline: its flag as imported, or HF_HUB_OFFLINE set since."""
-    from huggingface_hub import constants
-
-    return constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
-
-
 def check_push(repo_id: str) -> None:
     """Refuse --push-to-hub before any work: an invalid repo id, or huggingface_hub offline."""
+    from huggingface_hub import constants
     from huggingface_hub.utils import validate_repo_id
 
     try:
         validate_repo_id(repo_id)
     except ValueError as e:
         raise UsageError(f"--push-to-hub {repo_id!r} is not a Hub repo id ({e})") from None
-    if hub_offline():
+    # offline: huggingface_hub's flag as it was read when imported, or HF_HUB_OFFLINE set since
+    if constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}:
         raise UsageError(f"--push-to-hub {repo_id} needs the network, and HF_HUB_OFFLINE is set; unset it to push")
 
 

@@ -175,14 +175,10 @@ def _rope_rows(n_heads: int, d_head: int) -> torch.Tensor:
 def _folded(layer: Linear, scale: float = 1.0, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """`layer`'s weight (and bias) with its output multiplier and `scale` folded in, rows reordered by `rows`."""
     factor = layer.multiplier * scale
-    tensors = {"weight": layer.weight.detach() * factor}
-    if layer.bias is not None:
-        tensors["bias"] = layer.bias.detach() * factor
-    else:
-        tensors["bias"] = torch.zeros(layer.out_features, dtype=layer.weight.dtype, device=layer.weight.device)
-    if rows is not None:
-        tensors = {k: v[rows] for k, v in tensors.items()}
-    return tensors
+    weight = layer.weight.detach()
+    bias = layer.bias.detach() * factor if layer.bias is not None else weight.new_zeros(layer.out_features)
+    tensors = {"weight": weight * factor, "bias": bias}
+    return tensors if rows is None else {k: v[rows] for k, v in tensors.items()}
 
 
 def native_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -204,9 +200,7 @@ def native_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
             "mlp.in": _folded(mlp.up),
             "mlp.out": _folded(mlp.down, branch),
         }
-        for name, tensors in parts.items():
-            state[f"{layer}.{name}.weight"] = tensors["weight"]
-            state[f"{layer}.{name}.bias"] = tensors["bias"]
+        state.update({f"{layer}.{name}.{k}": v for name, tensors in parts.items() for k, v in tensors.items()})
         state[f"{layer}.ln1.weight"] = block.norm1.weight.detach()
         state[f"{layer}.ln2.weight"] = block.norm2.weight.detach()
     state["ln_out.weight"] = model.norm_f.weight.detach()

@@ -30,13 +30,13 @@ it), except the two modules that own a part of the directory and say so above:
 task's own artifact, such as ``tokenizer.json``: the task names it
 (`Task.save_artifacts(run_dir)`, `TaskConfig.for_run`), because tasks sit
 below this module and cannot import it. No pickle anywhere (a checkpoint
-cannot carry code). Every JSON and text file is written atomically; a
-checkpoint is complete, and flushed to disk, before it is the latest, so a run
-killed mid-write resumes from the previous checkpoint.
+cannot carry code). Every JSON and text file is written atomically, and every
+checkpoint by the protocol `mixit.checkpoint` describes.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import sys
@@ -55,6 +55,7 @@ from mixit.checkpoint import (
     load_model_state,
     partial_checkpoints,
 )
+from mixit.config import flatten
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig, build, read_record, read_request_file, record
 from mixit.files import DirectoryLock, check_output_dir, read_json, remove_temporary, write_json, write_text
@@ -85,17 +86,6 @@ FIGURES = ("head_scores", "attention", "fixed_patterns", "over_time")
 head_scores and over_time: their numbers in NAME.json)."""
 
 
-def _config_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    diffs = []
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key), b.get(key)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            diffs += _config_diff(va, vb, f"{prefix}{key}.")
-        elif va != vb:
-            diffs.append(f"{prefix}{key}: {va!r} != {vb!r}")
-    return diffs
-
-
 def is_export(directory: Path) -> bool:
     """Whether `directory` holds a model written by `mixit export` (its config.json names `EXPORTED`)."""
     path = Path(directory) / CONFIG
@@ -105,20 +95,18 @@ def is_export(directory: Path) -> bool:
     return isinstance(data, dict) and EXPORTED in data
 
 
-def load_config_file(path: Path) -> RunConfig:
-    """The RunConfig stored in a run's config.json, with the request it was resolved from (`read_record`)."""
-    return read_record(read_json(path, "config.json"), str(path))
+def require(module: str, refusal: str) -> ModuleType:
+    """The optional dependency `module`, imported when a command needs it; UsageError `refusal` (naming the
+    command that installs it) where it is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UsageError(refusal) from None
 
 
 def require_pandas() -> ModuleType:
-    """The pandas module, which the DataFrames of a notebook need (`Run.metrics_frame`,
-    `mixit.study.render.results_frame`); UsageError naming the install command where it is missing. Imported
-    here, not at the top: pandas is an optional dependency (the `notebook` extra)."""
-    try:
-        import pandas
-    except ImportError:
-        raise UsageError(f"a DataFrame needs pandas, which is not installed: {install_hint('notebook')}") from None
-    return pandas
+    """pandas, which the DataFrames of a notebook need (`Run.metrics_frame`, `mixit.study.render.results_frame`)."""
+    return require("pandas", f"a DataFrame needs pandas, which is not installed: {install_hint('notebook')}")
 
 
 def load_request(path: str | Path) -> dict[str, Any]:
@@ -254,8 +242,9 @@ class Run:
 
     @property
     def config(self) -> RunConfig:
+        """The run's config.json, read (with the request it was resolved from: `read_record`) at first use."""
         if self._config is None:
-            self._config = load_config_file(self.config_path)
+            self._config = read_record(read_json(self.config_path, CONFIG), str(self.config_path))
         return self._config
 
     @property
@@ -266,7 +255,9 @@ class Run:
 
     def check_same(self, cfg: RunConfig) -> None:
         """Refuse to continue this run with a config that differs from its own."""
-        diffs = _config_diff(self.config.to_dict(), cfg.to_dict())
+        saved, requested = flatten(self.config.to_dict()), flatten(cfg.to_dict())
+        differ = [k for k in sorted(saved | requested) if saved.get(k) != requested.get(k)]
+        diffs = [f"{k}: {saved.get(k)!r} != {requested.get(k)!r}" for k in differ]
         if diffs:
             raise UsageError(
                 f"{self.path} holds a different run; differences (saved != requested): " + "; ".join(diffs[:5])
@@ -378,7 +369,6 @@ class MetricsLog:
     """The open metrics.jsonl: one JSON object per line, flushed as written (`read_metrics` reads it back)."""
 
     def __init__(self, path: Path):
-        self.path = path
         self._file: IO[str] = open(path, "a")
 
     def write(self, event: dict[str, Any]) -> None:

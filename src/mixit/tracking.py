@@ -55,7 +55,7 @@ from mixit.config import flatten
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.files import check_output_dir, read_json, write_json
-from mixit.run import LOCK, Run, is_number
+from mixit.run import LOCK, Run, is_number, require
 from mixit.version import install_hint
 
 Sink = Literal["tensorboard", "wandb", "mlflow", "trackio"]
@@ -120,10 +120,7 @@ def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | P
             raise UsageError(f"unknown {option} {name!r}; allowed: {', '.join(SINKS)}")
         if name in chosen:
             continue
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            raise UsageError(f"{option} {name} needs the {name} package: {install_hint(name)}") from None
+        require(name, f"{option} {name} needs the {name} package: {install_hint(name)}")
         chosen.append(cast(Sink, name))
     run = None if run_dir is None else Run(run_dir)
     run = None if run is None or run.state() == "absent" else run  # a new run's directory is checked as it is made
