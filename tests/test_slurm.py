@@ -7,6 +7,7 @@ import functools
 import math
 import operator
 import shlex
+import sys
 import typing
 from pathlib import Path
 
@@ -174,6 +175,19 @@ def test_bad_items_are_refused_before_anything_is_written(tmp_path, capsys, exec
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_a_submitit_executor_without_submitit_is_refused_with_its_install_command(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "submitit", None)  # how Python sees an environment without submitit
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(STUDY)
+    out = tmp_path / "study"
+    assert main(["reproduce", "--study", str(spec), "--out", str(out), "--executor", "submitit-local"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "mixit reproduce: error: --executor submitit-local needs submitit: pip install 'mixit-transformers[slurm]'"
+    ]
     assert not out.exists()
 
 

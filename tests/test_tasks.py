@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
 
 from mixit import run_config
-from mixit.config import DataConfig, field_docs
+from mixit.config import DataConfig, TaskConfig, field_docs
 from mixit.errors import UsageError
 from mixit.tasks import IGNORE, TASKS, Batch, ParamCounts, Task, make_batch, make_task, task_parameters
-from mixit.tasks.base import binomial_se, ratio_se
+from mixit.tasks.base import SequenceTask, binomial_se, ratio_se
 from mixit.tasks.text import TextTask
 from mixit.text.tokenizer import train_bpe
 from text_fixtures import english_like, sentiment_rows, write_jsonl, write_text_corpus
@@ -669,3 +671,23 @@ def test_test_seed_has_no_effect_where_the_test_set_is_given():
     assert np.array_equal(base.test_examples()[0], other.test_examples()[0])
     with pytest.raises(UsageError, match="test_seed"):
         make_task("dyck", test_seed=-1)
+
+
+def test_a_task_declaring_defaults_where_mixit_once_read_them_is_refused_when_defined():
+    """0.3.0 read a task's run defaults from ``defaults`` on the task class; now they go on its Config, and a
+    task written for 0.3.0 is told so, rather than trained with the defaults it meant ignored."""
+
+    @dataclass
+    class OldConfig(TaskConfig):
+        """An old-style task's parameters."""
+
+    with pytest.raises(UsageError) as refused:
+
+        class Old(SequenceTask):
+            Config = OldConfig
+            defaults: ClassVar[dict[str, int]] = {"steps": 10}
+
+    assert str(refused.value) == (
+        "task class Old sets defaults, which mixit no longer reads; declare them as run_defaults on its Config "
+        "(OldConfig)"
+    )

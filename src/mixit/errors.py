@@ -10,13 +10,24 @@ is a `MixitWarning`: the CLI prints it as one ``mixit: warning: ...`` line, like
 its other warnings; the Python API leaves it to the `warnings` module.
 """
 
+import importlib
 import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 
 class UsageError(ValueError):
     """Invalid user input; the message names the problem and what is allowed."""
+
+
+def require(module: str, refusal: str) -> ModuleType:
+    """The optional dependency `module`, imported when a command needs it; UsageError `refusal` (naming the
+    command that installs it) where it is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UsageError(refusal) from None
 
 
 class MixitWarning(UserWarning):

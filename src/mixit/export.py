@@ -40,12 +40,12 @@ import torch
 from safetensors.torch import load_file
 
 from mixit.config import ModelConfig
-from mixit.errors import UsageError
+from mixit.errors import UsageError, require
 from mixit.experiment import build, read_record
 from mixit.files import check_output_dir, read_json, write_json, write_text
 from mixit.freezing import VARIANTS, query_key
 from mixit.models import Transformer
-from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export, require
+from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export
 from mixit.runtime import resolve_device
 from mixit.text.tokenizer import EOS, PAD, TOKENIZER_FILE
 from mixit.version import __version__, git_commit, install_hint

@@ -36,7 +36,6 @@ checkpoint by the protocol `mixit.checkpoint` describes.
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 import sys
@@ -56,7 +55,7 @@ from mixit.checkpoint import (
     partial_checkpoints,
 )
 from mixit.config import flatten
-from mixit.errors import UsageError
+from mixit.errors import UsageError, require
 from mixit.experiment import RunConfig, build, read_record, read_request_file, record
 from mixit.files import DirectoryLock, check_output_dir, read_json, remove_temporary, write_json, write_text
 from mixit.models import Transformer
@@ -93,15 +92,6 @@ def is_export(directory: Path) -> bool:
         return False
     data = read_json(path, CONFIG)
     return isinstance(data, dict) and EXPORTED in data
-
-
-def require(module: str, refusal: str) -> ModuleType:
-    """The optional dependency `module`, imported when a command needs it; UsageError `refusal` (naming the
-    command that installs it) where it is not installed."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise UsageError(refusal) from None
 
 
 def require_pandas() -> ModuleType:

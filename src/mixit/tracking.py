@@ -52,10 +52,10 @@ from typing import Any, Literal, Protocol, cast, get_args, get_origin
 
 from mixit.checkpoint import is_count
 from mixit.config import flatten
-from mixit.errors import UsageError
+from mixit.errors import UsageError, require
 from mixit.experiment import RunConfig
 from mixit.files import check_output_dir, read_json, write_json
-from mixit.run import LOCK, Run, is_number, require
+from mixit.run import LOCK, Run, is_number
 from mixit.version import install_hint
 
 Sink = Literal["tensorboard", "wandb", "mlflow", "trackio"]

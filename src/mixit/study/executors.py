@@ -56,7 +56,7 @@ from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import SignalOptions, signal_command
 from mixit.config import check, coerce, type_name
 from mixit.distributed import env_world
-from mixit.errors import UsageError, show_warning
+from mixit.errors import UsageError, require, show_warning
 from mixit.experiment import RunConfig
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
 from mixit.plugins import load_plugins
@@ -284,10 +284,7 @@ class Pool:
         looks for; submitit would otherwise run the study here, unasked)."""
         if self.executor not in ("slurm", "submitit-local"):
             return
-        try:
-            import submitit
-        except ImportError:
-            raise UsageError(f"--executor {self.executor} needs submitit: {install_hint('slurm')}") from None
+        submitit = require("submitit", f"--executor {self.executor} needs submitit: {install_hint('slurm')}")
         slurm_parameters(self.executor, self.slurm)
         if self.executor == "slurm" and (shutil.which("sbatch") is None or submitit.SlurmExecutor.affinity() <= 0):
             raise UsageError(

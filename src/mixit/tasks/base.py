@@ -170,6 +170,16 @@ class Task:
     """For a task that reads one of several datasets, the parameter naming it: the paper's tables name the task
     by it ("lm:wikitext-103", the last part of the parameter's path). None: by the task's name alone."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a task that declares its run defaults where mixit 0.3.0 read them (``defaults`` on the task
+        class): they would be ignored without a word."""
+        super().__init_subclass__(**kwargs)
+        check(
+            "defaults" not in vars(cls),
+            f"task class {cls.__name__} sets defaults, which mixit no longer reads; declare them as run_defaults "
+            f"on its Config ({cls.Config.__name__})",
+        )
+
     def __init__(self, cfg: TaskConfig | None = None, data: DataConfig | None = None):
         """`cfg`: the task's parameters (None: their defaults); `data`: which examples it draws (None: the
         defaults). A task reads both where it needs them (``self.cfg.n_digits``), never copying them."""

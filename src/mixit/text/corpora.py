@@ -47,7 +47,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mixit.errors import MixitWarning, UsageError
+from mixit.errors import MixitWarning, UsageError, require
 from mixit.text.cache import hf_cache_dir
 from mixit.version import install_hint
 
@@ -187,13 +187,11 @@ def movie_snippets() -> tuple[list[str], list[int]]:
 
 # -- Hugging Face datasets ---------------------------------------------------
 def _datasets():
-    try:
-        import datasets
-    except ImportError:
-        raise UsageError(
-            "this dataset is read through Hugging Face `datasets`, which is not installed; "
-            f"{install_hint('hf')} (or use the embedded default)"
-        ) from None
+    datasets = require(
+        "datasets",
+        "this dataset is read through Hugging Face `datasets`, which is not installed; "
+        f"{install_hint('hf')} (or use the embedded default)",
+    )
     datasets.disable_progress_bars()
     return datasets
 
@@ -360,11 +358,8 @@ def _records(path: Path) -> list[dict[str, Any]]:
     if path.suffix in (".csv", ".tsv"):
         with open(path, newline="", encoding="utf-8") as f:
             return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise UsageError(f"{path}: reading .parquet needs pyarrow: {install_hint('hf')}") from None
-    return pq.read_table(path).to_pylist()
+    parquet = require("pyarrow.parquet", f"{path}: reading .parquet needs pyarrow: {install_hint('hf')}")
+    return parquet.read_table(path).to_pylist()
 
 
 MAX_CLASSES = 100_000
