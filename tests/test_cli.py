@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonargparse import ArgumentError
 
 from mixit.cli import call, command_parser, main
 from mixit.errors import UsageError
@@ -258,5 +259,5 @@ def test_a_wrong_value_is_said_from_the_declared_type_of_the_option_given():
     assert parser.explain(["r", "--seed", "x"]) == "seed: expected an integer, got 'x'"
     assert parser.explain(["r", "--depths=2,x"]) == "depths: expected a list (an integer each), got '2,x'"
     assert parser.explain(["r", "--shaped", "--seed", "2"]) is None  # a bool alone takes no value
-    with pytest.raises(Exception, match=r"^shaped: expected true or false, got 'maybe'$"):
+    with pytest.raises(ArgumentError, match=r"^shaped: expected true or false, got 'maybe'$"):
         toy_args("r", "--shaped", "maybe")

@@ -14,7 +14,7 @@ import pytest
 
 from mixit.cli import COMMANDS, build_parser
 from mixit.config import help_type
-from mixit.flags import Parser, help_default
+from mixit.flags import Parser, fill, help_default
 from mixit.tasks import TASKS
 
 TOP = "mixit"  # the test case of `mixit --help` itself
@@ -139,3 +139,9 @@ def test_the_checks_catch_a_fragment_and_a_python_type():
     assert PYTHON_VALUES.search("(type: str, default: ('standard', 'mixit'))")
     assert PYTHON_VALUES.search("(type: comma-separated list of str, default: )")
     assert not PYTHON_VALUES.search("(type: int or null, default: null) a | b (x)")
+
+
+def test_a_description_is_filled_between_words_never_inside_an_option_name(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "16")  # argparse's width, and fill's: 14 columns
+    lines = fill("use --over-time here, then --d-model").splitlines()
+    assert lines == ["use", "--over-time", "here, then", "--d-model"]  # not "use --over-" and "time here,"

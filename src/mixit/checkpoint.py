@@ -98,16 +98,7 @@ def save_checkpoint(
         tmp = root / (final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        save_file(tensors, str(tmp / MODEL))
-        opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
-        save_file(opt_tensors, str(tmp / OPTIMIZER))
-        scaler = precision.state_dict() if precision is not None else {}
-        write_json(tmp / STATE, {"step": step, "optimizer": opt_meta, "scaler": scaler, "keep": keep})
-        for file in (MODEL, OPTIMIZER):  # flushed to disk before the rename makes the checkpoint complete
-            with open(tmp / file, "rb") as f:
-                os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        _write_files(tmp, step, model, optimizer, precision, keep)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     write_text(root / LATEST, final.name + "\n")
@@ -152,6 +143,28 @@ def load_training_state(optimizer: torch.optim.Optimizer, ckpt: Path, precision:
     if not is_count(step) or ckpt.name != checkpoint_path(ckpt.parent, step).name:
         raise UsageError(f"checkpoint {ckpt} has a corrupt state.json (step {step!r}, not its own step)")
     return step
+
+
+def _write_files(
+    directory: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision | None,
+    keep: bool,
+) -> None:
+    """Write checkpoint `step`'s files into the empty `directory`, flushed to disk before the rename that makes
+    the checkpoint complete."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(directory / MODEL))
+    opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
+    save_file(opt_tensors, str(directory / OPTIMIZER))
+    scaler = precision.state_dict() if precision is not None else {}
+    write_json(directory / STATE, {"step": step, "optimizer": opt_meta, "scaler": scaler, "keep": keep})
+    for file in (MODEL, OPTIMIZER):
+        with open(directory / file, "rb") as f:
+            os.fsync(f.fileno())
+    _fsync_dir(directory)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -166,10 +166,7 @@ def flat_options() -> dict[str, str]:
             if f.name not in TASK_DECIDES:
                 assert f.name not in names, f"option {f.name} is declared twice"
                 names[f.name] = group
-    for f in dataclasses.fields(RunConfig):
-        if f.name not in (*SECTIONS, "task", "variant", "recipe"):
-            names[f.name] = ""
-    return names
+    return {**names, **dict.fromkeys(DATA_OPTIONS, "")}
 
 
 def nest(overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -156,7 +156,9 @@ def fill(text: str | None) -> str | None:
     for paragraph in paragraphs:
         lead = paragraph[: len(paragraph) - len(paragraph.lstrip())]
         words = " ".join(paragraph.split())
-        lines += textwrap.wrap(words, width, initial_indent=lead, subsequent_indent=lead + "    " * bool(lead))
+        lines += textwrap.wrap(
+            words, width, initial_indent=lead, subsequent_indent=lead + "    " * bool(lead), break_on_hyphens=False
+        )
         lines += [] if words else [""]
     return "\n".join(lines)
 

@@ -122,8 +122,9 @@ def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | P
             continue
         require(name, f"{option} {name} needs the {name} package: {install_hint(name)}")
         chosen.append(cast(Sink, name))
-    run = None if run_dir is None else Run(run_dir)
-    run = None if run is None or run.state() == "absent" else run  # a new run's directory is checked as it is made
+    run = Run(run_dir) if run_dir is not None else None
+    if run is not None and run.state() == "absent":
+        run = None  # a new run's directory is checked as it is made
     held = tracking_state(run) if run is not None and chosen else {}
     for name in chosen:
         try:
@@ -227,7 +228,8 @@ def study_grouping(study: str, run_id: str, cfg: RunConfig, role: str, naming: N
     unique by its id (after the prefix `naming.name`): addition-mixit-seed0-1a2b3c4d5e6f; a screening run (of the
     search's own seed) addition-mixit-screen-1a2b3c4d5e6f. Only the name changes: the run's directory is its id."""
     marked = "screen" if role == "screen" else f"seed{cfg.model.seed}"
-    name = "-".join([*filter(None, [naming.name]), cfg.task, cfg.variant, marked, run_id])
+    prefix = [naming.name] if naming.name else []
+    name = "-".join([*prefix, cfg.task, cfg.variant, marked, run_id])
     return Grouping(name, study, {**_tags(cfg), "role": role}, naming.project)
 
 
@@ -241,9 +243,13 @@ def points(event: Mapping[str, Any]) -> dict[str, float]:
     kind = str(event.get("event", "event"))
     named = {}
     for key, value in event.items():
-        if key not in ("step", "event") and is_number(value):
+        if key in ("step", "event") or not is_number(value):
+            continue
+        if kind == "eval":
             split = "val" if key.startswith("val_") else "test"
-            named[f"{split}/{key.removeprefix('val_')}" if kind == "eval" else f"{kind}/{key}"] = float(value)
+            named[f"{split}/{key.removeprefix('val_')}"] = float(value)
+        else:
+            named[f"{kind}/{key}"] = float(value)
     return named
 
 
@@ -412,14 +418,7 @@ class Mlflow(SinkWriter):
         if held and run is not None and "tracking_uri" in held:
             uri = held["tracking_uri"]
             recorded = f"{tracking_path(run)} records it for the MLflow run this run continues; or leave out mlflow"
-        # The schemes the installed MLflow accepts: a path, file:, its databases, http(s):, databricks:, plugins'.
-        engines = importlib.import_module("mlflow.store.db.db_types").DATABASE_ENGINES
-        plugins = [e.name for e in importlib.metadata.entry_points(group="mlflow.tracking_store")]
-        known = ["", "file", *engines, "http", "https", "databricks", *plugins]
-        try:  # the scheme as MLflow reads it: "" for a path; a database's dialect without its driver
-            scheme = importlib.import_module("mlflow.utils.uri").get_uri_scheme(uri)
-        except Exception:  # a database dialect MLflow does not know
-            scheme = urllib.parse.urlsplit(uri).scheme
+        scheme, known = _mlflow_scheme(uri)
         if scheme not in known:
             allowed = "a path or a URI of " + ", ".join(f"{s}:" for s in known if s)
             fix = f"{recorded}; allowed: {allowed}" if recorded else f"set MLFLOW_TRACKING_URI to {allowed}"
@@ -510,6 +509,19 @@ class Trackio(SinkWriter):
 
 
 WRITERS: dict[str, Callable[[], SinkWriter]] = {writer.name: writer for writer in (TensorBoard, Wandb, Mlflow, Trackio)}
+
+
+def _mlflow_scheme(uri: str) -> tuple[str, list[str]]:
+    """(the scheme of `uri` as MLflow reads it: "" for a path, a database's dialect without its driver; the schemes
+    the installed MLflow accepts: a path, file:, its databases, http(s):, databricks:, plugins')."""
+    engines = importlib.import_module("mlflow.store.db.db_types").DATABASE_ENGINES
+    plugins = [e.name for e in importlib.metadata.entry_points(group="mlflow.tracking_store")]
+    known = ["", "file", *engines, "http", "https", "databricks", *plugins]
+    try:
+        scheme = str(importlib.import_module("mlflow.utils.uri").get_uri_scheme(uri))
+    except Exception:  # a database dialect MLflow does not know
+        scheme = urllib.parse.urlsplit(uri).scheme
+    return scheme, known
 
 
 def _mlflow_store_dir(uri: str, scheme: str) -> Path:

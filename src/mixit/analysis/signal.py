@@ -126,8 +126,16 @@ class Probe:
     def model(self, variant: str, depth: int, seed: int) -> ModelConfig:
         """The model of `variant` with `depth` blocks initialised from `seed` (the variant's own settings)."""
         settings = {**(ModelConfig.shaped() if self.shaped else {}), **(self.model_overrides or {})}
-        sizes = {name: getattr(self, name) for name in ("vocab_size", "n_ctx", "d_model", "n_heads")}
-        return model_config(variant, n_layers=depth, seed=seed, **sizes, **settings)
+        return model_config(
+            variant,
+            n_layers=depth,
+            seed=seed,
+            vocab_size=self.vocab_size,
+            n_ctx=self.n_ctx,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            **settings,
+        )
 
     def inputs(self, seed: int) -> torch.Tensor:
         """The random token ids every variant of `seed` is measured on: (batch, n_ctx)."""

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mixit.study.cells import rows
+from mixit.study.cells import fmt, rows
 from mixit.study.collect import Result, reported, task_class
 from mixit.training.convergence import Selection
 
@@ -388,7 +388,7 @@ def judge(
     verdicts = [judged(p) for p in parts]
     held = sum(all(v.seeds[i].reads == "holds" for v in verdicts) for i in range(len(seeds)))
     check = Check(name, worst_of([v.verdict for v in verdicts]), "", len(seeds), held, rule.horizon, parts=verdicts)
-    numbers = "; ".join(f"{c.name} {_fmt([readings[c.name][s].value for s in seeds], c.digits)}{c.unit}" for c in cells)
+    numbers = "; ".join(f"{c.name} {fmt([readings[c.name][s].value for s in seeds], c.digits)}{c.unit}" for c in cells)
     if precondition is not None:
         check.precondition = judged(precondition)
         if check.precondition.verdict == "FAIL":
@@ -416,11 +416,6 @@ def _margins(v: PartVerdict) -> str:
     if v.interval is not None:
         text += f", one-sided bounds at the horizon {v.interval[0]:+.{d}f} / {v.interval[1]:+.{d}f}"
     return text
-
-
-def _fmt(xs: Sequence[float], digits: int) -> str:
-    text = f"{statistics.fmean(xs):.{digits}f}"
-    return text + (f" ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else "")
 
 
 def _inputs(

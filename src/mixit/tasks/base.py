@@ -17,10 +17,10 @@ and scored (docs/tasks.md, "Common rules"). The model never sees the last token,
 
 and one loss (cross-entropy with ``ignore_index=IGNORE``) serves every task.
 
-Determinism: the test set is ``test_size`` draws of ``numpy.random.default_rng([seed, 2, test_seed])``,
-the validation set ``val_size`` draws of ``default_rng([seed, 3])``, and training batch number ``step``
-comes from ``default_rng([seed, 1, step])``, minus any test or validation example. A batch therefore
-depends only on (seed, test_seed, step), never on global RNG state or on how many batches came before,
+Determinism: the test set is ``test_size`` draws of ``numpy.random.default_rng([data_seed, 2, test_seed])``,
+the validation set ``val_size`` draws of ``default_rng([data_seed, 3])``, and training batch number ``step``
+comes from ``default_rng([data_seed, 1, step])``, minus any test or validation example. A batch therefore
+depends only on (data_seed, test_seed, step), never on global RNG state or on how many batches came before,
 which is what makes ``--resume`` exact.
 
 The validation and test sets are two independent samples of the same distribution, so a validation
@@ -309,11 +309,11 @@ class SequenceTask(Task):
     # -- test set, validation set and training stream ---------------------------
     def build_held_out(self) -> tuple[Examples, Examples]:
         """(test set, validation set): two independent samples of `sample` (module docstring), test_size
-        draws from ``default_rng([seed, 2, test_seed])`` and val_size draws from ``default_rng([seed, 3])``.
+        draws from ``default_rng([data_seed, 2, test_seed])`` and val_size draws from ``default_rng([data_seed, 3])``.
 
         Not one pool split in two by example, as before: that put every copy of a frequent example on one
         side, so the two sets held different mixes of strings (Dyck/MixiT read 75.8% on validation and
-        66.6% on test at every evaluation). The keys leave the training stream's ``[seed, 1, step]`` alone.
+        66.6% on test at every evaluation). The keys leave the training stream's ``[data_seed, 1, step]`` alone.
         """
         d = self.data_config
         test_size, val_size = d.sizes
