@@ -51,3 +51,23 @@ def git_commit() -> str | None:
         return None
     dirty = status.returncode == 0 and bool(status.stdout.strip())
     return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+PROTOCOL = "docs/protocol.md"
+"""The pre-registered protocol of the paper study, in a checkout: its findings, thresholds, grids, budgets, seeds and
+verdict rule."""
+
+
+def protocol_commit() -> str | None:
+    """The commit that last changed `PROTOCOL`, in a git checkout (the report names it, so a reader can see the
+    protocol was committed before the runs it judges); None outside one."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / PROTOCOL).exists():
+        return None
+    try:
+        log = subprocess.run(
+            ["git", "log", "-1", "--format=%H", "--", PROTOCOL], cwd=root, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (log.stdout.strip() or None) if log.returncode == 0 else None

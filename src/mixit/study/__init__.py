@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from mixit.bench import matmul_contender, time_round_robin
-from mixit.config import check
+from mixit.config import check, is_a
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.resources import model_numel
@@ -91,11 +91,13 @@ def planned_runs(study: Study, search: bool = True) -> list[PlannedRun]:
     return merge_planned(planned.plain, cells, screens)
 
 
-def list_studies(seeds: int = 1) -> str:
-    """The presets of the paper study, with their run counts and estimated time on this machine."""
+def list_studies(seeds: int | None = None) -> str:
+    """The presets of the paper study, with their run counts and estimated time on this machine (`seeds` per cell,
+    or each preset's first look; seeds the sequential design may add are not counted)."""
     speed = matmul_flops_per_second()
+    per_cell = f"{seeds} seed(s)" if seeds else "each preset's own seeds"
     lines = [
-        f"paper study presets (`mixit reproduce --preset NAME`), {seeds} seed(s); this machine: "
+        f"paper study presets (`mixit reproduce --preset NAME`), {per_cell}; this machine: "
         f"{speed / 1e9:.0f} GFLOP/s matmul, estimates assume {EFFICIENCY:.0%} of it and every run to its step cap:"
     ]
     for name, scale in PRESETS.items():
@@ -124,11 +126,15 @@ class ReproduceOptions:
     study: Path | None = None
     """A study file of your own (TOML, or YAML if it ends in .yaml or .yml: docs/studies.md) instead of the
     paper's comparison."""
-    seeds: int = 1
-    """Seeds per cell (seed s sets the model's seed and the data seed)."""
+    seeds: int | None = None
+    """Seeds per cell (seed s sets the model's seed and the data seed); null means the protocol's: a preset's first
+    look (quick: 3, with seeds added to undecided findings up to 7: docs/protocol.md), a study file's own."""
     first_seed: int = 0
     """The first seed: the cells' seeds are first_seed..first_seed+seeds-1 (a second study, to see whether the
     verdicts hold on seeds the first never used)."""
+    test_seed: int | None = None
+    """The seed every task's test set is drawn with (the synthetic tasks'), instead of the preset's: a replication
+    on test sets no other study read. Null: the preset's (quick: its confirmatory test seed)."""
     out: Path | None = None
     """The study directory; null means runs/study-<preset or study name>, ending in -nosearch without
     search."""
@@ -178,12 +184,17 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
     if options.list:
         return {"listing": list_studies(options.seeds)}
     seeds = options.seeds
-    check(isinstance(seeds, int) and seeds >= 1, f"seeds must be a positive integer, got {seeds}")
+    check(seeds is None or (is_a(seeds, int) and seeds >= 1), f"seeds must be a positive integer or null, got {seeds}")
+    check(
+        options.test_seed is None or (is_a(options.test_seed, int) and options.test_seed >= 0),
+        f"test_seed must be a non-negative integer or null, got {options.test_seed}",
+    )
     naming = Naming(options.tracking_project, options.tracking_name)
     if options.study is not None:  # the file's own seeds unless --seeds says otherwise
-        chosen = load_study_file(options.study, seeds if seeds != 1 else None, options.first_seed)
+        check(options.test_seed is None, "--test-seed applies to a preset; a study file sets test_seed in its base")
+        chosen = load_study_file(options.study, seeds, options.first_seed)
     else:
-        chosen = paper_study(options.preset, seeds, options.first_seed)
+        chosen = paper_study(options.preset, seeds, options.first_seed, options.test_seed)
     out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
     start = time.perf_counter()
     tally = execute(

@@ -7,18 +7,26 @@ beside the runs (the signal sweeps of Tables 6-7).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mixit.config import check
 from mixit.study.presets import PRESETS
 from mixit.study.spec import Study, seed_range
 from mixit.study.tables import TABLES
 
 
-def paper_study(preset: str, seeds: int = 1, first_seed: int = 0) -> Study:
-    """The paper's comparison at the scale of `preset` (smoke, quick, gpu or paper), `seeds` seeds per cell
-    from `first_seed` on (a second study with seeds no other used: `first_seed` past the first's)."""
+def paper_study(preset: str, seeds: int | None = None, first_seed: int = 0, test_seed: int | None = None) -> Study:
+    """The paper's comparison at the scale of `preset` (smoke, quick, gpu or paper), `seeds` seeds per cell (None:
+    the preset's first look) from `first_seed` on (a second study with seeds no other used: `first_seed` past the
+    first's), its test sets drawn with `test_seed` (None: the preset's)."""
     check(preset in PRESETS, f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
-    chosen = seed_range(seeds, first_seed)
     scale = PRESETS[preset]
+    if test_seed is not None:
+        scale = replace(
+            scale, tasks={name: {**request, "test_seed": test_seed} for name, request in scale.tasks.items()}
+        )
+    seeds = seeds or scale.seeds
+    chosen = seed_range(seeds, first_seed)
     return Study(
         f"paper-{preset}",
         [spec for table in TABLES for spec in table.runs(scale, chosen)],
@@ -29,7 +37,7 @@ def paper_study(preset: str, seeds: int = 1, first_seed: int = 0) -> Study:
         extras={name: options for table in TABLES for name, options in table.extras(scale, seeds).items()},
         screen_fraction=scale.screen_fraction,
         screen_min_steps=dict(scale.screen_min_steps),
-        rebuild=lambda more, first: paper_study(preset, more, first),
+        rebuild=lambda more, first: paper_study(preset, more, first, test_seed),
     )
 
 

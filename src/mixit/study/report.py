@@ -1,10 +1,10 @@
 """The report of a study (`mixit report STUDY_DIR`): report.md, results.csv, checks.json and figures/.
 
 report.md of the paper's study (a preset) has a header, every finding of the paper as a check (PASS,
-FAIL, UNDECIDED or n/a, judged per seed, with the numbers behind it), then one section per table of
-`mixit.study.tables.TABLES` (mean and spread over seeds, the paper's number beside ours, whether each
-cell converged, the settings a search chose), an appendix listing every candidate the search screened,
-and the failed runs. A study of your own (a study file, or a `Study` without a preset) has no paper
+FAIL, UNDECIDED, PROVISIONAL, UNTESTABLE or n/a, judged over seeds, with the numbers behind it), then one
+section per table of `mixit.study.tables.TABLES` (mean and spread over seeds, the paper's number beside
+ours, whether each cell converged, the settings a search chose), an appendix listing every candidate the
+search screened, and the failed runs. A study of your own (a study file, or a `Study` without a preset) has no paper
 checks or tables: its report has one row per cell instead (`cells_section`), then the same appendix
 and failed runs. results.csv has one row per run; checks.json the verdicts. The report trains and evaluates no
 model: it reads what the study's runs, their analyses and the signal sweeps wrote.
@@ -26,7 +26,7 @@ from mixit.study.presets import PRESETS
 from mixit.study.render import results_csv, settings
 from mixit.study.tables import TABLES
 from mixit.study.verdicts import Check
-from mixit.version import __version__, git_commit
+from mixit.version import __version__, git_commit, protocol_commit
 
 STATES = ("done", "failed", "damaged", "interrupted", "new")
 """The states of a run in the report (`mixit.study.collect.Result.state`)."""
@@ -45,32 +45,29 @@ def checks_table(checks: list[Check]) -> list[str]:
 
 
 def judgement_section(checks: list[Check]) -> list[str]:
-    """How each finding was judged (docs/reproduction.md, "The rule"): per part and seed its margin, noise
-    floor and projected range at the horizon; the interval over seeds; each cell's drift; what blocks it."""
+    """How each finding was judged (docs/protocol.md, "The rule"): per part and seed its margin and test-set
+    standard error; the interval over seeds and its t quantile; each cell's number, budget and whether it had
+    converged; what keeps it undecided."""
     lines: list[str] = []
     for c in checks:
         judged = [*c.parts, *([c.precondition] if c.precondition else [])]
         if not judged:
             continue
         lines += [f"**{c.name}**: {c.verdict}", ""]
-        lines += ["| part | seed | margin | noise floor | at the horizon | reads |", "|---|---|---|---|---|---|"]
+        lines += ["| part | seed | margin ± test SE |", "|---|---|---|"]
         for p in judged:
             d = p.digits
-            for s in p.seeds:
-                lines.append(
-                    f"| {p.name} | {s.seed} | {s.margin:+.{d}f}{p.unit} | {s.floor:.{d}f} | "
-                    f"{s.worst:+.{d}f} to {s.best:+.{d}f} | {s.reads} |"
-                )
+            lines += [f"| {p.name} | {s.seed} | {s.margin:+.{d}f} ± {s.se:.{d}f}{p.unit} |" for s in p.seeds]
         lines.append("")
         for p in judged:
-            bound = "" if p.interval is None else f"; one-sided bounds over seeds {p.interval[0]:+.{p.digits}f} / "
-            bound += "" if p.interval is None else f"{p.interval[1]:+.{p.digits}f} (worst / best at the horizon)"
+            bound = ""
+            if p.interval is not None:
+                bound = (
+                    f"; mean {p.mean:+.{p.digits}f}, one-sided bounds over {len(p.seeds)} seeds "
+                    f"{p.interval[0]:+.{p.digits}f} / {p.interval[1]:+.{p.digits}f} (t quantile {p.quantile:.2f})"
+                )
             lines.append(f"- {p.name}: **{p.verdict}**{bound}")
-        lines += [
-            "",
-            "| cell | seed | number ± SE | slope per 1k steps | range at the horizon |",
-            "|---|---|---|---|---|",
-        ]
+        lines += ["", "| cell | seed | number ± SE | steps trained / cap | converged |", "|---|---|---|---|---|"]
         shown = set()  # a cell two parts read is shown once per seed
         for p in judged:
             for s in p.seeds:
@@ -78,13 +75,13 @@ def judgement_section(checks: list[Check]) -> list[str]:
                     if (cell.cell, s.seed) in shown:
                         continue
                     shown.add((cell.cell, s.seed))
-                    slope = "-" if cell.slope is None else f"{cell.slope:+.3g} ± {cell.slope_se:.2g}"
+                    cap = f"{cell.cap:,}" + (f" ({cell.budget}x the preset's)" if cell.budget > 1 else "")
                     lines.append(
-                        f"| {cell.cell} | {s.seed} | {cell.value:.4g} ± {cell.se:.2g} | {slope} | "
-                        f"{cell.low:.4g} to {cell.high:.4g} (step {cell.horizon:,}) |"
+                        f"| {cell.cell} | {s.seed} | {cell.value:.4g} ± {cell.se:.2g} | {cell.steps:,} / {cap} | "
+                        f"{'yes' if cell.converged else 'no'} |"
                     )
         if c.blocking:
-            lines += ["", "Undecided because:", "", *[f"- {b}" for b in c.blocking]]
+            lines += ["", "Not decided because:", "", *[f"- {b}" for b in c.blocking]]
         lines.append("")
     return lines
 
@@ -192,9 +189,11 @@ def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
         "",
         f"Preset `{record.get('preset')}`, {runs} "
         "The paper's numbers are from arXiv 2506.01115 v3, at the paper's scales; ours are at the preset's. "
-        "A finding is judged in each seed: PASS if it holds in every one, FAIL if not, UNDECIDED if an input "
-        "run had not converged (or what the finding presupposes did not happen), n/a if an input run is "
-        "missing, failed or damaged.",
+        "A finding is judged by a one-sided t interval of its margin over independent seeds, each seed its own "
+        "search, training and test set (docs/protocol.md, pre-registered; the rule and its constants at "
+        f"protocol commit {protocol_commit() or 'unknown'}): PASS or FAIL where the interval clears 0, UNDECIDED "
+        "where it does not, PROVISIONAL with fewer seeds than a verdict needs, UNTESTABLE where what the finding "
+        "presupposes did not happen, n/a where an input run is missing, failed or damaged.",
         "",
     ]
 

@@ -1,84 +1,94 @@
-"""The verdict rule: a paper finding judged by its margin and the margin's uncertainty.
+"""The verdict rule: a paper finding judged by an interval over independent seeds.
 
-docs/reproduction.md, "The rule", states it for a reader; this module is that rule, and nothing else.
+docs/protocol.md pre-registers it (with the findings, thresholds, grids, budgets and seeds it judges);
+this module is that rule, and nothing else.
 
 A finding is one or more **parts** (an AND finding, "on retrieval and on induction", has one per
 conjunct). A part is a **margin**: a function of its cells' numbers with the finding's threshold built
 in, positive where the part holds ("MixiT at least 30 points below both": min(standard, frozen Q/K) - 30
-- MixiT). Its cells are the final runs of the study that it reads, one per seed (`Cell`).
+- MixiT). Its cells are the final runs of the study that it reads, one per seed (`Cell`), each at the
+longest budget the study trained it to (`mixit.study.collect`: a run still moving at its cap is trained
+again at 2x and 4x the cap; the number read is the one actually trained, never a projection).
 
-Per seed, each part gets three numbers (`SeedMargin`):
+**Per seed** (`SeedMargin`), the margin m at each cell's reported number (its test metric at its best
+validation evaluation), and the margin's test-set standard error: each cell's standard error over its
+evaluation set's examples, propagated through the margin and added in quadrature.
 
-- the **margin** m, at each cell's reported number (its test metric at its best validation evaluation);
-- the **noise floor**, `Rule.z` times the margin's standard error, propagated from each cell's standard
-  error over its evaluation set's examples (`<metric>_se` in the run's metrics; 0 where a metric has none);
-- the **projection** [worst, best]: each cell moved by its drift towards the horizon (`Rule.horizon`
-  times its run's step cap), the drift bounded by the slope of its last evaluations plus or minus `Rule.z`
-  standard errors of that slope, only in the direction the bound allows, and kept within the metric's
-  range; worst and best are the margin's least and greatest values over the moved cells (the margins are
-  monotone in each cell, so they are reached at a corner of the cells' ranges).
+**Over seeds** (`over_seeds`). A seed is one independent replicate of the whole protocol: its own model
+seed, data seed and data order, its own search, and (for the synthetic tasks) its own test set. With `n`
+seeds, the part's one-sided interval is
 
-In one seed a part *holds* when m > floor and worst > 0, *fails* when m < -floor and best < 0, and is
-*open* otherwise: within noise, or drift to the horizon could flip its sign. Over seeds: with fewer than
-`Rule.interval_seeds`, a part is PASS if it holds in every seed, FAIL if it fails in every seed, else
-UNDECIDED; with more, a one-sided `Rule.confidence` t interval over the seeds decides: PASS if the lower
-bound of the mean worst is above 0, FAIL if the upper bound of the mean best is below 0, else UNDECIDED
-(the spread over seeds then stands for the noise: where the seeds draw their own test sets it includes
-the test set's sampling, where they share one, a text corpus's, it does not). A finding takes
-its worst part (FAIL before UNDECIDED before PASS). A finding whose **precondition** (a part of its
-own) FAILs is UNTESTABLE, with the cause; one whose precondition is undecided is UNDECIDED. A finding
-with a cell missing, failed, unfinished or without its number is n/a.
+    mean(m) -/+ q * sqrt(stdev(m)^2 / n + rms(se)^2),
+
+where q is Student's t quantile with n - 1 degrees of freedom at level 1 - `Rule.alpha` / `Rule.looks`
+(`scipy.stats.t.ppf`, exact). The first term is the spread over seeds, which holds training, search and
+(where seeds draw their own test sets) test-set randomness; the second is the test set's own error
+taken as if every seed shared one test set (as the text tasks' seeds do), which does not shrink with n:
+exact where test sets are shared, conservative where they are not. PASS if the lower bound is above 0,
+FAIL if the upper bound is below 0, else UNDECIDED. With fewer than `Rule.min_seeds` seeds nothing is
+decided: the part is PROVISIONAL, whatever its seeds show.
+
+**The sequential design.** Seeds may be added where a part is UNDECIDED, at the seed counts of
+`Rule.schedule` (3, then 5, then 7: `next_look`). The interval is judged at each of those looks, so each
+look spends `alpha / looks` of the error rate (Bonferroni): the chance that any look declares a false PASS
+(or a false FAIL) is at most `alpha`, whatever the data did at the earlier looks. Judged at any other seed
+count the interval keeps the same level, so a study with more seeds than the schedule is conservative.
+
+**Convergence.** A part marked `needs_convergence` (capacity: memorization's bits per parameter, which
+measure what a model can store, not what it stored by some step) is UNDECIDED while any of its cells, in
+any seed, had not converged at the longest budget trained; the evidence says so. Other parts are judged
+at the budget trained, and the report names any cell still moving there.
+
+A finding takes its worst part (FAIL before UNDECIDED before PROVISIONAL before PASS). A finding whose
+**precondition** (a part of its own) FAILs is UNTESTABLE, with the cause; one whose precondition is
+undecided or provisional is that. A finding with a cell missing, failed, unfinished or without its number
+is n/a.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from scipy import stats
+
 from mixit.study.cells import fmt, rows
 from mixit.study.collect import Result, reported, task_class
-from mixit.training.convergence import Selection
+from mixit.training.convergence import CONVERGED, Selection
 
-VERDICTS = ("PASS", "FAIL", "UNTESTABLE", "UNDECIDED", "n/a")
+VERDICTS = ("PASS", "FAIL", "UNTESTABLE", "UNDECIDED", "PROVISIONAL", "n/a")
 
 
 @dataclass(frozen=True)
 class Rule:
-    """The rule's constants, written down before the runs it judges (docs/reproduction.md, "The rule")."""
+    """The rule's constants, pre-registered in docs/protocol.md before the runs it judges."""
 
-    horizon: float = 2.0
-    """Drift is projected to this many times each run's step cap: a verdict holds at budgets up to there."""
-    z: float = 1.645
-    """One-sided 95% normal quantile: the noise floor and the drift bound are this many standard errors."""
-    confidence: float = 0.95
-    """The one-sided interval over seeds."""
-    interval_seeds: int = 3
-    """From this many seeds on, the interval over seeds decides; below it, every seed must agree."""
-    min_window: int = 4
-    """The drift is the slope of the last half of a curve's evaluations after step 0, at least this many."""
+    alpha: float = 0.05
+    """The one-sided error rate of a PASS (and, separately, of a FAIL) over every look of the sequential design."""
+    min_seeds: int = 3
+    """Fewer seeds than this decide nothing: the verdict is PROVISIONAL."""
+    schedule: tuple[int, ...] = (3, 5, 7)
+    """The seed counts at which the sequential design looks; seeds are added only up to the last."""
+
+    @property
+    def looks(self) -> int:
+        return len(self.schedule)
+
+    def quantile(self, n: int) -> float:
+        """Student's t one-sided quantile for an interval over `n` seeds, at level 1 - alpha / looks."""
+        if n < 2:
+            raise ValueError(f"an interval over seeds needs two seeds at least, got {n}")
+        return float(stats.t.ppf(1 - self.alpha / self.looks, n - 1))
+
+    def next_look(self, n: int) -> int | None:
+        """The seed count of the design's next look after `n` seeds; None past its last."""
+        return next((k for k in self.schedule if k > n), None)
 
 
 RULE = Rule()
-
-_T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753)
-"""Student's t one-sided 95% quantiles for 1 to 15 degrees of freedom."""
-
-
-def t_quantile(df: int, confidence: float = 0.95) -> float:
-    """Student's t one-sided quantile: a table to 15 degrees of freedom, then the Cornish-Fisher expansion
-    (within 0.001 of the exact quantile from 16 on). Only 95% is tabled."""
-    if confidence != 0.95:
-        raise ValueError(f"only a 95% interval is tabled, got {confidence}")
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be at least 1, got {df}")
-    if df <= len(_T95):
-        return _T95[df - 1]
-    z = 1.6448536269514722
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 # -- cells and their readings ------------------------------------------------------------------------
@@ -91,16 +101,18 @@ class Reading:
     value: float
     se: float = 0.0
     curve: tuple[tuple[int, float], ...] = ()
-    """(step, value) at each evaluation (or kept checkpoint), in the cell's units."""
+    """(step, value) at each evaluation (or kept checkpoint), in the cell's units: for the report."""
     steps: int = 0
     """Steps trained."""
     cap: int = 0
     """The run's step cap."""
     bounds: tuple[float, float] = (-math.inf, math.inf)
     """The metric's range (accuracy 0-100, a head score 0-1, a loss above 0)."""
-    solved: bool = False
-    """The run stopped solved (validation accuracy >= 99.9%): its reported number, taken at its best validation
-    evaluation, would change with more training only if validation rose above that, so it has no drift."""
+    converged: bool = True
+    """The run's validation curve had converged when it ended (solved, plateau or flat:
+    `mixit.training.convergence`)."""
+    budget: int = 1
+    """The run's step cap as a multiple of the preset's (2 or 4 for a run trained further: `mixit.study.collect`)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,8 @@ class Part:
     """Cell name -> number, to the signed margin (the finding's threshold built in)."""
     unit: str = " points"
     digits: int = 1
+    needs_convergence: bool = False
+    """The part measures a capacity: it is judged only once every cell has converged (module docstring)."""
 
 
 def difference(high: str, low: str, threshold: float = 0.0) -> Callable[[Mapping[str, float]], float]:
@@ -135,151 +149,51 @@ def difference(high: str, low: str, threshold: float = 0.0) -> Callable[[Mapping
     return lambda x: x[high] - x[low] - threshold
 
 
-# -- drift and projection ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Drift:
-    """A curve's recent slope (units per step) and its standard error, from `points` evaluations."""
-
-    slope: float
-    se: float
-    points: int
-    first_step: int
-    last_step: int
-
-
-def drift(curve: Sequence[tuple[int, float]], min_window: int = RULE.min_window) -> Drift | None:
-    """The least-squares slope of the last half of `curve`'s evaluations after step 0 (at least `min_window`,
-    all of them if fewer), and its standard error; None with fewer than three points."""
-    later = [(s, v) for s, v in curve if s > 0]
-    points = later[-max(min_window, math.ceil(len(later) / 2)) :]
-    if len(points) < 3:
-        return None
-    xs, ys = [float(s) for s, _ in points], [v for _, v in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
-    se = math.sqrt(residual / (len(points) - 2) / sxx)
-    return Drift(slope, se, len(points), int(xs[0]), int(xs[-1]))
-
-
-def projection(reading: Reading, rule: Rule = RULE) -> tuple[float, float, Drift | None]:
-    """The range [low, high] `reading`'s number may reach by `rule.horizon` times its cap, at the drift
-    bound (slope -/+ z standard errors, each side only where it moves that way), within its bounds."""
-    d = None if reading.solved else drift(reading.curve, rule.min_window)
-    low = high = reading.value
-    remaining = max(0.0, rule.horizon * reading.cap - reading.steps)
-    if d is not None and remaining > 0:
-        low += min(0.0, d.slope - rule.z * d.se) * remaining
-        high += max(0.0, d.slope + rule.z * d.se) * remaining
-    lo, hi = reading.bounds
-    return max(lo, min(hi, low)), max(lo, min(hi, high)), d
-
-
 # -- judging a part in one seed, then over seeds ---------------------------------------------------------
 
 
 @dataclass
-class CellDrift:
+class CellReading:
     """One cell in one seed, as the report shows it."""
 
     cell: str
     value: float
     se: float
-    slope: float | None
-    """Units per 1,000 steps; None: too few evaluations to tell."""
-    slope_se: float | None
-    low: float
-    high: float
-    """Its projected range at the horizon."""
-    horizon: int
-    """The step the projection reaches (`Rule.horizon` x its cap)."""
+    steps: int
+    cap: int
+    converged: bool
+    budget: int
 
 
 @dataclass
 class SeedMargin:
-    """One part in one seed."""
+    """One part in one seed: its margin and the margin's test-set standard error."""
 
     seed: int
     margin: float
-    floor: float
-    worst: float
-    best: float
-    reads: str
-    """holds, fails or open."""
-    why: str = ""
-    """For an open seed: within noise, or which cells' drift could flip it."""
-    cells: list[CellDrift] = field(default_factory=list)
+    se: float
+    cells: list[CellReading] = field(default_factory=list)
+
+    @property
+    def holds(self) -> bool:
+        return self.margin > 0
+
+    @property
+    def moving(self) -> list[str]:
+        """The cells that had not converged at the budget trained."""
+        return [c.cell for c in self.cells if not c.converged]
 
 
-def _corners(margin: Callable[[Mapping[str, float]], float], ranges: Mapping[str, tuple[float, float]]) -> list[float]:
-    """The margin at every corner of the cells' ranges (cells whose range is a point vary not)."""
-    names = list(ranges)
-    choices = [sorted({ranges[n][0], ranges[n][1]}) for n in names]
-    return [margin(dict(zip(names, corner))) for corner in itertools.product(*choices)]
-
-
-def seed_margin(part: Part, seed: int, readings: Mapping[str, Reading], rule: Rule = RULE) -> SeedMargin:
-    """`part` judged in one seed from its cells' readings (module docstring)."""
+def seed_margin(part: Part, seed: int, readings: Mapping[str, Reading]) -> SeedMargin:
+    """`part` in one seed from its cells' readings (module docstring)."""
     values = {name: r.value for name, r in readings.items()}
-    m = part.margin(values)
     variance = 0.0
     for name, r in readings.items():  # the margin's change over one standard error of each cell, in quadrature
         if r.se > 0:
             up, down = part.margin({**values, name: r.value + r.se}), part.margin({**values, name: r.value - r.se})
             variance += ((up - down) / 2) ** 2
-    floor = rule.z * math.sqrt(variance)
-    ranges, cells = {}, []
-    for name, r in readings.items():
-        low, high, d = projection(r, rule)
-        ranges[name] = (low, high)
-        cells.append(
-            CellDrift(
-                name,
-                r.value,
-                r.se,
-                None if d is None else 1000 * d.slope,
-                None if d is None else 1000 * d.se,
-                low,
-                high,
-                int(rule.horizon * r.cap),
-            )
-        )
-    corners = _corners(part.margin, ranges)
-    worst, best = min(corners), max(corners)
-    if m > floor and worst > 0:
-        reads, why = "holds", ""
-    elif m < -floor and best < 0:
-        reads, why = "fails", ""
-    else:
-        reads, why = "open", _why_open(part, m, floor, worst, best, values, ranges)
-    return SeedMargin(seed, m, floor, worst, best, reads, why, cells)
-
-
-def _why_open(
-    part: Part,
-    m: float,
-    floor: float,
-    worst: float,
-    best: float,
-    values: Mapping[str, float],
-    ranges: Mapping[str, tuple[float, float]],
-) -> str:
-    """Why a seed neither holds nor fails: its margin within the noise floor, or the cells whose drift
-    alone could flip the margin's sign."""
-    if abs(m) <= floor:
-        return f"margin within the noise floor ({m:+.{part.digits}f} against ±{floor:.{part.digits}f})"
-    flips = []
-    for name, (low, high) in ranges.items():
-        for end in (low, high):
-            moved = part.margin({**values, name: end})
-            if (moved > 0) != (m > 0):
-                flips.append(name)
-                break
-    cells = ", ".join(flips) or "their drift together"
-    return f"drift could flip its sign by the horizon ({worst:+.{part.digits}f} to {best:+.{part.digits}f}): {cells}"
+    cells = [CellReading(n, r.value, r.se, r.steps, r.cap, r.converged, r.budget) for n, r in readings.items()]
+    return SeedMargin(seed, part.margin(values), math.sqrt(variance), cells)
 
 
 @dataclass
@@ -290,49 +204,56 @@ class PartVerdict:
     verdict: str
     seeds: list[SeedMargin]
     interval: tuple[float, float] | None = None
-    """With `Rule.interval_seeds` seeds or more: (lower bound of the mean worst, upper bound of the mean best)."""
+    """With `Rule.min_seeds` seeds or more: the one-sided (lower, upper) bounds of the mean margin."""
+    quantile: float | None = None
+    """The t quantile the interval used."""
     unit: str = ""
     digits: int = 1
+    why: str = ""
+    """Why the part is not decided (PROVISIONAL or UNDECIDED)."""
 
     @property
     def held(self) -> int:
-        return sum(s.reads == "holds" for s in self.seeds)
+        return sum(s.holds for s in self.seeds)
 
-    def blocking(self) -> list[str]:
-        return [f"{self.name}, seed {s.seed}: {s.why}" for s in self.seeds if s.reads == "open"]
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(s.margin for s in self.seeds)
 
 
 def over_seeds(part: Part, seeds: Sequence[SeedMargin], rule: Rule = RULE) -> PartVerdict:
     """`part`'s verdict from its seeds (module docstring)."""
     n = len(seeds)
-    verdict = PartVerdict(part.name, "UNDECIDED", list(seeds), unit=part.unit, digits=part.digits)
-    if n < rule.interval_seeds:
-        if all(s.reads == "holds" for s in seeds):
-            verdict.verdict = "PASS"
-        elif all(s.reads == "fails" for s in seeds):
-            verdict.verdict = "FAIL"
+    verdict = PartVerdict(part.name, "PROVISIONAL", list(seeds), unit=part.unit, digits=part.digits)
+    moving = sorted({c for s in seeds for c in s.moving})
+    if n < rule.min_seeds:
+        verdict.why = f"{n} seed(s): a verdict needs {rule.min_seeds} at least"
         return verdict
-    t = t_quantile(n - 1, rule.confidence)
-
-    def bound(xs: list[float], sign: float) -> float:
-        return statistics.fmean(xs) + sign * t * statistics.stdev(xs) / math.sqrt(n)
-
-    lower = bound([s.worst for s in seeds], -1)
-    upper = bound([s.best for s in seeds], +1)
-    verdict.interval = (lower, upper)
-    if lower > 0:
+    q = rule.quantile(n)
+    spread = statistics.stdev(s.margin for s in seeds) ** 2 / n
+    test = statistics.fmean(s.se**2 for s in seeds)
+    half = q * math.sqrt(spread + test)
+    verdict.interval, verdict.quantile = (verdict.mean - half, verdict.mean + half), q
+    d = part.digits
+    if part.needs_convergence and moving:
+        verdict.verdict = "UNDECIDED"
+        verdict.why = f"not converged at the budget trained: {', '.join(moving)} (a capacity is judged at convergence)"
+    elif verdict.interval[0] > 0:
         verdict.verdict = "PASS"
-    elif upper < 0:
+    elif verdict.interval[1] < 0:
         verdict.verdict = "FAIL"
+    else:
+        verdict.verdict = "UNDECIDED"
+        verdict.why = f"the interval {verdict.interval[0]:+.{d}f} to {verdict.interval[1]:+.{d}f} contains 0"
     return verdict
 
 
+ORDER = ("FAIL", "UNDECIDED", "PROVISIONAL", "PASS")
+
+
 def worst_of(verdicts: Sequence[str]) -> str:
-    """An AND finding's verdict from its parts': FAIL if any fails, else UNDECIDED if any is, else PASS."""
-    for v in ("FAIL", "UNDECIDED"):
-        if v in verdicts:
-            return v
-    return "PASS"
+    """An AND finding's verdict from its parts': the first of `ORDER` that any part has."""
+    return next((v for v in ORDER if v in verdicts), "PASS")
 
 
 # -- a finding ------------------------------------------------------------------------------------------
@@ -344,21 +265,27 @@ class Check:
 
     name: str
     verdict: str
-    """PASS, FAIL, UNTESTABLE (its precondition fails), UNDECIDED, or n/a (an input run is missing or failed)."""
+    """PASS, FAIL, UNTESTABLE (its precondition fails), UNDECIDED, PROVISIONAL (too few seeds to decide), or n/a
+    (an input run is missing or failed)."""
     evidence: str
     """The numbers behind the verdict, in a line."""
     seeds: int = 0
     holds: int = 0
-    """Seeds in which every part holds."""
-    horizon: float = RULE.horizon
+    """Seeds in which every part's margin is positive."""
     parts: list[PartVerdict] = field(default_factory=list)
     precondition: PartVerdict | None = None
 
     @property
     def blocking(self) -> list[str]:
-        """Why an undecided finding is undecided: each open seed of each part, and why."""
-        found = [b for p in self.parts for b in p.blocking()]
-        return found + (self.precondition.blocking() if self.precondition else [])
+        """Why a finding is not decided: each undecided or provisional part, and why."""
+        judged = [*self.parts, *([self.precondition] if self.precondition else [])]
+        return [f"{p.name}: {p.why}" for p in judged if p.why]
+
+    def undecided(self) -> list[PartVerdict]:
+        """The parts that more seeds could decide (`Rule.next_look`): those UNDECIDED by their interval, not by
+        convergence, and those PROVISIONAL."""
+        judged = [*self.parts, *([self.precondition] if self.precondition else [])]
+        return [p for p in judged if p.verdict == "PROVISIONAL" or p.why.startswith("the interval")]
 
     def to_dict(self) -> dict[str, Any]:
         """Its entry in checks.json, which is keyed by the name: every other field, in their order, and
@@ -382,39 +309,49 @@ def judge(
 
     def judged(part: Part) -> PartVerdict:
         return over_seeds(
-            part, [seed_margin(part, s, {c.name: readings[c.name][s] for c in part.cells}, rule) for s in seeds], rule
+            part, [seed_margin(part, s, {c.name: readings[c.name][s] for c in part.cells}) for s in seeds], rule
         )
 
     verdicts = [judged(p) for p in parts]
-    held = sum(all(v.seeds[i].reads == "holds" for v in verdicts) for i in range(len(seeds)))
-    check = Check(name, worst_of([v.verdict for v in verdicts]), "", len(seeds), held, rule.horizon, parts=verdicts)
+    held = sum(all(v.seeds[i].holds for v in verdicts) for i in range(len(seeds)))
+    check = Check(name, worst_of([v.verdict for v in verdicts]), "", len(seeds), held, parts=verdicts)
     numbers = "; ".join(f"{c.name} {fmt([readings[c.name][s].value for s in seeds], c.digits)}{c.unit}" for c in cells)
+    budgets = _budgets(readings, cells, seeds)
     if precondition is not None:
         check.precondition = judged(precondition)
         if check.precondition.verdict == "FAIL":
             check.verdict = "UNTESTABLE"
             check.evidence = f"precondition not met: {precondition.name} ({_margins(check.precondition)}); {numbers}"
             return check
-        if check.precondition.verdict == "UNDECIDED":
-            check.verdict = "UNDECIDED"
+        if check.precondition.verdict in ("UNDECIDED", "PROVISIONAL"):
+            check.verdict = worst_of([check.verdict, check.precondition.verdict])
     parts_text = "; ".join(f"{v.name}: {v.verdict} ({_margins(v)})" for v in verdicts)
-    budget = f"holds at budgets up to {rule.horizon:g}x each run's step cap" if check.verdict == "PASS" else ""
-    check.evidence = "; ".join(x for x in (parts_text, budget, numbers) if x)
+    check.evidence = "; ".join(x for x in (parts_text, numbers, budgets) if x)
     return check
 
 
+def _budgets(readings: Mapping[str, Mapping[int, Reading]], cells: Sequence[Cell], seeds: Sequence[int]) -> str:
+    """The budgets read, where any cell was trained past its cap or had not converged: "trained 2x the cap:
+    a seed 1; still moving: b seed 0"."""
+    longer = [
+        f"{c.name} seed {s} ({readings[c.name][s].budget}x)"
+        for c in cells
+        for s in seeds
+        if readings[c.name][s].budget > 1
+    ]
+    moving = [f"{c.name} seed {s}" for c in cells for s in seeds if not readings[c.name][s].converged]
+    text = ("trained past the cap: " + ", ".join(longer)) if longer else ""
+    if moving:
+        text += ("; " if text else "") + "not converged at the budget trained: " + ", ".join(moving)
+    return text
+
+
 def _margins(v: PartVerdict) -> str:
-    """A part's margins in a phrase: "margin +55.2 points (floor 1.3)" or, over seeds, their mean and the
-    interval."""
+    """A part's margins in a phrase: "margin +55.2 points (1 seed)" or, over seeds, their mean and the interval."""
     d, unit = v.digits, v.unit
-    if len(v.seeds) == 1:
-        s = v.seeds[0]
-        horizon = f"{s.worst:+.{d}f} to {s.best:+.{d}f}"
-        return f"margin {s.margin:+.{d}f}{unit}, noise floor {s.floor:.{d}f}, at the horizon {horizon}"
-    mean = statistics.fmean(s.margin for s in v.seeds)
-    text = f"mean margin {mean:+.{d}f}{unit} over {len(v.seeds)} seeds, {v.held} holding"
+    text = f"mean margin {v.mean:+.{d}f}{unit} over {len(v.seeds)} seed(s), {v.held} positive"
     if v.interval is not None:
-        text += f", one-sided bounds at the horizon {v.interval[0]:+.{d}f} / {v.interval[1]:+.{d}f}"
+        text += f", one-sided bounds {v.interval[0]:+.{d}f} / {v.interval[1]:+.{d}f} (t quantile {v.quantile:.2f})"
     return text
 
 
@@ -455,7 +392,8 @@ def metric(
     key: str, scale: float = 1.0, bounds: tuple[float, float] = (0.0, math.inf)
 ) -> Callable[[Result], Reading | None]:
     """A reader of the test metric `key` times `scale`: its value at the run's best validation evaluation,
-    its standard error (`<key>_se`, 0 where the run has none), its curve over the run's evaluations."""
+    its standard error (`<key>_se`, 0 where the run has none), its curve over the run's evaluations, and
+    whether the run had converged."""
 
     def read(r: Result) -> Reading | None:
         test = reported(r)
@@ -463,10 +401,22 @@ def metric(
             return None
         curve = tuple((step, scale * value) for step, value in selected_curve(r, key))
         steps, cap = budget(r, curve)
-        solved = (r.convergence or {}).get("reason") == "solved"
-        return Reading(scale * test[key], scale * test.get(f"{key}_se", 0.0), curve, steps, cap, bounds, solved)
+        value, se = scale * test[key], scale * test.get(f"{key}_se", 0.0)
+        return Reading(value, se, curve, steps, cap, bounds, converged(r), budget_of(r))
 
     return read
+
+
+def converged(r: Result) -> bool:
+    """Whether the run's validation curve had converged when it ended (its convergence record's reason; a run
+    without one, such as an analysis curve's, counts as converged)."""
+    reason = (r.convergence or {}).get("reason")
+    return reason is None or reason in CONVERGED
+
+
+def budget_of(r: Result) -> int:
+    """The run's step cap as a multiple of its cell's preset cap (its `budget` label; 1 without one)."""
+    return int(r.labels[0].get("budget", 1)) if r.labels else 1
 
 
 def budget(r: Result, curve: Sequence[tuple[int, float]]) -> tuple[int, int]:

@@ -67,6 +67,7 @@ def check_bits(study: StudyResults) -> Check:
             difference(cells[more].name, cells[fewer].name),
             " bits/param",
             3,
+            needs_convergence=True,
         )
         for more, fewer in ORDER
     ]

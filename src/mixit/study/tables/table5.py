@@ -22,15 +22,25 @@ TASKS = ("addition", "sentiment")
 
 
 def runs(scale: Scale, seeds: Seeds) -> list[RunSpec]:
-    """MixiT with more heads, on addition and on sentiment."""
+    """MixiT with more heads, on addition and on sentiment, its learning rate searched at each head count."""
     d_model = scale.extra.get("heads_d_model")
     specs = []
     for task in TASKS:
         base = merge(scale.tasks[task], {"variant": "mixit", **({"model": {"d_model": d_model}} if d_model else {})})
         specs += grid(
-            base, {"model.n_heads": list(scale.heads)}, seeds, {"table": "table5", "task": task, "variant": "mixit"}
+            base,
+            {"model.n_heads": list(scale.heads)},
+            seeds,
+            {"table": "table5", "task": task, "variant": "mixit"},
+            search=_learning_rate(scale.search_for(task, "mixit")),
         )
     return specs
+
+
+def _learning_rate(search: dict[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
+    """The learning-rate candidates of a search: each head count is searched on them, the heads being what the
+    table varies."""
+    return {path: values for path, values in search.items() if path == "train.lr"}
 
 
 def section(study: StudyResults) -> list[str]:

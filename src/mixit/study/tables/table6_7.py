@@ -36,13 +36,18 @@ RISE = 0.1
 
 def runs(scale: Scale, seeds: Seeds) -> list[RunSpec]:
     """Depth: the random (embeddings-only) transformer against MixiT on addition, trained (the scale's
-    "depth" request if it has one, else its addition)."""
-    return grid(
-        scale.tasks.get("depth", scale.tasks["addition"]),
-        {"variant": ["random", "mixit"], "model.n_layers": list(scale.depths)},
-        seeds,
-        {"table": "table6", "task": "addition"},
-    )
+    "depth" request if it has one, else its addition), each variant with the scale's "depth" search."""
+    return [
+        spec
+        for variant in ("random", "mixit")
+        for spec in grid(
+            scale.tasks.get("depth", scale.tasks["addition"]),
+            {"variant": [variant], "model.n_layers": list(scale.depths)},
+            seeds,
+            {"table": "table6", "task": "addition"},
+            search=scale.search_for("depth", variant),
+        )
+    ]
 
 
 def extras(scale: Scale, seeds: Seeds) -> dict[str, dict[str, Any]]:
