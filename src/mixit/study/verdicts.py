@@ -211,6 +211,8 @@ class PartVerdict:
     digits: int = 1
     why: str = ""
     """Why the part is not decided (PROVISIONAL or UNDECIDED)."""
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    """The labels each of its cells reads (`Cell.match`): where more seeds go (`Check.undecided`)."""
 
     @property
     def held(self) -> int:
@@ -225,6 +227,7 @@ def over_seeds(part: Part, seeds: Sequence[SeedMargin], rule: Rule = RULE) -> Pa
     """`part`'s verdict from its seeds (module docstring)."""
     n = len(seeds)
     verdict = PartVerdict(part.name, "PROVISIONAL", list(seeds), unit=part.unit, digits=part.digits)
+    verdict.cells = [dict(c.match) for c in part.cells]
     moving = sorted({c for s in seeds for c in s.moving})
     if n < rule.min_seeds:
         verdict.why = f"{n} seed(s): a verdict needs {rule.min_seeds} at least"
