@@ -84,8 +84,13 @@ def test_the_test_set_error_widens_the_interval_and_does_not_shrink_with_seeds()
     without = over_seeds(part_of(), seeds(3.0, 3.0, 3.0))
     assert without.verdict == "PASS" and without.interval[0] == 3.0  # no spread, no test error
     shared = over_seeds(part_of(), seeds(3.0, 3.0, 3.0, se=1.0))  # margin error sqrt(2), not divided by sqrt(3)
-    assert_close(shared.interval[0], 3.0 - shared.quantile * math.sqrt(2), dtype=torch.float64, terms=8, scale=10.0)
-    assert shared.verdict == "UNDECIDED"
+    z = float(stats.norm.ppf(1 - 0.05 / 3))  # known from the test set's examples: a normal quantile
+    assert RULE.z == z
+    assert_close(shared.interval[0], 3.0 - z * math.sqrt(2), dtype=torch.float64, terms=8, scale=10.0)
+    assert shared.verdict == "UNDECIDED"  # 3 - 2.13 x 1.41 = -0.01
+    both = over_seeds(part_of(), seeds(2.0, 3.0, 4.0, se=0.5))  # the two errors add in quadrature
+    half = math.hypot(both.quantile * 1.0 / math.sqrt(3), z * math.sqrt(0.5))
+    assert_close(both.interval[0], 3.0 - half, dtype=torch.float64, terms=8, scale=10.0)
 
 
 def test_a_capacity_is_judged_only_at_convergence():

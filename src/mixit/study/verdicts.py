@@ -18,13 +18,14 @@ evaluation set's examples, propagated through the margin and added in quadrature
 seed, data seed and data order, its own search, and (for the synthetic tasks) its own test set. With `n`
 seeds, the part's one-sided interval is
 
-    mean(m) -/+ q * sqrt(stdev(m)^2 / n + rms(se)^2),
+    mean(m) -/+ sqrt((q * stdev(m) / sqrt(n))^2 + (z * rms(se))^2),
 
-where q is Student's t quantile with n - 1 degrees of freedom at level 1 - `Rule.alpha` / `Rule.looks`
-(`scipy.stats.t.ppf`, exact). The first term is the spread over seeds, which holds training, search and
-(where seeds draw their own test sets) test-set randomness; the second is the test set's own error
-taken as if every seed shared one test set (as the text tasks' seeds do), which does not shrink with n:
-exact where test sets are shared, conservative where they are not. PASS if the lower bound is above 0,
+where q is Student's t quantile with n - 1 degrees of freedom and z the normal quantile, both at level
+1 - `Rule.alpha` / `Rule.looks` (`scipy.stats`, exact). The first term is the spread over seeds, which
+holds training, search and (where seeds draw their own test sets) test-set randomness, its standard error
+estimated from n seeds (hence t); the second is the test set's own error, estimated from its thousands
+of examples (hence z), taken as if every seed shared one test set (as the text tasks' seeds do), so that
+it does not shrink with n: exact where test sets are shared, conservative where they are not. PASS if the lower bound is above 0,
 FAIL if the upper bound is below 0, else UNDECIDED. With fewer than `Rule.min_seeds` seeds nothing is
 decided: the part is PROVISIONAL, whatever its seeds show.
 
@@ -77,11 +78,21 @@ class Rule:
     def looks(self) -> int:
         return len(self.schedule)
 
+    @property
+    def level(self) -> float:
+        """The one-sided level of each look's interval: 1 - alpha / looks (Bonferroni over the looks)."""
+        return 1 - self.alpha / self.looks
+
     def quantile(self, n: int) -> float:
-        """Student's t one-sided quantile for an interval over `n` seeds, at level 1 - alpha / looks."""
+        """Student's t one-sided quantile for an interval over `n` seeds, at `level`."""
         if n < 2:
             raise ValueError(f"an interval over seeds needs two seeds at least, got {n}")
-        return float(stats.t.ppf(1 - self.alpha / self.looks, n - 1))
+        return float(stats.t.ppf(self.level, n - 1))
+
+    @property
+    def z(self) -> float:
+        """The normal one-sided quantile at `level`, for the test set's error (known from its many examples)."""
+        return float(stats.norm.ppf(self.level))
 
     def next_look(self, n: int) -> int | None:
         """The seed count of the design's next look after `n` seeds; None past its last."""
@@ -233,9 +244,9 @@ def over_seeds(part: Part, seeds: Sequence[SeedMargin], rule: Rule = RULE) -> Pa
         verdict.why = f"{n} seed(s): a verdict needs {rule.min_seeds} at least"
         return verdict
     q = rule.quantile(n)
-    spread = statistics.stdev(s.margin for s in seeds) ** 2 / n
-    test = statistics.fmean(s.se**2 for s in seeds)
-    half = q * math.sqrt(spread + test)
+    spread = statistics.stdev(s.margin for s in seeds) / math.sqrt(n)
+    test = math.sqrt(statistics.fmean(s.se**2 for s in seeds))
+    half = math.hypot(q * spread, rule.z * test)
     verdict.interval, verdict.quantile = (verdict.mean - half, verdict.mean + half), q
     d = part.digits
     if part.needs_convergence and moving:
