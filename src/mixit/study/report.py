@@ -97,10 +97,9 @@ def _chosen_by(final: list[Result]) -> dict[tuple[str, str, str, Any], list[dict
     for r in final:
         if r.chosen:
             short = {path.split(".")[-1]: value for path, value in r.chosen.items()}
-            seed = r.config.get("model", {}).get("seed")
             for labels in r.labels:
                 cell = (labels.get("table", ""), labels.get("task", ""), labels.get("variant", ""))
-                chosen[(*cell, seed)].append(short)
+                chosen[(*cell, r.config.get("model", {}).get("seed", labels.get("seed")))].append(short)
                 chosen[(*cell, None)].append(short)
     return chosen
 
