@@ -338,14 +338,29 @@ def test_tables_show_convergence_and_the_chosen_settings_and_the_appendix_every_
     lines = variant_table(results.results, "table3", "addition", ("standard", "mixit")).splitlines()
     assert lines[0] == "| variant | accuracy | exact match | converged | chosen | runs |"
     assert lines[2] == "| standard | 93.0 ± 4.2 | - | 1/2 (seed 1: improving) | lr=0.003 | 2/2 |"
-    for lr, acc in ((0.001, 0.5), (0.003, 0.9)):
-        (screen,) = runs("search", "addition", 0, seeds=1, variant="standard", cell="table3", group="g", lr=lr)
-        screen.role, screen.val = "screen", {"token_acc": acc}
-        results.results.append(screen)
+    # Each seed has a search of its own: seed 1 chose another lr, and the appendix marks each seed's choice.
+    late[1].chosen = {"train.lr": 0.001}
+    for seed in (0, 1):
+        for lr, acc in ((0.001, 0.5), (0.003, 0.9)):
+            (screen,) = runs(
+                "search", "addition", 0, seeds=1, variant="standard", cell="table3", group=seed, cell_seed=seed, lr=lr
+            )
+            screen.role, screen.val = "screen", {"token_acc": acc}
+            results.results.append(screen)
     appendix = search_appendix(results)
-    assert appendix[0] == "**addition / standard**"
-    assert "| table3 | lr=0.001 | token_acc 50.0% | yes |  |" in appendix
-    assert "| table3 | lr=0.003 | token_acc 90.0% | yes | **chosen** |" in appendix
+    assert (
+        appendix[0] == "**addition / standard**"
+        and appendix[2] == "| for | seed | candidate | best validation metric | converged | chosen |"
+    )
+    assert "| table3 | 0 | lr=0.001 | token_acc 50.0% | yes |  |" in appendix
+    assert "| table3 | 0 | lr=0.003 | token_acc 90.0% | yes | **chosen** |" in appendix
+    assert "| table3 | 1 | lr=0.001 | token_acc 50.0% | yes | **chosen** |" in appendix
+    assert "| table3 | 1 | lr=0.003 | token_acc 90.0% | yes |  |" in appendix
+    # A study searched once for every seed (no cell seed in its labels): a candidate any seed chose is marked.
+    (old,) = runs("search", "addition", 0, seeds=1, variant="standard", cell="table3", group="old", lr=0.001)
+    old.role, old.val = "screen", {"token_acc": 0.5}
+    results.results.append(old)
+    assert "| table3 | - | lr=0.001 | token_acc 50.0% | yes | **chosen** |" in search_appendix(results)
 
 
 def test_the_report_shows_each_step_of_the_rule_and_each_cell_once_per_seed():

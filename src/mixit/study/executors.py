@@ -111,7 +111,12 @@ def write_study(
         "mixit_version": __version__,
         "git_commit": git_commit(),
         "searches": [
-            {"group": g.key, "candidates": {k: list(v) for k, v in g.specs[0].search.items()}, "rungs": list(g.rungs)}
+            {
+                "group": g.key,
+                "seed": g.seed,
+                "candidates": {k: list(v) for k, v in g.specs[0].search.items()},
+                "rungs": list(g.rungs),
+            }
             for g in searches
         ],
         "runs": [p.to_dict() for p in planned],
@@ -370,7 +375,7 @@ def _search_outcomes(planned: SearchPlan, study_dir: Path) -> list[Outcome]:
     """Where each search stands, from the screening runs finished in `study_dir` (`mixit.study.search.decide`)."""
     ids: dict[str, str] = {}
 
-    def score(screen: RunSpec) -> Score:
+    def score(screen: RunSpec) -> Score | None:
         key = json.dumps(screen.request, sort_keys=True, default=str)
         if key not in ids:
             ids[key] = plan([screen], role="screen")[0].id
@@ -392,16 +397,17 @@ def _searched_finals(planned: SearchPlan, outcomes: Sequence[Outcome]) -> list[P
     return finals
 
 
-def screen_score(run_id: str, study_dir: Path) -> Score:
-    """(the best validation value over the run's curve, higher is better) of a finished screening run; nan if it
-    failed or logged no value of its metric; None while it has not finished.
+def screen_score(run_id: str, study_dir: Path) -> Score | None:
+    """(the best validation value over the run's curve, the curve's mean, higher is better) of a finished
+    screening run; nan for both if it failed or logged no value of its metric; None while it has not finished.
 
     The metric and its direction are the run's convergence record's (summary.json); the values are those of
     evaluations after step 0 in metrics.jsonl (``val_<metric>``), so a run that learns late is judged at its
-    best (step 0, before training, says nothing of the learning rate)."""
+    best (step 0, before training, says nothing of the learning rate). The mean breaks a tie that survives
+    the full steps: the run that got there sooner has the better mean."""
     got = state(study_dir, run_id)
     if got == "failed":
-        return math.nan, True
+        return Score(math.nan, math.nan, True)
     if got != "done":
         return None
     run = Run(run_dir(study_dir, run_id))
@@ -411,8 +417,8 @@ def screen_score(run_id: str, study_dir: Path) -> Score:
     values = [float(e[key]) for e in run.metrics() if e.get("event") == "eval" and e["step"] > 0 and key in e]
     values = [v for v in values if v == v]
     if metric is None or not values:
-        return math.nan, higher
-    return (max(values) if higher else min(values)), higher
+        return Score(math.nan, math.nan, higher)
+    return Score(max(values) if higher else min(values), sum(values) / len(values), higher)
 
 
 def _run_phase(

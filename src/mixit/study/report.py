@@ -31,7 +31,7 @@ from mixit.version import __version__, git_commit, protocol_commit
 STATES = ("done", "failed", "damaged", "interrupted", "new")
 """The states of a run in the report (`mixit.study.collect.Result.state`)."""
 
-SEARCH_LABELS = ("table", "task", "variant", "cell", "group", "seed", "rung", "extends")
+SEARCH_LABELS = ("table", "task", "variant", "cell", "group", "seed", "cell_seed", "rung", "tie", "extends")
 """The labels of a screening run that are not its candidate settings."""
 
 
@@ -86,21 +86,25 @@ def judgement_section(checks: list[Check]) -> list[str]:
     return lines
 
 
-def _chosen_by(final: list[Result]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
-    """(cell, task, variant) -> the settings chosen for the final runs of that cell, by last path segment."""
-    chosen: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+def _chosen_by(final: list[Result]) -> dict[tuple[str, str, str, Any], list[dict[str, Any]]]:
+    """(cell, task, variant, seed) -> the settings chosen for the final runs of that cell's seed (each seed has
+    a search of its own), by last path segment; under seed None, those of every seed (a study searched before
+    the search was redrawn per seed labels its screening runs with no cell seed)."""
+    chosen: dict[tuple[str, str, str, Any], list[dict[str, Any]]] = defaultdict(list)
     for r in final:
         if r.chosen:
             short = {path.split(".")[-1]: value for path, value in r.chosen.items()}
             for labels in r.labels:
-                chosen[(labels.get("table", ""), labels.get("task", ""), labels.get("variant", ""))].append(short)
+                cell = (labels.get("table", ""), labels.get("task", ""), labels.get("variant", ""))
+                chosen[(*cell, r.config.get("model", {}).get("seed", labels.get("seed")))].append(short)
+                chosen[(*cell, None)].append(short)
     return chosen
 
 
 def search_appendix(study: StudyResults) -> list[str]:
-    """Every screening run of the per-architecture search, grouped by task and variant: its candidate
-    settings (with its rung, and whether it extends the grid), the best validation value of its curve (what
-    the search judged it by), and whether it was chosen."""
+    """Every screening run of the per-architecture search, grouped by task and variant: the cell and seed it
+    searched for, its candidate settings (with its rung, whether it broke a tie, and whether it extends the
+    grid), the best validation value of its curve (what the search judged it by), and whether it was chosen."""
     screens = study.screens
     if not screens:
         return []
@@ -114,18 +118,22 @@ def search_appendix(study: StudyResults) -> list[str]:
         lines += [
             f"**{task} / {variant}**",
             "",
-            "| for | candidate | best validation metric | converged | chosen |",
-            "|---|---|---|---|---|",
+            "| for | seed | candidate | best validation metric | converged | chosen |",
+            "|---|---|---|---|---|---|",
         ]
-        for r, labels in sorted(found, key=lambda x: (str(x[1].get("cell")), str(x[1].get("group")))):
+        for r, labels in sorted(
+            found, key=lambda x: (str(x[1].get("cell")), x[1].get("cell_seed", -1), str(x[1].get("group")))
+        ):
             candidate = {k: v for k, v in labels.items() if k not in SEARCH_LABELS}
             done = "-" if r.state != "done" else "yes" if converged(r) else not_converged(r, "no")
-            picked = candidate in chosen.get((labels.get("cell", ""), task, variant), [])
+            cell = (labels.get("cell", ""), task, variant, labels.get("cell_seed"))
+            picked = candidate in chosen.get(cell, [])
             where = f" (rung {labels['rung']})" if labels.get("rung") else ""
+            where += " (tie-break)" if labels.get("tie") else ""
             where += f" (beyond the grid's {labels['extends'].split('.')[-1]})" if labels.get("extends") else ""
             lines.append(
-                f"| {labels.get('cell', '-')} | {settings(candidate) or '-'}{where} | {selection(r)} | {done} | "
-                f"{'**chosen**' if picked else ''} |"
+                f"| {labels.get('cell', '-')} | {labels.get('cell_seed', '-')} | {settings(candidate) or '-'}{where} | "
+                f"{selection(r)} | {done} | {'**chosen**' if picked else ''} |"
             )
         lines.append("")
     return lines

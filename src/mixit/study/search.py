@@ -1,37 +1,57 @@
 """Search per architecture per task: screen the candidates on validation, train the winner in full.
 
 The paper grid-searched its hyperparameters "per architecture per task". A study does the same for
-every run whose spec declares candidates (`RunSpec.search`: dotted request paths -> values):
+every run whose spec declares candidates (`RunSpec.search`: dotted request paths -> values), once for
+each seed of the cell:
 
 1. **Rung 0.** Every combination of the candidates is trained once for the first rung's length: a
    `screen_fraction` of the run's steps (half of it in a group that halves, step 2), but never fewer than
    the task's `screen_min_steps` (the steps its
    slowest variant needs to leave chance: MixiT on modular addition sits at chance for ~1000 steps), nor
-   more than the run's own. Screening runs use `SCREEN_SEED` (model and data), which no final run uses, so
-   a cell's reported seeds never include the run its settings were chosen on.
+   more than the run's own. The search for a cell's seed s screens with seed `SCREEN_SEED + s` (model and
+   data), which no final run uses, so a cell's reported seeds never include the run its settings were
+   chosen on.
 2. **Rung 1 (successive halving).** A group of `HALVING_MIN` combinations or more trains its best half
-   again, from scratch, for twice as long (at most the run's steps); the choice is made on rung 1.
+   again, from scratch, for twice as long (at most the run's steps); a candidate within the tolerance of
+   the last one kept is kept too, so the cut never falls inside a tie. The choice is made on rung 1.
 3. **Edge extension.** Where the winner sits on the edge of a numeric axis (its smallest or largest value)
    and beats its neighbour along that axis by more than the tolerance, the value beyond it on that axis
    (the ratio of the two outer grid values: lr 1e-3, 3e-3 -> 9e-3; n_heads 4, 16 -> 64) is screened as a
    candidate of its own, one per such axis, at the length of the rung that chose the winner. One round.
 4. **Selection.** A run is scored by the best value of its validation curve (the task's selection metric,
    every evaluation of metrics.jsonl), not its last: a slow starter that overtakes late is not penalised.
-   A candidate wins only by more than the runs' `min_delta`; a closer result is a tie, and a tie goes to
-   the candidate declared first (the grid's order; the winner before its extensions). The test set is
-   never read. Every seed of the cell is then trained in full with the chosen values.
+   A candidate wins only by more than the runs' `min_delta` (the tolerance); a closer result is a tie.
+5. **Ties: more evidence.** Where the rung that chooses (rung 0, rung 1 in a group that halves, or the
+   winner against its extensions) leaves more than one candidate within the tolerance of the best, the
+   tied candidates alone are trained again, from scratch and at the same screening seed, on a tie rung
+   twice as long (at most the run's steps), and the choice is made there; again while they tie and the
+   rung can still grow. A tie that survives the run's full steps goes to the higher mean of the validation
+   curve over its evaluations after step 0 (the candidate that got there sooner). Only candidates with an
+   exactly equal mean fall back to the order they were declared in: the one residual case.
 
-Why this design: a group that halves screens its first rung at half the fraction and its best half at the
-whole fraction, which costs what one rung of the whole fraction did; an extension costs one run per edge
-axis, and an edge is extended only where the win on it was decisive (a tie on the edge says nothing about
-beyond it). Only groups large enough to prune (4 combinations or more) halve.
+The test set is never read. Every final run of the cell's seed is then trained in full with the values
+chosen for it.
 
-Each stage reads only finished runs: rung 1 starts when all of rung 0 has finished, the extension when the
-rung that chose the winner has, the cell when the extension has (`decide` is a pure function of the
-finished runs' scores, so a resumed study asks for exactly the runs it asked for before). Screening runs
-are ordinary runs of the study (ids from their resolved configs, so a screening run two cells ask for is
-trained once); study.json records every one with ``role: "screen"`` and its rung in its labels, and every
-cell's choice (``chosen``); the report lists them all in its appendix.
+Why this design: the choice of settings is the largest source of variance a search adds, so it is redrawn
+for every seed, and the interval over seeds measures it with the rest (a choice made once, at one
+screening seed, would be a constant that no interval sees). A tie is broken by training longer, never by
+the order of the grid: when every candidate sits at chance after a short rung (a slow starter, which
+leaves chance in a sudden step), the first declared would otherwise win by default, and a verdict would
+rest on the preset's order; at a longer rung the candidates may have left chance and differ. A group that
+halves screens its first rung at half the fraction and its best half at the whole fraction, which costs
+what one rung of the whole fraction did; an extension costs one run per edge axis, and an edge is extended
+only where the win on it was decisive (a tie on the edge says nothing about beyond it). Only groups large
+enough to prune (4 combinations or more) halve. Tie rungs cost runs only where the candidates tie, each
+rung twice the one before: at most what training every tied candidate at every length up to the full
+steps costs (`upper_bound`).
+
+Each stage reads only finished runs: rung 1 starts when all of rung 0 has finished, a tie rung when the rung
+it breaks the tie of has, the extension when the winner is chosen, the cell when the extension has (`decide`
+is a pure function of the finished runs' scores, so a resumed study asks for exactly the runs it asked for
+before). Screening runs are ordinary runs of the study (ids from their resolved configs, so a screening run
+two cells ask for is trained once); study.json records every one with ``role: "screen"``, its rung, its
+screening seed (``seed``) and its cell's (``cell_seed``) in its labels (``tie`` on a tie rung), each search
+with its cell's seed, and every cell's choice (``chosen``); the report lists them all in its appendix.
 """
 
 from __future__ import annotations
@@ -42,42 +62,60 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from mixit.errors import UsageError
 from mixit.experiment import merge, resolve
 from mixit.study.spec import PlannedRun, RunSpec, Study, assign, plan, seeded
 
 SCREEN_SEED = 1_000_003
-"""The model seed and data seed of every screening run. Final runs have seeds 0..seeds-1, so none is a
-screening run, and the cells of one search (every seed of a cell) still share their screening runs."""
+"""The search for a cell's seed s screens with seed `SCREEN_SEED + s` (model and data). Final runs have
+small seeds (0..seeds-1 from the first seed, about 100 at most), so no screening seed is ever a final
+run's seed, and every seed's search screens with a seed of its own."""
 
 HALVING_MIN = 4
 """A group of at least this many combinations gets a rung 1 (its best half, trained twice as long)."""
 
-Score = tuple[float, bool] | None
-"""What the search reads of a screening run: (its best validation value, higher is better) once it has
-finished (nan if it failed or logged no value), None while it has not."""
+
+class Score(NamedTuple):
+    """What the search reads of a finished screening run (nan for a run that failed or logged no value)."""
+
+    best: float
+    """The best value of its validation curve: what it is judged by."""
+    mean: float
+    """The mean of its validation curve after step 0: what breaks a tie that survives the full steps."""
+    higher: bool
+    """Whether a higher value is better."""
 
 
 @dataclass
 class Group:
-    """The cells that share one search: the same request apart from the seed, the same candidates."""
+    """The cells that share one search: the same request (the seed included), the same candidates."""
 
     key: str
     specs: list[RunSpec]
     combinations: list[dict[str, Any]]
     """Every combination of the candidates, in declaration order: {dotted path: value}."""
     base: dict[str, Any] = field(default_factory=dict)
-    """The screening request (seeded with `SCREEN_SEED`) before the candidates and the steps are set."""
+    """The screening request (seeded with `SCREEN_SEED + seed`) before the candidates and the steps are set."""
     rungs: tuple[int, ...] = (1,)
-    """The steps of each rung: (rung 0,) or (rung 0, rung 1)."""
+    """The steps of each planned rung: (rung 0,) or (rung 0, rung 1)."""
     screens: list[RunSpec] = field(default_factory=list)
     """Rung 0: one screening run per combination, in the same order."""
+    seed: int = 0
+    """The cells' seed; the search screens with `SCREEN_SEED + seed`."""
+    steps: int = 1
+    """The cells' own steps: no rung is longer."""
 
-    def screen(self, combination: Mapping[str, Any], rung: int, extends: str = "") -> RunSpec:
-        """The screening run of `combination` at `rung` (`extends`: the axis an extension candidate extends)."""
-        request = merge(assign(self.base, combination), {"train": {"steps": self.rungs[rung]}})
+    def length(self, rung: int) -> int:
+        """The steps of `rung`: rung 0's, doubled at every rung after it (rung 1 of a group that halves, then
+        the tie rungs), at most the cells' steps."""
+        return min(self.steps, self.rungs[0] * 2**rung)
+
+    def screen(self, combination: Mapping[str, Any], rung: int, extends: str = "", tie: bool = False) -> RunSpec:
+        """The screening run of `combination` at `rung` (`extends`: the axis an extension candidate extends;
+        `tie`: a tie rung's run)."""
+        request = merge(assign(self.base, combination), {"train": {"steps": self.length(rung)}})
         spec = self.specs[0]
         labels = {
             "table": "search",
@@ -85,8 +123,10 @@ class Group:
             "task": spec.labels.get("task", request.get("task")),
             "variant": spec.labels.get("variant", request.get("variant")),
             "group": self.key,
-            "seed": SCREEN_SEED,
+            "seed": SCREEN_SEED + self.seed,
+            "cell_seed": self.seed,
             "rung": rung,
+            **({"tie": True} if tie else {}),
             **({"extends": extends} if extends else {}),
             **{path.split(".")[-1]: value for path, value in combination.items()},
         }
@@ -94,11 +134,19 @@ class Group:
 
 
 def group_key(spec: RunSpec) -> str:
-    """What makes two specs share a search: their request at the screening seed and their candidates."""
-    text = json.dumps(
-        {"request": seeded(spec.request, SCREEN_SEED), "search": spec.search}, sort_keys=True, default=str
-    )
+    """What makes two specs share a search: their request (the cell's seed included) and their candidates."""
+    text = json.dumps({"request": spec.request, "search": spec.search}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _resolved(request: Mapping[str, Any]) -> tuple[int, int]:
+    """(steps, model seed) of `request`; (1, 0) for one that does not resolve (it is refused when the study is
+    planned, with the run's labels)."""
+    try:
+        cfg = resolve(request)
+    except UsageError:
+        return 1, 0
+    return cfg.train.steps, cfg.model.seed
 
 
 def rung_steps(
@@ -107,10 +155,7 @@ def rung_steps(
     """The steps of each rung: rung 0 a `fraction` of the run's resolved steps, at least `min_steps` (and one),
     at most the run's steps; for `HALVING_MIN` combinations or more, rung 0 is half that fraction (still at
     least `min_steps`) and rung 1 twice rung 0 (at most the run's), so halving costs what one rung did."""
-    try:
-        steps = resolve(request).train.steps
-    except UsageError:
-        return (1,)  # the request is refused when the study is planned, with the run's labels
+    steps, _ = _resolved(request)
     halving = n_combinations >= HALVING_MIN
     first = min(steps, max(1, min_steps, math.ceil(steps * fraction / (2 if halving else 1))))
     second = min(steps, 2 * first)
@@ -118,8 +163,8 @@ def rung_steps(
 
 
 def groups(specs: Sequence[RunSpec], fraction: float, min_steps: Mapping[str, int] | None = None) -> list[Group]:
-    """The searches that `specs` ask for, each with its rung-0 screening runs; `min_steps`: task -> the
-    fewest steps of its first rung."""
+    """The searches that `specs` ask for, one per cell and seed, each with its rung-0 screening runs;
+    `min_steps`: task -> the fewest steps of its first rung."""
     found: dict[str, Group] = {}
     for spec in specs:
         if not spec.search:
@@ -128,36 +173,59 @@ def groups(specs: Sequence[RunSpec], fraction: float, min_steps: Mapping[str, in
         if key in found:
             found[key].specs.append(spec)
             continue
-        base = seeded(spec.request, SCREEN_SEED)
+        steps, seed = _resolved(spec.request)
+        base = seeded(spec.request, SCREEN_SEED + seed)
         paths = list(spec.search)  # every combination of the candidates, the first path varying slowest
         grid = [dict(zip(paths, values)) for values in itertools.product(*spec.search.values())]
         least = (min_steps or {}).get(str(base.get("task")), 0)
-        group = Group(key, [spec], grid, base, rung_steps(base, fraction, least, len(grid)))
+        rungs = rung_steps(base, fraction, least, len(grid))
+        group = Group(key, [spec], grid, base, rungs, seed=seed, steps=steps)
         group.screens = [group.screen(c, 0) for c in grid]
         found[key] = group
     return list(found.values())
 
 
-def pick(scored: Sequence[tuple[dict[str, Any], Score]], tolerance: float = 0.0) -> dict[str, Any] | None:
-    """The best of `scored` ((combination, score) in declaration order); None if none has a value.
+def tied(scored: Sequence[tuple[dict[str, Any], Score | None]], tolerance: float = 0.0) -> list[dict[str, Any]]:
+    """The combinations of `scored` ((combination, score) in declaration order) within `tolerance` of the best,
+    in the same order; none if none has a value.
 
-    A combination wins only by more than `tolerance` (the runs' `min_delta`, the least gain the convergence
-    criterion counts): a smaller difference is a tie, and a tie goes to the one declared first. Short screening
-    runs of a task that learns in a sudden step often sit within noise of each other (retrieval at 400 steps:
-    25.3% against 24.5%), and the first declared is the preset's preference."""
-    best: tuple[float, dict[str, Any]] | None = None
-    for combination, score in scored:
-        value = _signed(score)
-        if value is not None and (best is None or value > best[0] + tolerance):
-            best = (value, combination)
-    return None if best is None else best[1]
+    `tolerance` is the runs' `min_delta`, the least gain the convergence criterion counts: a smaller difference
+    is noise. Short screening runs of a task that learns in a sudden step often sit within it of each other
+    (retrieval at 400 steps: 25.3% against 24.5%), and every candidate of a slow starter sits at chance."""
+    values = [(combination, _signed(score)) for combination, score in scored]
+    best = max((v for _, v in values if v is not None), default=None)
+    if best is None:
+        return []
+    return [combination for combination, v in values if v is not None and v >= best - tolerance]
 
 
-def _signed(score: Score) -> float | None:
-    """`score` with higher better; None for no value (unfinished, failed or nan)."""
-    if score is None or score[0] != score[0]:
+def pick(scored: Sequence[tuple[dict[str, Any], Score | None]], tolerance: float = 0.0) -> dict[str, Any] | None:
+    """The best of `scored` ((combination, score) in declaration order) with no more training to decide it;
+    None if none has a value.
+
+    A combination wins only by more than `tolerance`; among those that tie (`tied`), the higher mean of the
+    validation curve wins (the one that got there sooner), and only an exactly equal mean goes to the one
+    declared first. `decide` calls this only where the tie rungs can grow no longer."""
+    candidates = tied(scored, tolerance)
+    if not candidates:
         return None
-    return score[0] if score[1] else -score[0]
+    means = {_key(c): _signed(score, mean=True) for c, score in scored}
+    return max(candidates, key=lambda c: _or_worst(means[_key(c)]))  # max keeps the first of equals
+
+
+def _signed(score: Score | None, mean: bool = False) -> float | None:
+    """`score`'s best value (or its curve's mean) with higher better; None for no value (unfinished, failed
+    or nan)."""
+    if score is None:
+        return None
+    value = score.mean if mean else score.best
+    if value != value:
+        return None
+    return value if score.higher else -value
+
+
+def _or_worst(value: float | None) -> float:
+    return -math.inf if value is None else value
 
 
 def beyond(values: Sequence[Any], value: Any) -> Any:
@@ -182,57 +250,73 @@ class Outcome:
     """Where a group's search stands: the screening runs it has asked for, and its choice once made."""
 
     screens: list[RunSpec]
-    """Every screening run asked for so far: rung 0, then rung 1, then the extension candidates."""
+    """Every screening run asked for so far, each once: rung 0, rung 1, the tie rungs after it, then the
+    extension candidates and their tie rungs."""
     chosen: dict[str, Any] | None
     """The chosen values ({} where no screening run has a value); None while a run it needs has not finished."""
 
 
-def decide(group: Group, score: Callable[[RunSpec], Score], tolerance: float = 0.0) -> Outcome:
+Candidate = tuple[dict[str, Any], str]
+"""A combination to screen, and the axis it extends ("" for one of the grid)."""
+
+
+def decide(group: Group, score: Callable[[RunSpec], Score | None], tolerance: float = 0.0) -> Outcome:
     """Advance `group`'s search as far as its finished screening runs allow (module docstring); `score` reads
     one screening run, `tolerance` is the runs' `min_delta`."""
-    asked = list(group.screens)
-    scores: dict[tuple[str, int], Score] = {}
+    asked = {_key(s.request): s for s in group.screens}
+    scores: dict[tuple[str, int], Score | None] = {}
 
-    def scored(runs: Sequence[tuple[dict[str, Any], RunSpec, int]]) -> list[tuple[dict[str, Any], Score]] | None:
-        found = [(c, score(s)) for c, s, _ in runs]
-        for (c, _, rung), (_, got) in zip(runs, found):
-            scores[(_key(c), rung)] = got
+    def trained(candidates: Sequence[Candidate], rung: int) -> list[tuple[dict[str, Any], Score | None]] | None:
+        """`candidates` screened at `rung` (asked for if new); None while one has not finished."""
+        tie = rung >= len(group.rungs)  # past the planned rungs: a tie rung
+        found = []
+        for combination, extends in candidates:
+            spec = group.screen(combination, rung, extends, tie)
+            spec = asked.setdefault(_key(spec.request), spec)  # a run asked before keeps its labels
+            scores[(_key(combination), rung)] = got = score(spec)
+            found.append((combination, got))
         return None if any(got is None for _, got in found) else found
 
-    rung = [(c, s, 0) for c, s in zip(group.combinations, group.screens)]
-    found = scored(rung)
+    def settled(candidates: Sequence[Candidate], rung: int) -> tuple[bool, dict[str, Any] | None]:
+        """(whether it is decided, the best of `candidates` from `rung` on): the tied retrained on ever longer
+        tie rungs until one wins or the rung reaches the full steps (then `pick`)."""
+        found = trained(candidates, rung)
+        while found is not None:
+            best = tied(found, tolerance)
+            if len(best) < 2 or group.length(rung + 1) == group.length(rung):
+                return True, pick(found, tolerance)
+            rung += 1
+            candidates = [(c, extends) for c, extends in candidates if c in best]
+            found = trained(candidates, rung)
+        return False, None
+
+    rung = [(c, "") for c in group.combinations]
+    found = trained(rung, 0)
     if found is None:
-        return Outcome(asked, None)
-    if len(group.rungs) > 1:  # successive halving: the best half of rung 0, twice as long
-        values = [_signed(got) for _, got in found]
-        ranked = sorted((-v, i) for i, v in enumerate(values) if v is not None)  # best first, ties: declared first
-        kept = sorted(i for _, i in ranked[: len(found) // 2])
-        rung = [(group.combinations[i], group.screen(group.combinations[i], 1), 1) for i in kept]
-        asked += [s for _, s, _ in rung]
-        found = scored(rung)
-        if found is None:
-            return Outcome(asked, None)
-    winner = pick(found, tolerance)
+        return Outcome(list(asked.values()), None)
+    at = 0
+    if len(group.rungs) > 1:  # successive halving: the best half of rung 0 (and any tied with it), twice as long
+        values = sorted((v for _, got in found if (v := _signed(got)) is not None), reverse=True)
+        cut = values[min(len(found) // 2, len(values)) - 1] if values else math.inf
+        at, rung = 1, [(c, "") for c, got in found if (v := _signed(got)) is not None and v >= cut - tolerance]
+    done, winner = settled(rung, at)
+    if not done:
+        return Outcome(list(asked.values()), None)
     if winner is None:
-        return Outcome(asked, {})
-    at = rung[0][2] if rung else 0
-    extensions = [
-        (candidate, group.screen(candidate, at, extends=path), at)
-        for path, candidate in _extensions(group, winner, at, scores, tolerance)
-    ]
-    asked += [s for _, s, _ in extensions]
-    tried = scored(extensions)
-    if tried is None:
-        return Outcome(asked, None)
-    return Outcome(asked, pick([(winner, scores[(_key(winner), at)]), *tried], tolerance))
+        return Outcome(list(asked.values()), {})
+    extensions = [(candidate, path) for path, candidate in _extensions(group, winner, at, scores, tolerance)]
+    if not extensions:
+        return Outcome(list(asked.values()), winner)
+    done, chosen = settled([(winner, ""), *extensions], at)
+    return Outcome(list(asked.values()), chosen if done else None)
 
 
-def _key(combination: Mapping[str, Any]) -> str:
-    return json.dumps(combination, sort_keys=True, default=str)
+def _key(values: Mapping[str, Any]) -> str:
+    return json.dumps(values, sort_keys=True, default=str)
 
 
 def _extensions(
-    group: Group, winner: dict[str, Any], at: int, scores: Mapping[tuple[str, int], Score], tolerance: float
+    group: Group, winner: dict[str, Any], at: int, scores: Mapping[tuple[str, int], Score | None], tolerance: float
 ) -> list[tuple[str, dict[str, Any]]]:
     """(axis, candidate) for every numeric axis where `winner` is on the edge and beat its neighbour along the
     axis by more than `tolerance` (at rung `at` if the neighbour trained there, else at rung 0); a candidate
@@ -260,10 +344,25 @@ def _extensions(
 
 
 def upper_bound(group: Group) -> list[RunSpec]:
-    """The most screening runs `group` can ask for: every rung, with the last-declared (the largest)
-    candidates winning decisively and every edge extended (what `mixit reproduce --list` estimates)."""
+    """The most screening runs `group` can ask for (what `mixit reproduce --list` estimates): every combination
+    at every rung up to the full steps (the worst case of the ties: every candidate tied at every rung, rung 1
+    of a group that halves included), and the largest candidates winning decisively, with every edge extended
+    and each extension tied with the winner up to the full steps.
+
+    It counts one winner's extensions: another winner extends other values, but never more axes, so the
+    count is a bound, while the ids of those extension runs may differ."""
     rank = {_key(c): i for i, c in enumerate(group.combinations)}
-    return decide(group, lambda s: (float(rank.get(_key(_values(group, s)), -1)), True)).screens
+    decisive = decide(group, lambda s: Score(float(rank.get(_key(_values(group, s)), -1)), 0.0, True)).screens
+    top = next(r for r in itertools.count() if group.length(r) == group.length(r + 1))  # the full steps
+    extensions = [(_values(group, s), s.labels["extends"], s.labels["rung"]) for s in decisive if "extends" in s.labels]
+    runs = [*decisive]
+    for rung in range(1, top + 1):
+        runs += [group.screen(c, rung, tie=rung >= len(group.rungs)) for c in group.combinations]
+    runs += [group.screen(c, rung, axis, True) for c, axis, at in extensions for rung in range(at + 1, top + 1)]
+    unique: dict[str, RunSpec] = {}
+    for spec in runs:  # each request once, as first asked
+        unique.setdefault(_key(spec.request), spec)
+    return list(unique.values())
 
 
 def _values(group: Group, screen: RunSpec) -> dict[str, Any]:

@@ -238,9 +238,10 @@ def grid(
     return specs
 
 
-SEARCH_PROCEDURE = 2
+SEARCH_PROCEDURE = 3
 """The version of `mixit.study.search`'s procedure, part of a searched study's fingerprint: a study directory
-searched by another procedure (1: one rung at seed 0, judged at its end) is another study, never resumed."""
+searched by another procedure (1: one rung at seed 0, judged at its end; 2: one search for every seed of a
+cell, a tie to the candidate declared first) is another study, never resumed."""
 
 
 @dataclass
@@ -266,7 +267,7 @@ class Study:
     def grows(self, old: Any, search: bool = True) -> bool:
         """Whether `old` (a directory's study.json) records this study with some of its seeds: the same study,
         built with those seeds, has `old`'s fingerprint. Its runs are then this study's runs of those seeds
-        (and its screening runs, which do not depend on the seeds), and the study may continue in place."""
+        (and the screening runs of those seeds' searches), and the study may continue in place."""
         if self.rebuild is None or not isinstance(old, dict) or old.get("name") != self.name:
             return False
         seeds, first = old.get("seeds"), old.get("first_seed", 0)
