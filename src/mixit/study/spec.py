@@ -12,6 +12,7 @@ or from a TOML or YAML file a user writes (`load_study_file`; docs/studies.md is
 
     name = "heads"
     seeds = 2                                    # seeds 0..seeds-1 of every run (model and data)
+    extend = [2, 4]                              # optional: an unconverged run again at 2x, then 4x its steps
     [base]                                       # a request every run starts from
     task = "addition"
     task_params = {n_digits = 3}
