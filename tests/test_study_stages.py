@@ -15,7 +15,7 @@ from mixit.experiment import merge
 from mixit.study import executors as execute_module
 from mixit.study.cells import rows
 from mixit.study.collect import collect
-from mixit.study.executors import Pool, execute, extended, state
+from mixit.study.executors import Pool, execute, extended, state, unconverged
 from mixit.study.report import own_cells
 from mixit.study.spec import Study, grid, load_study_file, plan, seed_range
 
@@ -133,6 +133,26 @@ def test_a_failed_final_is_not_extended(tmp_path, monkeypatch):
     assert set(recorded(out)) == {moving.id}
     ((read, _),) = rows(collect(out).final, seed=0)
     assert (read.budget, read.state) == (1, "failed")
+
+
+@pytest.mark.parametrize(
+    "summary, extend",
+    [
+        ({"convergence": {"reason": "improving"}}, True),
+        ({"convergence": {"reason": "too_few"}}, True),
+        ({"convergence": {"reason": "solved"}}, False),
+        ({"convergence": {"reason": "plateau"}}, False),
+        ({"convergence": {"reason": "flat"}}, False),
+        ({"steps": 8}, False),  # a run of older code: nothing to judge
+        ([1, 2], False),  # damaged: the report says so
+    ],
+)
+def test_a_finished_run_is_extended_by_its_convergence_reason(tmp_path, summary, extend):
+    path = tmp_path / "runs" / "r1" / "summary.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(summary))
+    assert unconverged(tmp_path, "r1") is extend
+    assert unconverged(tmp_path, "r2") is False  # not started
 
 
 STUDY_FILE = """

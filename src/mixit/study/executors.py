@@ -444,9 +444,11 @@ def _extensions(finals: Sequence[PlannedRun], multiples: Sequence[int], study_di
 
 def extended(final: PlannedRun, multiple: int) -> PlannedRun:
     """`final` trained again from scratch at `multiple` times its step cap: its request with `train.steps` and
-    `train.eval_every` both multiplied, so its schedule stretches over the longer budget and it evaluates as
-    often as before, everything else (its seed, the values its search chose, its analysis) as it was; each of
-    its labels with the multiple as `BUDGET`, so the report knows the run for its cell's at a longer budget."""
+    `train.eval_every` both multiplied, so its learning-rate schedule stretches over the longer budget and it
+    evaluates as many times as before; everything else it asked for (its seed, the values its search chose,
+    its analysis) as it was, and what it left to the run's length (warmup, logging and checkpoint cadences) as
+    for any run of that many steps. Each of its labels gets the multiple as `BUDGET`, so the report knows the
+    run for its cell's at a longer budget."""
     train = final.cfg.train
     longer = {"train": {"steps": multiple * train.steps, "eval_every": multiple * train.cadence[1]}}
     request = merge(final.cfg.request, longer)
@@ -458,11 +460,15 @@ def extended(final: PlannedRun, multiple: int) -> PlannedRun:
 def unconverged(study_dir: Path, run_id: str) -> bool:
     """Whether a run has finished without converging: its summary's convergence reason is not one of
     `CONVERGED` (it was still improving at its step cap, or had too few evaluations to tell). Where early
-    stopping is off, the reason is judged all the same. A failed or unfinished run, or one of older code
-    that recorded no reason, is not."""
+    stopping is off, the reason is judged all the same. A failed or unfinished run is not, nor one that
+    recorded no reason (older code) or whose summary cannot be read (the report shows it as damaged)."""
     if state(study_dir, run_id) != "done":
         return False
-    reason = ((Run(run_dir(study_dir, run_id)).summary() or {}).get("convergence") or {}).get("reason")
+    try:
+        convergence = (Run(run_dir(study_dir, run_id)).summary() or {}).get("convergence")
+    except UsageError:
+        return False
+    reason = convergence.get("reason") if isinstance(convergence, dict) else None
     return reason is not None and reason not in CONVERGED
 
 
