@@ -184,9 +184,9 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
     if options.list:
         return {"listing": list_studies(options.seeds)}
     seeds = options.seeds
-    check(seeds is None or (is_a(seeds, int) and seeds >= 1), f"seeds must be a positive integer or null, got {seeds}")
+    check(seeds is None or (is_a(int, seeds) and seeds >= 1), f"seeds must be a positive integer or null, got {seeds}")
     check(
-        options.test_seed is None or (is_a(options.test_seed, int) and options.test_seed >= 0),
+        options.test_seed is None or (is_a(int, options.test_seed) and options.test_seed >= 0),
         f"test_seed must be a non-negative integer or null, got {options.test_seed}",
     )
     naming = Naming(options.tracking_project, options.tracking_name)

@@ -7,13 +7,20 @@
 Which runs make a cell and whether they converged is `mixit.study.cells`; the report's tables, results.csv and
 figures are `mixit.study.render` and `mixit.study.figures`; the verdict rule is `mixit.study.verdicts`.
 
+A cell trained again at a longer budget (`Study.extend`: the same run at twice, then four times its step cap,
+where it ended unconverged) has one final run per budget, each labelled with its multiple (`BUDGET`); the tables
+read only the longest that finished (`StudyResults.final`), the shorter ones are `StudyResults.superseded`.
+
 Nothing here names a task: a task declares the number the report judges it by, and the further columns the
 report shows, as class attributes (`Task.report_metric`, `Task.report_columns`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +30,7 @@ from mixit.files import read_json
 from mixit.run import Run, is_number
 from mixit.study.directory import failure_record, load_study_record
 from mixit.study.executors import extra_result, run_dir, state
+from mixit.study.spec import BUDGET, budget
 from mixit.tasks import TASKS, Task
 
 
@@ -64,6 +72,12 @@ class Result:
     """The run (its analysis holds the figures and files the sections show)."""
 
     @property
+    def budget(self) -> int:
+        """The multiple of its cell's step cap it trained (`Study.extend`): 1 for a run at the cap itself, 2 for one
+        trained to twice the cap, ..."""
+        return max(budget(labels) for labels in self.labels)
+
+    @property
     def curve(self) -> list[tuple[int, float]]:
         """(step, the task's report metric in the report's units) at each evaluation: what the figures draw."""
         _, key, scale = task_class(self.config["task"]).report_metric
@@ -83,8 +97,17 @@ class StudyResults:
 
     @property
     def final(self) -> list[Result]:
-        """The runs that are cells of a table (not screening runs)."""
-        return [r for r in self.results if r.role == "final"]
+        """The runs that are cells of a table (not screening runs), each cell's seed at one budget: the longest
+        that finished (`Study.extend`), so the tables find one run per seed. Where an extension is still running,
+        or failed, its cell reads the longest budget that did finish; where none has finished, its run at the
+        step cap (with its state: failed, interrupted or new). A run keeps only the labels it is read under."""
+        return _at_budget(self.results, read=True)
+
+    @property
+    def superseded(self) -> list[Result]:
+        """The final runs that a longer budget of the same cell and seed has replaced in `final` (they stay in the
+        study, and in results.csv)."""
+        return _at_budget(self.results, read=False)
 
     @property
     def screens(self) -> list[Result]:
@@ -95,6 +118,28 @@ class StudyResults:
         if self.study_dir is None:
             raise ValueError("these results have no study directory to write figures to")
         return self.study_dir / "figures"
+
+
+def _at_budget(results: Sequence[Result], read: bool) -> list[Result]:
+    """The final runs, each with only its labels whose cell and seed is read at their budget (`read`), or only
+    those whose cell and seed is read at another (not `read`): `StudyResults.final` and `superseded`."""
+    finals = [r for r in results if r.role == "final"]
+    found: dict[str, list[tuple[int, bool]]] = defaultdict(list)  # cell and seed -> (budget, finished)
+    for r in finals:
+        for labels in r.labels:
+            found[_cell_seed(labels)].append((budget(labels), r.state == "done"))
+    chosen = {key: max((b for b, done in got if done), default=min(b for b, _ in got)) for key, got in found.items()}
+    kept = []
+    for r in finals:
+        under = [x for x in r.labels if (chosen[_cell_seed(x)] == budget(x)) == read]
+        if under:
+            kept.append(r if len(under) == len(r.labels) else replace(r, labels=under))
+    return kept
+
+
+def _cell_seed(labels: dict[str, Any]) -> str:
+    """A run's cell and seed: its labels but its budget."""
+    return json.dumps({k: v for k, v in labels.items() if k != BUDGET}, sort_keys=True, default=str)
 
 
 def collect(study_dir: Path) -> StudyResults:

@@ -18,6 +18,13 @@ failed ones), resumes what was interrupted and starts the rest, so a killed
 study loses at most the steps since each in-flight run's last checkpoint. A
 run that fails is recorded and does not stop the others.
 
+A study runs in stages (`execute`), each planned from the runs finished before it, so a resumed study asks
+for exactly the runs it asked for before: the runs that need no search with every search's first screening
+runs; the searches' later screening runs, and each searched cell once its search has chosen; then, with
+`Study.extend`, each final run that ended unconverged trained again from scratch at 2x (then 4x) its step
+cap. With `Study.more_seeds`, the final runs that its hook adds (new seeds where a verdict is undecided) go
+through the same stages, round after round, until it adds nothing new.
+
 Executors (`Pool`): ``local`` (a process pool: `workers` processes of `threads` torch
 threads each), ``sequential`` (one after another, in this process),
 ``slurm`` (an array job through submitit) and ``submitit-local`` (the same
@@ -57,14 +64,15 @@ from mixit.analysis.signal import SignalOptions, signal_command
 from mixit.config import check, coerce, type_name
 from mixit.distributed import env_world
 from mixit.errors import UsageError, require, show_warning
-from mixit.experiment import RunConfig
+from mixit.experiment import RunConfig, merge
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
 from mixit.plugins import load_plugins
 from mixit.run import Run
 from mixit.study.directory import check_out, check_same_study
 from mixit.study.search import Group, Outcome, Score, SearchPlan, apply, decide, plan_study
-from mixit.study.spec import PlannedRun, RunSpec, Study, merge_planned, plan
+from mixit.study.spec import BUDGET, PlannedRun, RunSpec, Study, merge_planned, plan
 from mixit.tracking import Grouping, Naming, Sink, check_sinks, study_grouping
+from mixit.training.convergence import CONVERGED
 from mixit.training.loop import KeepCheckpoints, train
 from mixit.version import __version__, git_commit, install_hint
 
@@ -92,9 +100,15 @@ def extra_result(study_dir: Path, name: str) -> Path:
 
 
 def write_study(
-    study: Study, study_dir: Path, planned: Sequence[PlannedRun], search: bool, searches: Sequence[Group] = ()
+    study: Study,
+    study_dir: Path,
+    planned: Sequence[PlannedRun],
+    search: bool,
+    searches: Sequence[Group] = (),
+    added: Sequence[RunSpec] = (),
 ) -> None:
-    """Write study.json; refuse a directory that holds another study (or this one searched otherwise)."""
+    """Write study.json; refuse a directory that holds another study (or this one searched otherwise). `added`:
+    the final runs `Study.more_seeds` has added so far, listed by their labels (their runs are in `planned`)."""
     path = Path(study_dir) / "study.json"
     fingerprint = study.fingerprint(search)
     record = {
@@ -107,6 +121,7 @@ def write_study(
         "search": search,
         "screen_fraction": study.screen_fraction if search else None,
         "screen_min_steps": study.screen_min_steps if search else None,
+        "extend": list(study.extend),
         "fingerprint": fingerprint,
         "mixit_version": __version__,
         "git_commit": git_commit(),
@@ -119,6 +134,7 @@ def write_study(
             }
             for g in searches
         ],
+        "added": [dict(spec.labels) for spec in added],
         "runs": [p.to_dict() for p in planned],
     }
     if path.exists():  # checked before the study started (`check_out`); again here, under the lock
@@ -317,17 +333,19 @@ def execute(
     `Pool.sized`), then its extras; return a tally. `logger`: tracking sinks every run is sent to as well,
     grouped under the study's name and named readably, in `naming`'s project (`mixit.tracking.study_grouping`).
 
-    With `search`, the runs that declare candidates are searched first (`mixit.study.search`): their
-    rung-0 screening runs train beside the runs that need no search, then each later stage (rung 1, the
-    edge extension) once the one before has finished, then each searched cell with the values chosen on
-    validation. Without it, every run trains its request as it is.
+    The runs go in stages, each planned from the runs finished before it (`_stages`). With `search`, the runs
+    that declare candidates are searched (`mixit.study.search`): their rung-0 screening runs train beside the
+    runs that need no search, then each later stage of a search (rung 1, the edge extension) once the one
+    before has finished, then each searched cell with the values chosen on validation. Without it, every run
+    trains its request as it is. With `Study.extend`, each final run that ended unconverged is trained again
+    at the next multiple of its step cap (`_extensions`). With `Study.more_seeds`, the study then runs in rounds
+    (`_rounds`): the runs the hook adds go through the same stages, until it adds nothing new.
     """
     # The plugins every worker and job imports, imported here first: one that cannot be is refused before any work.
     load_plugins()
     pool = (pool or Pool()).sized()
     study_dir = Path(study_dir)
     planned = plan_study(study, search)
-    first = merge_planned(planned.plain, list(planned.screens.values()))
     # The searched cells with each of their candidates resolved too, so a bad one is refused at once.
     plan(apply(spec, combination) for g in planned.groups for spec in g.specs for combination in g.combinations)
     # Everything that can refuse reads only, and comes before the first write (the probe of writability).
@@ -340,28 +358,123 @@ def execute(
     lock = DirectoryLock(study_dir, "mixit study")
     lock.acquire()
     try:
-        write_study(study, study_dir, first, search, planned.groups)
         tally = {"done": 0, "failed": 0, "skipped_failed": 0}
         with tqdm(total=0, disable=not progress, desc=study.name, unit="run", dynamic_ncols=True) as bar:
             grouping = functools.partial(_grouping, study.name, naming or Naming())
-            _run_phase(first, study_dir, pool, retry_failed, tally, bar, sinks, grouping)
-            runs = first
-            while planned.groups:  # the search's later stages (rung 1, then the extension), each once finished
-                outcomes = _search_outcomes(planned, study_dir)
-                known = {p.id for p in runs}
-                new = [p for p in plan((s for o in outcomes for s in o.screens), role="screen") if p.id not in known]
-                if not new:
-                    finals = _searched_finals(planned, outcomes)
-                    write_study(study, study_dir, merge_planned(runs, finals), search, planned.groups)
-                    _run_phase(finals, study_dir, pool, retry_failed, tally, bar, sinks, grouping)
-                    break
-                runs = merge_planned(runs, new)
-                write_study(study, study_dir, runs, search, planned.groups)
-                _run_phase(new, study_dir, pool, retry_failed, tally, bar, sinks, grouping)
+            sent: set[str] = set()
+
+            def run(stage: Sequence[PlannedRun]) -> None:  # each run once per call, however many rounds ask for it
+                todo = [p for p in stage if p.id not in sent]
+                sent.update(p.id for p in todo)
+                if todo:
+                    _run_phase(todo, study_dir, pool, retry_failed, tally, bar, sinks, grouping)
+
+            _rounds(study, study_dir, search, run)
         _run_extras(study, study_dir)
         return tally
     finally:
         lock.release()
+
+
+def _rounds(study: Study, study_dir: Path, search: bool, run: Callable[[Sequence[PlannedRun]], None]) -> None:
+    """Run `study`'s stages (`_stages`), then those of the study with the final runs `Study.more_seeds` adds,
+    round after round until it adds none that the study does not have: a spec is the same as another when its
+    request, labels, analysis and candidates are. The hook reads only finished runs, so a resumed study asks
+    for the same runs round by round (each round's runs already done are not trained again), and study.json's
+    fingerprint stays the study's own: the added specs are listed beside it ("added"), and their runs among the
+    others'."""
+    added: list[RunSpec] = []  # grown in place: study.json lists what has been added when it is written
+    record = functools.partial(write_study, study, study_dir, search=search, added=added)
+    while True:
+        _stages(replace(study, specs=[*study.specs, *added]), study_dir, search, run, record)
+        if study.more_seeds is None:
+            return
+        known = {_spec_key(s) for s in [*study.specs, *added]}
+        new = {_spec_key(s): s for s in study.more_seeds(study_dir) if _spec_key(s) not in known}
+        if not new:
+            return
+        added.extend(new.values())
+
+
+def _spec_key(spec: RunSpec) -> str:
+    """What makes two specs the same run of a study (as `Study.fingerprint` reads a spec)."""
+    return json.dumps([spec.request, spec.labels, spec.analyze, spec.search], sort_keys=True, default=str)
+
+
+def _stages(
+    study: Study,
+    study_dir: Path,
+    search: bool,
+    run: Callable[[Sequence[PlannedRun]], None],
+    record: Callable[..., None],
+) -> None:
+    """Run `study` stage by stage: each stage is what the finished runs ask for that no stage before did, run
+    once study.json (`record`) lists it; the study has finished when a stage asks for nothing new.
+
+    The first stage is the runs that need no search and every search's rung-0 screening runs. Each later one
+    holds a search's next screening runs, the searched cells whose search has decided, and the extensions
+    (`_extensions`) of the final runs finished so far, so a cell waits only for what its own runs need. Every
+    stage is a pure function of the finished runs, so a resumed study asks for exactly the runs it asked for
+    before; a search that cannot go on (a screening run that neither finished nor failed: a Slurm job that
+    died) leaves its cells for the next call."""
+    planned = plan_study(study, search)
+    runs: list[PlannedRun] = []
+    wanted = merge_planned(planned.plain, list(planned.screens.values()))
+    while True:
+        known = {p.id for p in runs}
+        stage = [p for p in wanted if p.id not in known]
+        runs = merge_planned(runs, wanted)  # a run asked for again keeps every label it is asked for under
+        record(runs, searches=planned.groups)
+        if not stage:
+            return
+        run(stage)
+        outcomes = _search_outcomes(planned, study_dir)
+        screens = plan((s for o in outcomes for s in o.screens), role="screen")
+        finals = merge_planned(planned.plain, _searched_finals(planned, outcomes))
+        wanted = merge_planned(screens, finals, _extensions(finals, study.extend, study_dir))
+
+
+def _extensions(finals: Sequence[PlannedRun], multiples: Sequence[int], study_dir: Path) -> list[PlannedRun]:
+    """The budget extensions that the finished runs of `finals` ask for: each final run that ended unconverged
+    (`unconverged`) trained again at the first of `multiples` times its step cap (`extended`), and each of those
+    that ended unconverged at the next, as far as the finished runs go. A failed or unfinished run is not
+    extended; its extension, if it has one, waits until it has finished."""
+    found: list[PlannedRun] = []
+    chains = [(final, final) for final in finals]  # (the run at its own cap, its longest extension so far)
+    for multiple in multiples:
+        chains = [(first, extended(first, multiple)) for first, last in chains if unconverged(study_dir, last.id)]
+        found += [last for _, last in chains]
+    return found
+
+
+def extended(final: PlannedRun, multiple: int) -> PlannedRun:
+    """`final` trained again from scratch at `multiple` times its step cap: its request with `train.steps` and
+    `train.eval_every` both multiplied, so its learning-rate schedule stretches over the longer budget and it
+    evaluates as many times as before; everything else it asked for (its seed, the values its search chose,
+    its analysis) as it was, and what it left to the run's length (warmup, logging and checkpoint cadences) as
+    for any run of that many steps. Each of its labels gets the multiple as `BUDGET`, so the report knows the
+    run for its cell's at a longer budget."""
+    train = final.cfg.train
+    longer = {"train": {"steps": multiple * train.steps, "eval_every": multiple * train.cadence[1]}}
+    request = merge(final.cfg.request, longer)
+    (run,) = plan(RunSpec(request, {**labels, BUDGET: multiple}, final.analyze) for labels in final.labels)
+    run.chosen = dict(final.chosen)
+    return run
+
+
+def unconverged(study_dir: Path, run_id: str) -> bool:
+    """Whether a run has finished without converging: its summary's convergence reason is not one of
+    `CONVERGED` (it was still improving at its step cap, or had too few evaluations to tell). Where early
+    stopping is off, the reason is judged all the same. A failed or unfinished run is not, nor one that
+    recorded no reason (older code) or whose summary cannot be read (the report shows it as damaged)."""
+    if state(study_dir, run_id) != "done":
+        return False
+    try:
+        convergence = (Run(run_dir(study_dir, run_id)).summary() or {}).get("convergence")
+    except UsageError:
+        return False
+    reason = convergence.get("reason") if isinstance(convergence, dict) else None
+    return reason is not None and reason not in CONVERGED
 
 
 def _run_extras(study: Study, study_dir: Path) -> None:

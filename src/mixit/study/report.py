@@ -24,6 +24,7 @@ from mixit.study.directory import check_report_paths
 from mixit.study.figures import plot_cell_curves
 from mixit.study.presets import PRESETS
 from mixit.study.render import results_csv, settings
+from mixit.study.spec import BUDGET
 from mixit.study.tables import TABLES
 from mixit.study.verdicts import Check
 from mixit.version import __version__, git_commit, protocol_commit
@@ -207,10 +208,11 @@ def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
 
 
 def own_cells(study: StudyResults) -> dict[tuple[tuple[str, Any], ...], list[Result]]:
-    """The cells of a study of your own: its final runs grouped by their labels but the seed."""
+    """The cells of a study of your own: its final runs (each seed at its longest budget that finished) grouped
+    by their labels but the seed and the budget."""
     cells: dict[tuple[tuple[str, Any], ...], list[Result]] = defaultdict(list)
     for r in study.final:
-        cells[tuple((k, v) for k, v in r.labels[0].items() if k != "seed")].append(r)
+        cells[tuple((k, v) for k, v in r.labels[0].items() if k not in ("seed", BUDGET))].append(r)
     return cells
 
 

@@ -12,6 +12,7 @@ or from a TOML or YAML file a user writes (`load_study_file`; docs/studies.md is
 
     name = "heads"
     seeds = 2                                    # seeds 0..seeds-1 of every run (model and data)
+    extend = [2, 4]                              # optional: an unconverged run again at 2x, then 4x its steps
     [base]                                       # a request every run starts from
     task = "addition"
     task_params = {n_digits = 3}
@@ -238,6 +239,27 @@ def grid(
     return specs
 
 
+BUDGET = "budget"
+"""The label of a final run trained again at a multiple of its cell's step cap (`Study.extend`): the multiple."""
+
+
+def budget(labels: Mapping[str, Any]) -> int:
+    """The multiple of its cell's step cap that a run of these labels trained: its `BUDGET` label, or 1."""
+    return int(labels.get(BUDGET, 1))
+
+
+def budget_multiples(value: Any, where: str = "") -> tuple[int, ...]:
+    """`value` as `Study.extend`: integers of at least 2, in increasing order; refused in one line (beginning
+    with `where`) otherwise."""
+    ok = isinstance(value, (list, tuple)) and all(is_a(int, m) and m >= 2 for m in value)
+    check(
+        ok and list(value) == sorted(set(value)),
+        f"{where}extend must list multiples of the step cap, integers >= 2 in increasing order (e.g. [2, 4]), "
+        f"got {value!r}",
+    )
+    return tuple(value)
+
+
 SEARCH_PROCEDURE = 3
 """The version of `mixit.study.search`'s procedure, part of a searched study's fingerprint: a study directory
 searched by another procedure (1: one rung at seed 0, judged at its end; 2: one search for every seed of a
@@ -263,6 +285,18 @@ class Study:
     """Task -> the fewest steps of a search's first rung on it: what its slowest variant needs to leave chance."""
     rebuild: Callable[[int, int], Study] | None = field(default=None, repr=False, compare=False)
     """Builds this study with other seeds (seeds, first_seed), so that it can grow in its directory (`grows`)."""
+    extend: tuple[int, ...] = ()
+    """Multiples of the step cap, increasing (the paper's protocol: (2, 4)): a final run that ended its budget
+    unconverged (improving, or too few evaluations to tell) is trained again from scratch at the first multiple,
+    and one still unconverged there at the next (`mixit.study.executors`); the report reads the longest that
+    finished (`mixit.study.collect.StudyResults.final`). Empty: no run is extended."""
+    more_seeds: Callable[[Path], Sequence[RunSpec]] | None = field(default=None, repr=False, compare=False)
+    """Given the study directory, the further final runs to add (new seeds of cells whose verdict is undecided,
+    each with its search candidates if any): a pure function of the runs finished there. The study runs in
+    rounds until it returns nothing new (`mixit.study.executors.execute`); None: no round after the first."""
+
+    def __post_init__(self) -> None:
+        self.extend = budget_multiples(self.extend)
 
     def grows(self, old: Any, search: bool = True) -> bool:
         """Whether `old` (a directory's study.json) records this study with some of its seeds: the same study,
@@ -286,6 +320,7 @@ class Study:
                 "screen_fraction": self.screen_fraction if search else None,
                 **({"screen_min_steps": self.screen_min_steps} if search and self.screen_min_steps else {}),
                 **({"search_procedure": SEARCH_PROCEDURE} if search else {}),
+                **({"extend": list(self.extend)} if self.extend else {}),
                 "extras": self.extras,
             },
             sort_keys=True,
@@ -368,6 +403,7 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -
         "search",
         "screen_fraction",
         "screen_min_steps",
+        "extend",
     )
     unknown = sorted(set(data) - set(allowed))
     check(not unknown, f"study file {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
@@ -395,6 +431,7 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -
         isinstance(least, dict) and all(is_a(int, v) and v >= 1 for v in least.values()),
         f"study file {path}: screen_min_steps must be a table of task names to positive integers, got {least!r}",
     )
+    extend = budget_multiples(data.get("extend", []), f"study file {path}: ")
     specs = grid(base, axes, seed_range(n_seeds, first_seed), {"table": name}, analyze, search=search)
     return Study(
         name,
@@ -405,5 +442,6 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -
         first_seed,
         screen_fraction=float(fraction),
         screen_min_steps=dict(least),
+        extend=extend,
         rebuild=lambda more, first: load_study_file(path, more, first),
     )
