@@ -25,9 +25,9 @@ where q is Student's t quantile with n - 1 degrees of freedom and z the normal q
 holds training, search and (where seeds draw their own test sets) test-set randomness, its standard error
 estimated from n seeds (hence t); the second is the test set's own error, estimated from its thousands
 of examples (hence z), taken as if every seed shared one test set (as the text tasks' seeds do), so that
-it does not shrink with n: exact where test sets are shared, conservative where they are not. PASS if the lower bound is above 0,
-FAIL if the upper bound is below 0, else UNDECIDED. With fewer than `Rule.min_seeds` seeds nothing is
-decided: the part is PROVISIONAL, whatever its seeds show.
+it does not shrink with n: exact where test sets are shared, conservative where they are not. PASS if
+the lower bound is above 0, FAIL if the upper bound is below 0, else UNDECIDED. With fewer than
+`Rule.min_seeds` seeds nothing is decided: the part is PROVISIONAL, whatever its seeds show.
 
 **The sequential design.** Seeds may be added where a part is UNDECIDED, at the seed counts of
 `Rule.schedule` (3, then 5, then 7: `next_look`). The interval is judged at each of those looks, so each
