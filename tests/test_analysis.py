@@ -15,7 +15,13 @@ from mixit.analysis.attention_maps import (
     plot_pattern_grid,
     plot_score_tables,
 )
-from mixit.analysis.induction import head_scores, icl_gap, repeated_sequences, score_patterns
+from mixit.analysis.induction import (
+    head_scores,
+    icl_gap,
+    input_dependence,
+    repeated_sequences,
+    score_patterns,
+)
 from mixit.cli import main
 from mixit.config import ModelConfig
 from mixit.models import Transformer
@@ -188,6 +194,27 @@ def test_mixit_scores_read_the_fixed_matrices():
     assert fixed_patterns(Transformer(ModelConfig(vocab_size=20, n_ctx=12, d_model=16, n_heads=2))) is None
 
 
+def test_pattern_input_dependence_is_zero_for_mixit_and_not_for_softmax():
+    """MixiT reads one fixed matrix whatever the tokens; softmax attention's pattern follows them."""
+    shape = {"vocab_size": 20, "n_ctx": 12, "d_model": 16, "n_layers": 2, "n_heads": 2}
+    mixit = head_scores(Transformer(ModelConfig(**shape, attention="mixing")).eval(), range(20), m=M, batch=4)
+    softmax = head_scores(Transformer(ModelConfig(**shape, qk_init="paper")).eval(), range(20), m=M, batch=4)
+    assert mixit["pattern_input_dependence"] == 0.0
+    assert mixit["pattern_scale"] >= 0.5  # the sink head's 0.5 at least
+    assert softmax["pattern_input_dependence"] > 1e-3
+    assert 0.0 < softmax["pattern_scale"] <= 1.0
+
+
+def test_input_dependence_of_hand_made_patterns():
+    a = causal_uniform(4)[None, None]  # (1, 1, 4, 4)
+    b = a.clone()
+    b[0, 0, 3] = torch.tensor([0.1, 0.2, 0.3, 0.4])  # the last row moved by at most 0.15
+    found = input_dependence([a, a], [a, b])
+    assert found["pattern_input_dependence"] == pytest.approx(0.15)
+    assert found["pattern_scale"] == 1.0
+    assert input_dependence([a], [a.clone()])["pattern_input_dependence"] == 0.0
+
+
 def test_the_plots_return_their_figures_and_save_only_when_asked(tmp_path, monkeypatch):
     """plot_pattern_grid draws each head's pattern as it is (a signed set on a map centred on 0), plot_score_tables
     writes every score in its cell, plot_over_time draws each series; none writes a file unless given a path."""
@@ -264,6 +291,9 @@ def test_analyze_command_writes_every_artifact(variant, tmp_path, capsys):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     scores = json.loads((run / "analysis" / "head_scores.json").read_text())
     assert np.asarray(scores["induction"]).shape == (2, 2)
+    # MixiT's patterns are the same on any input; softmax's differ, if only a little at this tiny init.
+    assert (scores["pattern_input_dependence"] == 0.0) == (variant == "mixit")
+    assert "on two different probe batches differ by at most" in (run / "analysis" / "summary.md").read_text()
     arrays = np.load(run / "analysis" / "attention.npz")
     n = 3 * 2 + 3  # a 2-digit addition example read by the model: its sequence without the last token
     assert arrays["patterns"].shape == (2, 2, n, n) and arrays["tokens"].shape == (n,)

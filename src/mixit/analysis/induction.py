@@ -36,6 +36,14 @@ previous-token head (T - 1) / T. The mixit convention reads 1.0 as "always on
 the target", whatever the probe length; the TransformerLens one is there to
 compare with numbers reported with that library.
 
+The patterns' input dependence is measured beside the scores: the largest absolute difference,
+over every layer, head, row and column, between the patterns of two different probe batches (the
+second drawn from seed + 1). A MixiT head's pattern is a fixed matrix, so its difference is 0 (up to
+float rounding, which here is none: the same buffer is read); a softmax head's changes with the tokens.
+This is what makes "MixiT has no induction head" structural rather than a score that happened to be
+low: no pattern that ignores the input can attend to the token after the previous occurrence of the
+current one.
+
 The behavioural score needs no pattern: next-token loss and accuracy on the
 first copy (positions 0..m-2, which cannot be predicted from context) against
 the second copy (positions m..T-2, predictable by copying). The in-context gap
@@ -113,9 +121,10 @@ def head_scores(
     convention: "mixit" (a perfect head scores 1) or "transformer_lens" (its ``detect_head``; a perfect
     induction head scores 0.5): module docstring.
     Returns lists of shape [n_layers][n_heads] under "previous_token",
-    "induction" and "duplicate_token", plus "icl" (loss and accuracy on each
-    copy and the gap; None for a classifier, which predicts no next tokens)
-    and the probe settings.
+    "induction" and "duplicate_token", the patterns' input dependence
+    (`input_dependence` on this probe and a second one drawn from seed + 1),
+    "icl" (loss and accuracy on each copy and the gap; None for a classifier,
+    which predicts no next tokens) and the probe settings.
     """
     n_ctx: int = model.cfg.n_ctx
     m = min(len(tokens), n_ctx // 2) if m is None else m
@@ -124,16 +133,34 @@ def head_scores(
     model.eval()
     with capture_patterns(model) as patterns:
         logits = model(x)  # (B, T, vocab)
+    with capture_patterns(model) as other:
+        model(repeated_sequences(tokens, m, batch, seed + 1).to(x.device))
     model.train(was_training)
     names = sorted(patterns, key=lambda n: int(n.split(".")[1]))  # blocks.<layer>.attn.hook_pattern
     per_layer = [score_patterns(patterns[n].float().cpu(), m, convention) for n in names]
     out: dict[str, Any] = {
         key: [s[key].tolist() for s in per_layer] for key in ("previous_token", "induction", "duplicate_token")
     }
+    out.update(input_dependence([patterns[n] for n in names], [other[n] for n in names]))
     # A classifier has no next-token predictions to score: no behavioural gap.
     out["icl"] = icl_gap(logits.float().cpu(), x.cpu(), m) if logits.dim() == 3 else None
     out["probe"] = {"m": m, "batch": batch, "seed": seed, "n_tokens": len(tokens), "convention": convention}
     return out
+
+
+def input_dependence(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> dict[str, float]:
+    """How much the attention patterns changed between two inputs of one shape: each layer's (B, H, T, T)
+    pattern on the first and on the second.
+
+    "pattern_input_dependence": the largest |A_first - A_second| over every layer, head, example, row and
+    column (0 for attention that ignores its input); "pattern_scale": the largest |A| of either, the
+    magnitude a float rounding error would be relative to (1 for softmax probabilities).
+    """
+    pairs = [(a.float(), b.float()) for a, b in zip(first, second, strict=True)]
+    return {
+        "pattern_input_dependence": max(((a - b).abs().max().item() for a, b in pairs), default=0.0),
+        "pattern_scale": max((max(a.abs().max().item(), b.abs().max().item()) for a, b in pairs), default=0.0),
+    }
 
 
 def icl_gap(logits: torch.Tensor, x: torch.Tensor, m: int) -> dict[str, float]:

@@ -1,7 +1,9 @@
 """`mixit analyze RUN_DIR`: every analysis of a trained run, written to RUN_DIR/analysis/.
 
     head_scores.json / .png     previous-token, induction, duplicate-token scores per layer and
-                                head, and the in-context gap on repeated random sequences
+                                head, the in-context gap on repeated random sequences, and how much
+                                the attention patterns change between two such batches
+                                (pattern_input_dependence: 0 for MixiT)
     attention.npz / .png        every head's pattern on one input (a test example by default), its
                                 tokens, and their names (`Task.token_names`), which label the figure
     fixed_patterns.npz / .png   the input-independent matrices (MixiT models only)
@@ -253,6 +255,9 @@ def summarize(scores: dict[str, Any], signal: dict[str, Any]) -> dict[str, Any]:
             None if feeder is None else {"layer": feeder[0], "head": feeder[1], "score": feeder[2]}
         ),
         "icl": scores["icl"],
+        # None for an analysis written before the input dependence was measured.
+        "pattern_input_dependence": scores.get("pattern_input_dependence"),
+        "pattern_scale": scores.get("pattern_scale"),
         "final_cosine": {"trained": signal["trained"]["cosine"][-1], "init": signal["init"]["cosine"][-1]},
     }
 
@@ -283,6 +288,12 @@ def render_summary(name: str, f: dict[str, Any], has_fixed: bool, files: Sequenc
             f"{icl['loss_first_copy']:.3f} on the first copy, {icl['loss_second_copy']:.3f} on the second "
             f"(gap {icl['loss_gap']:.3f}); accuracy {icl['acc_first_copy']:.3f} -> "
             f"{icl['acc_second_copy']:.3f}."
+        )
+    if f.get("pattern_input_dependence") is not None:
+        lines.append(
+            f"- Attention patterns on two different probe batches differ by at most "
+            f"{f['pattern_input_dependence']:.3g} (largest |weight| {f['pattern_scale']:.3g}; 0 = the attention "
+            "does not depend on the input)."
         )
     lines += [
         f"- Mean cosine similarity between token representations after the last layer: "
