@@ -72,7 +72,6 @@ from mixit.study.directory import check_out, check_same_study
 from mixit.study.search import Group, Outcome, Score, SearchPlan, apply, decide, plan_study
 from mixit.study.spec import BUDGET, PlannedRun, RunSpec, Study, merge_planned, plan
 from mixit.tracking import Grouping, Naming, Sink, check_sinks, study_grouping
-from mixit.training.convergence import CONVERGED
 from mixit.training.loop import KeepCheckpoints, train
 from mixit.version import __version__, git_commit, install_hint
 
@@ -462,11 +461,17 @@ def extended(final: PlannedRun, multiple: int) -> PlannedRun:
     return run
 
 
+SETTLED = ("solved", "plateau")
+"""The convergence reasons of a run that is not trained further (`unconverged`)."""
+
+
 def unconverged(study_dir: Path, run_id: str) -> bool:
-    """Whether a run has finished without converging: its summary's convergence reason is not one of
-    `CONVERGED` (it was still improving at its step cap, or had too few evaluations to tell). Where early
-    stopping is off, the reason is judged all the same. A failed or unfinished run is not, nor one that
-    recorded no reason (older code) or whose summary cannot be read (the report shows it as damaged)."""
+    """Whether a run has finished still moving or not yet started: its summary's convergence reason is neither
+    solved nor plateau. That is a run still improving at its step cap, one with too few evaluations to tell, and
+    one whose curve never left where it started (flat), which a slow starter does for a while (MixiT on
+    retrieval sits at chance for about 3,000 steps and then learns: docs/results/retrieval-mixit). Where early
+    stopping is off, the reason is judged all the same. A failed or unfinished run is not, nor one that recorded
+    no reason (older code) or whose summary cannot be read (the report shows it as damaged)."""
     if state(study_dir, run_id) != "done":
         return False
     try:
@@ -474,7 +479,7 @@ def unconverged(study_dir: Path, run_id: str) -> bool:
     except UsageError:
         return False
     reason = convergence.get("reason") if isinstance(convergence, dict) else None
-    return reason is not None and reason not in CONVERGED
+    return reason is not None and reason not in SETTLED
 
 
 def _run_extras(study: Study, study_dir: Path) -> None:
