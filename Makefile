@@ -1,4 +1,4 @@
-# `make run`: set everything up and reproduce the paper's comparison on the embedded data (about 30 min on 2 cores: 24:51 measured at 03fb814).
+# `make run`: set everything up and reproduce the paper's comparison on the embedded data under docs/protocol.md (hours on 2 cores).
 # `make test`: set everything up, lint, type-check and run the whole test suite.
 # `make package`: build the wheel and sdist, install the wheel into a fresh environment and run it from there.
 # torch is pinned here (not in pyproject) to the CPU wheel these machines carry;

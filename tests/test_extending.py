@@ -135,4 +135,4 @@ def test_the_example_table_is_planned_trained_and_reported(examples):
     result = write_report(out)
     assert "## Copying: MixiT against the standard model" in (out / "report.md").read_text()
     check = result["checks"]["MixiT within 5 points of the standard model on copying"]
-    assert check["verdict"] in ("PASS", "FAIL", "UNDECIDED") and check["seeds"] == 1
+    assert check["verdict"] == "PROVISIONAL" and check["seeds"] == 1  # one seed decides nothing

@@ -211,9 +211,8 @@ def test_the_presets_plan_every_table():
     for preset in ("smoke", "quick", "gpu", "paper"):
         study = paper_study(preset)
         tables = {s.labels["table"] for s in study.specs}
-        # The main job (quick) leaves out the sweep beyond the paper, which no finding reads.
-        beyond = set() if preset == "quick" else {"pairs"}
-        assert tables == {"table1", "table2", "table3", "table4", "table5", "table6"} | beyond
+        # Every preset sweeps the number of retrieval pairs too, beyond the paper (no finding reads it).
+        assert tables == {"table1", "table2", "table3", "table4", "table5", "table6", "pairs"}
         assert study.extras["signal"]["variants"] == ("standard", "mixit", "random")
     # quick searches the learning rate per variant, and MixiT's heads and width on addition.
     quick = paper_study("quick")
@@ -227,6 +226,11 @@ def test_the_presets_plan_every_table():
     assert set(standard_addition.search) == {"train.lr"}
     assert quick.screen_fraction == 0.2
     assert all(s.request["train"]["early_stop"] for s in quick.specs)
+    # The protocol's first look, its sequential design and its budget extensions (docs/protocol.md).
+    assert {s.labels["seed"] for s in quick.specs} == {0, 1, 2}
+    assert quick.more_seeds is not None and quick.extend == (2, 4)
+    assert paper_study("quick", seeds=3).more_seeds is None  # seeds asked for: exactly those
+    assert {s.request["test_seed"] for s in paper_study("quick", test_seed=12).specs} == {12}
     planned = plan(paper_study("smoke").specs)
     assert len(planned) < len(paper_study("smoke").specs)  # shared runs are trained once
     with pytest.raises(UsageError, match="unknown preset 'huge'"):
@@ -388,7 +392,7 @@ def test_the_smoke_preset_writes_the_whole_report(tmp_path):
     ):
         assert heading in report, heading
     checks = result["report"]["checks"]
-    verdicts = ("PASS", "FAIL", "UNTESTABLE", "UNDECIDED", "n/a")
+    verdicts = ("PASS", "FAIL", "UNTESTABLE", "UNDECIDED", "n/a", "PROVISIONAL")
     assert len(checks) == len(CHECKS) and all(c["verdict"] in verdicts for c in checks.values())
     assert all(f"**{c['verdict']}**" in report for c in checks.values())
     assert sum(c["verdict"] != "n/a" for c in checks.values()) == len(CHECKS)  # every check had its runs

@@ -120,8 +120,8 @@ class ReproduceOptions:
     how its runs execute."""
 
     preset: Literal["smoke", "quick", "gpu", "paper"] = "quick"
-    """The study to run: smoke (every code path in minutes), quick (the comparison in 30 minutes on 2 CPU
-    cores), gpu (one GPU in about an hour) or paper (the paper's scales and the reference recipes, for
+    """The study to run: smoke (every code path in minutes), quick (the comparison under docs/protocol.md, hours
+    on 2 CPU cores), gpu (one GPU in about an hour) or paper (the paper's scales and the reference recipes, for
     clusters)."""
     study: Path | None = None
     """A study file of your own (TOML, or YAML if it ends in .yaml or .yml: docs/studies.md) instead of the

@@ -35,7 +35,7 @@ def paper_study(preset: str, seeds: int | None = None, first_seed: int = 0, test
             scale, tasks={name: {**request, "test_seed": test_seed} for name, request in scale.tasks.items()}
         )
     adaptive = seeds is None and scale.max_seeds > scale.seeds
-    n = seeds or scale.seeds
+    n = scale.seeds if seeds is None else seeds
     chosen = seed_range(n, first_seed)
     return Study(
         f"paper-{preset}",

@@ -2,9 +2,9 @@
 
 - ``smoke``: every code path of ``quick`` with the smallest models and a few
   steps, in about three minutes on 2 CPU cores (CI and the tests use it).
-- ``quick``: the whole comparison at a scale that finishes in about 30 minutes
-  on 2 CPU cores with its searches (24:51 measured at 03fb814), each cell stopped once its validation curve
-  converges (docs/reproduction.md says how it was sized).
+- ``quick``: the whole comparison at laptop scale under the pre-registered protocol (docs/protocol.md): 3 seeds
+  to start, each with its own search, more where a finding is undecided, each cell stopped once its validation
+  curve converges and trained further where still moving (docs/reproduction.md says how it was sized).
 - ``gpu``: one GPU in about an hour: Table 4 at the paper's exact scale, the
   algorithmic tables at the paper's widths.
 - ``paper``: the paper's own scales and the reference recipes
@@ -111,9 +111,9 @@ SMOKE = Scale(
     screen_min_steps={"addition": 6},
 )
 
-# Calibrated on the project's 2-core machine (docs/reproduction.md, "How the quick preset was sized"):
-# width 64 and step caps chosen so that the whole preset, searches included, takes about 30 minutes with two
-# workers, every run stopping early once its validation curve converges. Queries and keys are drawn as
+# Sized on the project's 2-core machine (docs/reproduction.md, "What the quick preset is"): width 64 and step caps
+# chosen when one seed of the preset took about 30 minutes with two workers; the protocol (docs/protocol.md) now
+# trains 3 seeds or more, each with its own search, so it takes hours. Queries and keys are drawn as
 # the paper's text says (N(0, 1/d_model)): at width 64 the reference code's N(0, 0.02^2) gives frozen
 # attention logits of std 0.03, near-uniform attention, and frozen Q/K could not attend at all
 # (docs/foundation.md, "With the reference's coupled settings").
@@ -150,7 +150,7 @@ def _confirmatory(tasks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
 
 
 QUICK = Scale(
-    description="the whole comparison, searched and stopped on validation, in about 30 minutes on 2 CPU cores",
+    description="the whole comparison under docs/protocol.md: searched per seed, stopped on validation, 3-7 seeds",
     tasks=_confirmatory(
         {
             "retrieval": _run("retrieval", {"max_pairs": 10}, _SMALL, _stop(2000, batch_size=64), test_size=1000),
