@@ -385,3 +385,45 @@ def test_the_report_shows_each_step_of_the_rule_and_each_cell_once_per_seed():
         "- mixit above frozen_mlp: not converged at the budget trained: memorization/frozen_mlp bits/param"
         in "\n".join(lines)
     )
+
+
+def with_seeds(results, n, **cell):
+    """`results` with seeds 3..n-1 added to the runs matching `cell`'s labels (copies of their seed 0)."""
+    extra = [
+        Result(**{**vars(r), "id": f"{r.id}+{s}", "labels": [{**r.labels[0], "seed": s}]})
+        for r in results.results
+        if r.labels[0]["seed"] == 0 and all(r.labels[0].get(k) == v for k, v in cell.items())
+        for s in range(SEEDS, n)
+    ]
+    return study(results.results + extra)
+
+
+def test_the_parts_of_one_finding_may_read_different_numbers_of_seeds():
+    """The sequential design adds seeds to the cells of an undecided part only: each part reads the seeds its
+    cells share, and the finding is not n/a for the seeds the other part's cells lack."""
+    result = table1.check_retrieval_gap(with_seeds(table1_study(), 5, task="induction"))
+    assert [len(p.seeds) for p in result.parts] == [3, 5] and result.verdict == "PASS"
+    assert result.seeds == 5 and result.holds == 3  # every part holds in the 3 seeds they share
+
+
+def test_the_sequential_design_adds_seeds_to_the_cells_of_undecided_parts_only(monkeypatch):
+    """The paper study's `more_seeds` (docs/protocol.md): after the first look, the cells an undecided part reads
+    get seeds 3 and 4; a decided part's cells get none; seeds added earlier stay asked for."""
+    from mixit.study import paper
+
+    results = table3_study()
+    for r in results.results:  # addition: wide over seeds, undecided; modular addition and Dyck decided
+        if r.labels[0]["variant"] == "mixit" and r.labels[0]["task"] == "addition":
+            r.test = {"token_acc": [0.99, 0.60, 0.99][r.labels[0]["seed"]]}
+    monkeypatch.setattr(paper, "collect", lambda study_dir: results)
+    more = paper.paper_study("quick").more_seeds
+    added = [s for s in more("unused") if s.labels["seed"] >= SEEDS]  # the first look's specs come back as they are
+    cells = {(s.labels["table"], s.labels["task"], s.labels["variant"]) for s in added}
+    assert cells == {("table3", "addition", "standard"), ("table3", "addition", "mixit")}
+    assert {s.labels["seed"] for s in added} == {3, 4}
+    results.results = [r for r in results.results if r.labels[0]["task"] != "addition"]  # addition decided now...
+    results.results += [
+        r for r in with_seeds(table3_study(), 5, task="addition").results if r.labels[0]["task"] == "addition"
+    ]
+    kept = {(s.labels["task"], s.labels["seed"]) for s in more("unused")}
+    assert {("addition", 3), ("addition", 4)} <= kept  # ...but its seeds 3 and 4 stay in the study

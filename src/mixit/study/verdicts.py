@@ -314,23 +314,32 @@ def judge(
     precondition: Part | None = None,
     rule: Rule = RULE,
 ) -> Check:
-    """Judge the finding `name` on the final runs among `results` (module docstring)."""
+    """Judge the finding `name` on the final runs among `results` (module docstring). Each part reads the seeds
+    that every one of its cells has: the sequential design adds seeds to the cells of an undecided part only, so
+    the parts of one finding may be judged over different numbers of seeds."""
     final = [r for r in results if r.role == "final"]
-    cells = list({c.name: c for p in [*parts, *([precondition] if precondition else [])] for c in p.cells}.values())
-    readings, seeds, missing = _inputs(name, final, cells)
-    if missing or not seeds:
-        return Check(name, "n/a", "missing: " + ("; ".join(missing) or "no runs"), len(seeds))
+    judged_parts = [*parts, *([precondition] if precondition else [])]
+    cells = list({c.name: c for p in judged_parts for c in p.cells}.values())
+    readings, missing = _inputs(name, final, cells)
+    if missing or not any(readings.values()):
+        return Check(name, "n/a", "missing: " + ("; ".join(missing) or "no runs"))
+
+    def seeds_of(part: Part) -> list[int]:
+        return sorted(set.intersection(*(set(readings[c.name]) for c in part.cells)))
 
     def judged(part: Part) -> PartVerdict:
-        return over_seeds(
-            part, [seed_margin(part, s, {c.name: readings[c.name][s] for c in part.cells}) for s in seeds], rule
-        )
+        margins = [seed_margin(part, s, {c.name: readings[c.name][s] for c in part.cells}) for s in seeds_of(part)]
+        return over_seeds(part, margins, rule)
 
     verdicts = [judged(p) for p in parts]
-    held = sum(all(v.seeds[i].holds for v in verdicts) for i in range(len(seeds)))
-    check = Check(name, worst_of([v.verdict for v in verdicts]), "", len(seeds), held, parts=verdicts)
-    numbers = "; ".join(f"{c.name} {fmt([readings[c.name][s].value for s in seeds], c.digits)}{c.unit}" for c in cells)
-    budgets = _budgets(readings, cells, seeds)
+    common = sorted(set.intersection(*(set(seeds_of(p)) for p in parts)))
+    held = sum(all(m.holds for v in verdicts for m in v.seeds if m.seed == s) for s in common)
+    seeds = max(len(v.seeds) for v in verdicts)
+    check = Check(name, worst_of([v.verdict for v in verdicts]), "", seeds, held, parts=verdicts)
+    numbers = "; ".join(
+        f"{c.name} {fmt([r.value for r in readings[c.name].values()], c.digits)}{c.unit}" for c in cells
+    )
+    budgets = _budgets(readings, cells)
     if precondition is not None:
         check.precondition = judged(precondition)
         if check.precondition.verdict == "FAIL":
@@ -344,16 +353,12 @@ def judge(
     return check
 
 
-def _budgets(readings: Mapping[str, Mapping[int, Reading]], cells: Sequence[Cell], seeds: Sequence[int]) -> str:
-    """The budgets read, where any cell was trained past its cap or had not converged: "trained 2x the cap:
-    a seed 1; still moving: b seed 0"."""
-    longer = [
-        f"{c.name} seed {s} ({readings[c.name][s].budget}x)"
-        for c in cells
-        for s in seeds
-        if readings[c.name][s].budget > 1
-    ]
-    moving = [f"{c.name} seed {s}" for c in cells for s in seeds if not readings[c.name][s].converged]
+def _budgets(readings: Mapping[str, Mapping[int, Reading]], cells: Sequence[Cell]) -> str:
+    """The budgets read, where any cell was trained past its cap or had not converged: "trained past the cap: a
+    seed 1 (2x); not converged at the budget trained: b seed 0"."""
+    read = [(c.name, s, r) for c in cells for s, r in sorted(readings[c.name].items())]
+    longer = [f"{name} seed {s} ({r.budget}x)" for name, s, r in read if r.budget > 1]
+    moving = [f"{name} seed {s}" for name, s, r in read if not r.converged]
     text = ("trained past the cap: " + ", ".join(longer)) if longer else ""
     if moving:
         text += ("; " if text else "") + "not converged at the budget trained: " + ", ".join(moving)
@@ -371,22 +376,22 @@ def _margins(v: PartVerdict) -> str:
 
 def _inputs(
     name: str, results: Sequence[Result], cells: Sequence[Cell]
-) -> tuple[dict[str, dict[int, Reading]], list[int], list[str]]:
-    """Each cell's readings by seed, the seeds, and what is missing of them (a run that is absent, failed or
-    unfinished, or lacks its number)."""
+) -> tuple[dict[str, dict[int, Reading]], list[str]]:
+    """Each cell's readings by seed, and what is missing of them: a cell with no run, or a run that failed, is
+    unfinished or lacks its number. (A seed that one cell has and another has not is no gap: the sequential
+    design adds seeds to some cells only, and each part reads the seeds its cells share.)"""
     missing: list[str] = []
     readings: dict[str, dict[int, Reading]] = {}
-    seen: dict[str, set[int]] = {}
     for cell in cells:
         found = rows(results, **cell.match)
         if not found:
             missing.append(f"{cell.name}: no run")
-        readings[cell.name], seen[cell.name] = {}, set()
+        readings[cell.name], seen = {}, set()
         for r, labels in found:
             seed = labels.get("seed", 0)
-            if seed in seen[cell.name]:
+            if seed in seen:
                 raise ValueError(f"check {name!r}: cell {cell.name} selects two runs of seed {seed}")
-            seen[cell.name].add(seed)
+            seen.add(seed)
             reading = cell.read(r) if r.state == "done" else None
             if r.state != "done":
                 missing.append(f"{cell.name} seed {seed}: {r.state}")
@@ -394,9 +399,7 @@ def _inputs(
                 missing.append(f"{cell.name} seed {seed}: no {cell.what}")
             else:
                 readings[cell.name][seed] = reading
-    seeds = sorted(set().union(*seen.values())) if seen else []
-    missing += [f"{c.name} seed {s}: no run" for c in cells if seen[c.name] for s in seeds if s not in seen[c.name]]
-    return readings, seeds, missing
+    return readings, missing
 
 
 # -- cells of the paper's findings ----------------------------------------------------------------------
