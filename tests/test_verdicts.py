@@ -196,3 +196,17 @@ def test_a_run_is_reported_at_its_best_validation_evaluation():
     r.selected = {"step": 100, "test": {"token_acc": 0.7, "token_acc_se": 0.01}}
     reading = metric("token_acc", 100, (0, 100))(r)
     assert (reading.value, reading.se) == (70.0, 1.0)
+
+
+def test_a_contrast_of_independent_means_has_welch_s_interval():
+    """The signal checks' contrast (two depths, each its own models) against scipy's Welch test on the same data."""
+    from mixit.study.verdicts import Group, contrast
+
+    hi, lo = np.array([0.91, 0.95, 0.90]), np.array([0.48, 0.50, 0.47, 0.52])
+    groups = [Group(float(x.mean()), float(x.std(ddof=1)), len(x)) for x in (hi, lo)]
+    value, lower, upper = contrast([(1.0, groups[0]), (-1.0, groups[1])])
+    welch = stats.ttest_ind(hi, lo, equal_var=False).confidence_interval(confidence_level=2 * RULE.level - 1)
+    assert_close(value, float(hi.mean() - lo.mean()), dtype=torch.float64, terms=4, scale=1.0)
+    assert_close(lower, float(welch.low), dtype=torch.float64, terms=20, scale=1.0)
+    assert_close(upper, float(welch.high), dtype=torch.float64, terms=20, scale=1.0)
+    assert contrast([(1.0, Group(0.5, 0.1, 1))]) == (0.5, -math.inf, math.inf)  # one seed: nothing bounds it

@@ -262,6 +262,31 @@ def over_seeds(part: Part, seeds: Sequence[SeedMargin], rule: Rule = RULE) -> Pa
     return verdict
 
 
+@dataclass(frozen=True)
+class Group:
+    """A mean over `n` independent seeds, with their sample standard deviation."""
+
+    mean: float
+    std: float
+    n: int
+
+
+def contrast(terms: Sequence[tuple[float, Group]], rule: Rule = RULE) -> tuple[float, float, float]:
+    """A signed sum of independent groups' means, sum(sign x mean), with its one-sided (lower, upper) bounds at
+    `rule.level`: Welch's t, its degrees of freedom by Welch-Satterthwaite (what the signal checks, which compare
+    models at initialisation at two depths, read: each depth is its own models)."""
+    value = sum(sign * g.mean for sign, g in terms)
+    if any(g.n < 2 for _, g in terms):  # one seed: no spread to bound it by
+        return value, -math.inf, math.inf
+    variances = [(sign * g.std) ** 2 / g.n for sign, g in terms]
+    se = math.sqrt(sum(variances))
+    if se == 0:
+        return value, value, value
+    df = se**4 / sum(v**2 / (g.n - 1) for v, (_, g) in zip(variances, terms) if v > 0)
+    half = float(stats.t.ppf(rule.level, df)) * se
+    return value, value - half, value + half
+
+
 ORDER = ("FAIL", "UNDECIDED", "PROVISIONAL", "PASS")
 
 

@@ -22,7 +22,7 @@ from mixit.study.presets import Scale
 from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds, grid
 from mixit.study.tables.base import Table
-from mixit.study.verdicts import Check, Part, accuracy, judge
+from mixit.study.verdicts import RULE, Check, Group, Part, accuracy, contrast, judge, worst_of
 
 SWEEPS = {"signal": "reference", "signal-nosink": "off"}
 """Each signal sweep of `extras` -> how MixiT's head 0 is built (`signal_command`'s mixing_sink)."""
@@ -131,13 +131,20 @@ def check_depth(study: StudyResults) -> Check:
     return judge(name, study.final, [falls, holds], precondition=learns)
 
 
-Cosines = dict[int, float]
-"""A variant's token cosine after the last block, by depth."""
+Cosines = dict[int, Group]
+"""A variant's token cosine after the last block, by depth: its mean and standard deviation over the sweep's
+initialisation seeds."""
 
 
 def cosines(signal: dict[str, Any], variant: str) -> Cosines:
     """`Cosines` of `variant` in a signal sweep."""
-    return {int(d): x["cosine"] for d, x in signal["results"].get(variant, {}).items()}
+    n = len(signal["config"].get("seeds", [0]))
+    found = signal["results"].get(variant, {})
+    return {int(d): Group(x["cosine"], x.get("cosine_std", 0.0), n) for d, x in found.items()}
+
+
+Judged = tuple[str, str]
+"""(verdict, evidence) of a signal check."""
 
 
 def signal_check(
@@ -146,12 +153,13 @@ def signal_check(
     first: tuple[str, str],
     second: tuple[str, str],
     what: str,
-    verdict: Callable[[Cosines, Cosines, int, int], tuple[bool, str]],
+    verdict: Callable[[Cosines, Cosines, int, int], Judged],
 ) -> Check:
     """A check of models at initialisation comparing two (sweep, variant) curves of token cosine from the
-    shallowest depth `lo` to the deepest `hi`: ``verdict(first, second, lo, hi)`` says whether it holds and
-    why. n/a where a sweep is missing or the two are not at the same two depths at least (`what` names them).
-    Nothing converges at initialisation: the verdict is the mean over the sweep's seeds."""
+    shallowest depth `lo` to the deepest `hi`: ``verdict(first, second, lo, hi)`` judges it and says why. n/a
+    where a sweep is missing or the two are not at the same two depths at least (`what` names them). Nothing
+    converges at initialisation: each change is a contrast of means over the sweep's seeds, judged by its Welch
+    interval (`mixit.study.verdicts.contrast`); with fewer seeds than a verdict needs, PROVISIONAL."""
     names = list(dict.fromkeys((first[0], second[0])))
     signals = {sweep: study.signals[sweep] for sweep in names if sweep in study.signals}
     if len(signals) < len(names):
@@ -160,18 +168,44 @@ def signal_check(
     a, b = (cosines(signals[sweep], variant) for sweep, variant in (first, second))
     if len(a) < 2 or set(a) != set(b):
         return Check(name, "n/a", f"missing: {what} at the same two depths at least")
-    ok, evidence = verdict(a, b, min(a), max(a))
+    judged, evidence = verdict(a, b, min(a), max(a))
     seeds = len(signals[first[0]]["config"]["seeds"])
-    evidence += f"; the mean over the sweep's {seeds} initialisation seed(s)"
-    return Check(name, "PASS" if ok else "FAIL", evidence, seeds, seeds if ok else 0)
+    if seeds < RULE.min_seeds:
+        judged = "PROVISIONAL"
+    evidence += f"; over the sweep's {seeds} initialisation seed(s), one-sided bounds at {RULE.level:.4f}"
+    return Check(name, judged, evidence, seeds, seeds if judged == "PASS" else 0)
+
+
+def above(bounds: tuple[float, float, float], threshold: float) -> str:
+    """PASS if a contrast's lower bound is above `threshold`, FAIL if its upper bound is below, else UNDECIDED."""
+    _, lower, upper = bounds
+    return "PASS" if lower > threshold else "FAIL" if upper < threshold else "UNDECIDED"
+
+
+def within(bounds: tuple[float, float, float], threshold: float) -> str:
+    """PASS if a contrast's interval lies within (-threshold, threshold), FAIL if it lies wholly outside it, else
+    UNDECIDED."""
+    _, lower, upper = bounds
+    if -threshold < lower and upper < threshold:
+        return "PASS"
+    return "FAIL" if lower > threshold or upper < -threshold else "UNDECIDED"
+
+
+def change(curve: Cosines, lo: int, hi: int) -> tuple[float, float, float]:
+    """The change of a curve from depth `lo` to `hi`, with its bounds (each depth its own models)."""
+    return contrast([(1.0, curve[hi]), (-1.0, curve[lo])])
+
+
+def _bounds(x: tuple[float, float, float]) -> str:
+    return f"{x[0]:+.3f} [{x[1]:+.3f}, {x[2]:+.3f}]"
 
 
 def check_signal(study: StudyResults) -> Check:
-    def verdict(random: Cosines, mixit: Cosines, lo: int, hi: int) -> tuple[bool, str]:
-        rise, change = random[hi] - random[lo], mixit[hi] - mixit[lo]
-        return rise > RISE and abs(change) < RISE, (
-            f"token cosine from {lo} to {hi} layers: random {random[lo]:.3f} -> {random[hi]:.3f} ({rise:+.3f}), "
-            f"mixit {mixit[lo]:.3f} -> {mixit[hi]:.3f} ({change:+.3f})"
+    def verdict(random: Cosines, mixit: Cosines, lo: int, hi: int) -> Judged:
+        rise, flat = change(random, lo, hi), change(mixit, lo, hi)
+        return worst_of([above(rise, RISE), within(flat, RISE)]), (
+            f"token cosine from {lo} to {hi} layers: random {random[lo].mean:.3f} -> {random[hi].mean:.3f} "
+            f"({_bounds(rise)}), mixit {mixit[lo].mean:.3f} -> {mixit[hi].mean:.3f} ({_bounds(flat)})"
         )
 
     name = (
@@ -184,12 +218,12 @@ def check_signal(study: StudyResults) -> Check:
 
 
 def check_sink(study: StudyResults) -> Check:
-    def verdict(with_sink: Cosines, without: Cosines, lo: int, hi: int) -> tuple[bool, str]:
-        rise_with, rise_without = with_sink[hi] - with_sink[lo], without[hi] - without[lo]
-        return rise_with - rise_without > RISE, (
-            f"MixiT's token cosine at {hi} layers: {with_sink[hi]:.3f} with the sink, {without[hi]:.3f} without "
-            f"({with_sink[hi] - without[hi]:+.3f}); from {lo} to {hi} layers it changes by {rise_with:+.3f} with "
-            f"the sink, {rise_without:+.3f} without"
+    def verdict(with_sink: Cosines, without: Cosines, lo: int, hi: int) -> Judged:
+        more = contrast([(1.0, with_sink[hi]), (-1.0, with_sink[lo]), (-1.0, without[hi]), (1.0, without[lo])])
+        return above(more, RISE), (
+            f"MixiT's token cosine at {hi} layers: {with_sink[hi].mean:.3f} with the sink, {without[hi].mean:.3f} "
+            f"without; from {lo} to {hi} layers it changes by {with_sink[hi].mean - with_sink[lo].mean:+.3f} with "
+            f"the sink, {without[hi].mean - without[lo].mean:+.3f} without (the difference {_bounds(more)})"
         )
 
     name = (
