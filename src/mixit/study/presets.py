@@ -197,7 +197,7 @@ QUICK = Scale(
     # The paper sweeps 4 to 256 heads; 64 is the most a width of 64 divides into (one dimension a head).
     heads=(4, 16, 64),
     depths=(2, 4, 8),
-    retrieval_pairs=(1, 2, 5, 10),
+    retrieval_pairs=(5, 10, 15),
     signal={"depths": (2, 4, 8, 16, 32), "d_model": 128, "n_heads": 4, "n_ctx": 64, "seeds": 3},
     search={
         "retrieval": {"*": _LR},
