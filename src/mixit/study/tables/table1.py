@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mixit.study.cells import mean, rows
@@ -147,16 +147,16 @@ def head_score(r: Result) -> Reading | None:
     return Reading(r.heads["induction"]["score"], 0.0, curve, *budget(r, curve), (0.0, 1.0))
 
 
+def analysed(variant: str, measure: str, read: Callable[[Result], Reading | None], digits: int, what: str) -> Cell:
+    """The cell of `variant`'s analysed induction runs that reads `measure` with `read` (`what`: what a run lacks
+    when it has no such number)."""
+    match = {"table": "table1", "task": "induction", "variant": variant}
+    return Cell(f"induction/{variant} {measure}", match, read, "", digits, what)
+
+
 def induction_score(variant: str) -> Cell:
     """The strongest induction-head score of `variant`'s induction runs (`mixit analyze`)."""
-    return Cell(
-        f"induction/{variant} head score",
-        {"table": "table1", "task": "induction", "variant": variant},
-        head_score,
-        "",
-        3,
-        "head scores (not analysed)",
-    )
+    return analysed(variant, "head score", head_score, 3, "head scores (not analysed)")
 
 
 ROUNDING = 4 * 2.0**-23
@@ -179,14 +179,8 @@ def relative_dependence(r: Result) -> Reading | None:
 
 def input_dependence(variant: str) -> Cell:
     """The input dependence of `variant`'s induction runs' attention patterns (`relative_dependence`)."""
-    return Cell(
-        f"induction/{variant} pattern input dependence",
-        {"table": "table1", "task": "induction", "variant": variant},
-        relative_dependence,
-        "",
-        7,
-        "the patterns' input dependence (not analysed, or analysed before it was measured)",
-    )
+    what = "the patterns' input dependence (not analysed, or analysed before it was measured)"
+    return analysed(variant, "pattern input dependence", relative_dependence, 7, what)
 
 
 def check_induction_heads(study: StudyResults) -> Check:
