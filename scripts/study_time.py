@@ -1,0 +1,80 @@
+"""Where a study's time went: `python scripts/study_time.py STUDY_DIR [--workers N]`.
+
+Per table and role (screening runs of the search, finals at the cap, finals trained further at 2x or 4x), the
+runs finished and the wall seconds they trained (summary.json `wall_seconds_this_session`); then the study's span
+(the first run's config.json written to the last run's summary.json, file times of this directory: read it where
+the study ran, before a copy resets them), the workers' share of it spent training, and how long fewer than all
+workers were busy. Nothing is trained or changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+
+def runs(study_dir: Path) -> list[dict]:
+    """Every finished run of the study: its table, role, budget, wall seconds and (start, end) file times."""
+    found = []
+    for entry in json.loads((study_dir / "study.json").read_text())["runs"]:
+        run = study_dir / "runs" / entry["id"]
+        summary = run / "summary.json"
+        if not summary.exists():
+            continue
+        labels = entry["labels"][0]
+        role = entry.get("role", "final")
+        if role == "final" and labels.get("budget", 1) > 1:
+            role = f"final {labels['budget']}x"
+        table = labels.get("cell") or labels.get("table")
+        seconds = json.loads(summary.read_text()).get("wall_seconds_this_session", 0.0)
+        found.append(
+            {
+                "table": table,
+                "role": role,
+                "seconds": seconds,
+                "span": (run.joinpath("config.json").stat().st_mtime, summary.stat().st_mtime),
+            }
+        )
+    return found
+
+
+def busy(spans: list[tuple[float, float]], workers: int) -> tuple[float, float, float]:
+    """(span of the study, seconds with every worker busy, seconds with fewer busy) from the runs' start and end."""
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running, full, short, last = 0, 0.0, 0.0, events[0][0]
+    for time, change in events:
+        if running >= workers:
+            full += time - last
+        else:
+            short += time - last
+        running, last = running + change, time
+    return events[-1][0] - events[0][0], full, short
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study_dir", type=Path)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    found = runs(args.study_dir)
+    if not found:
+        raise SystemExit(f"{args.study_dir}: no finished run")
+    table: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in found:
+        table[(r["table"], r["role"])].append(r["seconds"])
+    total = sum(r["seconds"] for r in found)
+    print("| table | role | runs | wall seconds | share |\n|---|---|---|---|---|")
+    for (name, role), seconds in sorted(table.items()):
+        print(f"| {name} | {role} | {len(seconds)} | {sum(seconds):.0f} | {sum(seconds) / total:.1%} |")
+    span, full, short = busy([r["span"] for r in found], args.workers)
+    print(
+        f"\n{len(found)} runs, {total:.0f} s of training over a span of {span:.0f} s with {args.workers} workers: "
+        f"{total / (span * args.workers):.1%} of the workers' time training; all {args.workers} busy for "
+        f"{full:.0f} s, fewer for {short:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

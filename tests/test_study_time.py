@@ -1,0 +1,40 @@
+"""scripts/study_time.py: where a study's time went, from its runs' summaries and file times."""
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "study_time.py"
+spec = importlib.util.spec_from_file_location("study_time", SCRIPT)
+study_time = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(study_time)
+
+
+def test_busy_counts_the_time_every_worker_trained_and_the_time_some_sat_idle():
+    assert study_time.busy([(0.0, 10.0), (5.0, 15.0)], 2) == (15.0, 5.0, 10.0)
+    assert study_time.busy([(0.0, 10.0), (0.0, 10.0), (10.0, 12.0)], 2) == (12.0, 10.0, 2.0)  # a tail of one
+
+
+def test_runs_are_read_by_table_role_and_budget(tmp_path):
+    entries = [
+        {"id": "a", "labels": [{"table": "table3", "seed": 0}], "role": "final"},
+        {"id": "b", "labels": [{"table": "table3", "seed": 0, "budget": 2}], "role": "final"},
+        {"id": "c", "labels": [{"table": "search", "cell": "table3", "seed": 1_000_003}], "role": "screen"},
+        {"id": "d", "labels": [{"table": "table4", "seed": 0}], "role": "final"},  # not finished: left out
+    ]
+    (tmp_path / "study.json").write_text(json.dumps({"runs": entries}))
+    for i, entry in enumerate(entries[:3]):
+        run = tmp_path / "runs" / entry["id"]
+        run.mkdir(parents=True)
+        (run / "config.json").write_text("{}")
+        (run / "summary.json").write_text(json.dumps({"wall_seconds_this_session": 10.0 * (i + 1)}))
+        os.utime(run / "config.json", (100.0 * i, 100.0 * i))
+        os.utime(run / "summary.json", (100.0 * i + 50, 100.0 * i + 50))
+    found = study_time.runs(tmp_path)
+    assert [(r["table"], r["role"], r["seconds"]) for r in found] == [
+        ("table3", "final", 10.0),
+        ("table3", "final 2x", 20.0),
+        ("table3", "screen", 30.0),
+    ]
+    assert found[1]["span"] == (100.0, 150.0)
