@@ -93,12 +93,16 @@ def planned_runs(study: Study, search: bool = True) -> list[PlannedRun]:
 
 def list_studies(seeds: int | None = None) -> str:
     """The presets of the paper study, with their run counts and estimated time on this machine (`seeds` per cell,
-    or each preset's first look; seeds the sequential design may add are not counted)."""
+    or each preset's first look): every run to its step cap and every tie of a search trained to the cap, an upper
+    bound of the runs planned; the seeds the sequential design may add and the budget extensions (a cell still
+    moving trained again at 2x and 4x its cap) come on top, as the listing says."""
     speed = matmul_flops_per_second()
     per_cell = f"{seeds} seed(s)" if seeds else "each preset's own seeds"
     lines = [
         f"paper study presets (`mixit reproduce --preset NAME`), {per_cell}; this machine: "
-        f"{speed / 1e9:.0f} GFLOP/s matmul, estimates assume {EFFICIENCY:.0%} of it and every run to its step cap:"
+        f"{speed / 1e9:.0f} GFLOP/s matmul, estimates assume {EFFICIENCY:.0%} of it, every run to its step cap and "
+        "every tie of a search to the cap; seeds added to undecided findings and runs trained further where still "
+        "moving come on top:"
     ]
     for name, scale in PRESETS.items():
         study = paper_study(name, seeds)
@@ -108,7 +112,7 @@ def list_studies(seeds: int | None = None) -> str:
             continue
         planned = planned_runs(study)
         total = sum(estimate_seconds(p.cfg, speed) for p in planned)
-        when = f"about {total / 3600:.1f} h of compute" if total > 5400 else f"at most about {total / 60:.0f} min"
+        when = f"at most about {total / 3600:.1f} h" if total > 5400 else f"at most about {total / 60:.0f} min"
         screens = sum(p.role == "screen" for p in planned)
         lines.append(f"  {name:<7} {len(planned):>3} runs ({screens} screening), {when}: {scale.description}")
     return "\n".join(lines)
