@@ -19,7 +19,6 @@ from mixit.study.verdicts import (
     judge,
     over_seeds,
     seed_margin,
-    selected_curve,
     worst_of,
 )
 from tolerance import assert_close
@@ -156,7 +155,7 @@ def result(variant: str, value: float, evals=(), seed: int = 0, state: str = "do
 def test_a_missing_or_unfinished_input_makes_a_finding_not_applicable():
     from mixit.study.verdicts import metric
 
-    cells = [Cell(v, {"variant": v}, metric("token_acc", 100, (0, 100))) for v in ("a", "b")]
+    cells = [Cell(v, {"variant": v}, metric("token_acc", 100)) for v in ("a", "b")]
     part = Part("a above b", cells, difference("a", "b"))
     three = [result(v, x + 0.01 * s, seed=s) for s in range(3) for v, x in (("a", 0.6), ("b", 0.5))]
     assert judge("f", three, [part]).verdict == "PASS"
@@ -170,23 +169,11 @@ def test_a_missing_or_unfinished_input_makes_a_finding_not_applicable():
 def test_a_reading_carries_its_run_s_convergence_and_budget():
     from mixit.study.verdicts import metric
 
-    read = metric("token_acc", 100, (0, 100))
+    read = metric("token_acc", 100)
     assert read(result("a", 0.5)).converged and read(result("a", 0.5)).budget == 1
     moving = result("a", 0.5, budget=4)
     moving.convergence = {**moving.convergence, "reason": "improving"}
     assert not read(moving).converged and read(moving).budget == 4
-
-
-def test_the_reported_curve_is_the_test_metric_at_the_best_validation_so_far():
-    evals = [
-        {"step": 0, "token_acc": 0.1, "val_token_acc": 0.1},
-        {"step": 100, "token_acc": 0.6, "val_token_acc": 0.7},
-        {"step": 200, "token_acc": 0.5, "val_token_acc": 0.6},  # validation fell: still reports step 100's test
-        {"step": 300, "token_acc": 0.8, "val_token_acc": 0.9},
-    ]
-    assert selected_curve(result("a", 0.8, evals), "token_acc") == [(0, 0.1), (100, 0.6), (200, 0.6), (300, 0.8)]
-    no_val = [{"step": 0, "token_acc": 0.1}, {"step": 100, "token_acc": 0.3}]
-    assert selected_curve(result("a", 0.3, no_val), "token_acc") == [(0, 0.1), (100, 0.3)]
 
 
 def test_a_run_is_reported_at_its_best_validation_evaluation():
@@ -194,7 +181,7 @@ def test_a_run_is_reported_at_its_best_validation_evaluation():
 
     r = result("a", 0.5)
     r.selected = {"step": 100, "test": {"token_acc": 0.7, "token_acc_se": 0.01}}
-    reading = metric("token_acc", 100, (0, 100))(r)
+    reading = metric("token_acc", 100)(r)
     assert (reading.value, reading.se) == (70.0, 1.0)
 
 

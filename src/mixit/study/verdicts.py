@@ -58,7 +58,7 @@ from scipy import stats
 
 from mixit.study.cells import fmt, rows
 from mixit.study.collect import Result, reported, task_class
-from mixit.training.convergence import CONVERGED, Selection
+from mixit.training.convergence import CONVERGED
 
 VERDICTS = ("PASS", "FAIL", "UNTESTABLE", "UNDECIDED", "PROVISIONAL", "n/a")
 
@@ -107,18 +107,14 @@ RULE = Rule()
 
 @dataclass(frozen=True)
 class Reading:
-    """What a finding reads of one run: its number, that number's standard error, and its curve."""
+    """What a finding reads of one run: its number, that number's standard error, and the budget it was read at."""
 
     value: float
     se: float = 0.0
-    curve: tuple[tuple[int, float], ...] = ()
-    """(step, value) at each evaluation (or kept checkpoint), in the cell's units: for the report."""
     steps: int = 0
     """Steps trained."""
     cap: int = 0
     """The run's step cap."""
-    bounds: tuple[float, float] = (-math.inf, math.inf)
-    """The metric's range (accuracy 0-100, a head score 0-1, a loss above 0)."""
     converged: bool = True
     """The run's validation curve had converged when it ended (solved, plateau or flat:
     `mixit.training.convergence`)."""
@@ -430,28 +426,24 @@ def _inputs(
 # -- cells of the paper's findings ----------------------------------------------------------------------
 
 
-def metric(
-    key: str, scale: float = 1.0, bounds: tuple[float, float] = (0.0, math.inf)
-) -> Callable[[Result], Reading | None]:
-    """A reader of the test metric `key` times `scale`: its value at the run's best validation evaluation,
-    its standard error (`<key>_se`, 0 where the run has none), its curve over the run's evaluations, and
-    whether the run had converged."""
+def metric(key: str, scale: float = 1.0) -> Callable[[Result], Reading | None]:
+    """A reader of the test metric `key` times `scale`: its value at the run's best validation evaluation, its
+    standard error (`<key>_se`, 0 where the run has none), the budget it was trained to and whether it had
+    converged."""
 
     def read(r: Result) -> Reading | None:
         test = reported(r)
         if key not in test:
             return None
-        curve = tuple((step, scale * value) for step, value in selected_curve(r, key))
-        steps, cap = budget(r, curve)
         value, se = scale * test[key], scale * test.get(f"{key}_se", 0.0)
-        return Reading(value, se, curve, steps, cap, bounds, converged(r), budget_of(r))
+        return Reading(value, se, *budget(r), converged(r), budget_of(r))
 
     return read
 
 
 def converged(r: Result) -> bool:
     """Whether the run's validation curve had converged when it ended (its convergence record's reason; a run
-    without one, such as an analysis curve's, counts as converged)."""
+    without one counts as converged)."""
     reason = (r.convergence or {}).get("reason")
     return reason is None or reason in CONVERGED
 
@@ -461,26 +453,12 @@ def budget_of(r: Result) -> int:
     return int(r.labels[0].get("budget", 1)) if r.labels else 1
 
 
-def budget(r: Result, curve: Sequence[tuple[int, float]]) -> tuple[int, int]:
-    """(steps trained, step cap) of a run: its convergence record's steps, else its curve's last step; its
+def budget(r: Result) -> tuple[int, int]:
+    """(steps trained, step cap) of a run: its convergence record's steps, else its last evaluation's step; its
     config's cap, else the steps trained."""
-    steps = int((r.convergence or {}).get("steps_trained") or (curve[-1][0] if curve else 0))
+    last = int(r.evals[-1]["step"]) if r.evals else 0
+    steps = int((r.convergence or {}).get("steps_trained") or last)
     return steps, int(r.config.get("train", {}).get("steps") or steps)
-
-
-def selected_curve(r: Result, key: str) -> list[tuple[int, float]]:
-    """The test metric `key` as the run reports it after each evaluation: at the best validation evaluation so
-    far (`mixit.training.convergence.Selection`, as the run itself chose it), or at each evaluation where the
-    run recorded no validation metric. Past its best, an overfitting run's curve is flat: more training would
-    not change what it reports unless validation improved again."""
-    c = r.convergence or {}
-    selection = Selection(str(c.get("metric")), bool(c.get("higher_is_better", True)))
-    curve: list[tuple[int, float]] = []
-    for e in r.evals:
-        if key in e:
-            selection.extend([{**e, "event": "eval"}], up_to=int(e["step"]))
-            curve.append((int(e["step"]), selection.test[key] if selection.step is not None else e[key]))
-    return curve
 
 
 def accuracy(name: str, task: str, **match: Any) -> Cell:
@@ -488,5 +466,5 @@ def accuracy(name: str, task: str, **match: Any) -> Cell:
     loss in nats)."""
     column, key, scale = task_class(task).report_metric
     if column == "accuracy":
-        return Cell(name, {"task": task, **match}, metric(key, scale, (0.0, 100.0)), "%", 1)
+        return Cell(name, {"task": task, **match}, metric(key, scale), "%", 1)
     return Cell(name, {"task": task, **match}, metric(key, scale), " nats", 3)

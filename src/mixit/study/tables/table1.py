@@ -10,7 +10,6 @@ strongest induction head's score against training step, per variant (when the he
 
 from __future__ import annotations
 
-import math
 import shutil
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,7 +21,7 @@ from mixit.study.presets import Scale, variant_runs
 from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds
 from mixit.study.tables.base import Table
-from mixit.study.verdicts import Cell, Check, Part, Reading, accuracy, budget, judge
+from mixit.study.verdicts import Cell, Check, Part, Reading, accuracy, budget, budget_of, converged, judge
 
 VARIANTS = ("standard", "frozen_qk", "mixit")
 TASKS = ("retrieval", "induction")
@@ -136,15 +135,10 @@ def check_retrieval_gap(study: StudyResults) -> Check:
 
 
 def head_score(r: Result) -> Reading | None:
-    """The strongest induction head's score of an analysed run, on its own curve: the score at every kept
-    checkpoint (`mixit analyze --over-time`) where the run was analysed over time."""
+    """The strongest induction head's score of an analysed run (`mixit analyze`), at the budget it was trained to."""
     if not r.heads:
         return None
-    history = r.run.analysis.over_time() if r.run else None
-    curve: tuple[tuple[int, float], ...] = ()
-    if history is not None:
-        curve = tuple(zip(history["steps"], (h["score"] for h in history["strongest"]["induction"])))
-    return Reading(r.heads["induction"]["score"], 0.0, curve, *budget(r, curve), (0.0, 1.0))
+    return Reading(r.heads["induction"]["score"], 0.0, *budget(r), converged(r), budget_of(r))
 
 
 def analysed(variant: str, measure: str, read: Callable[[Result], Reading | None], digits: int, what: str) -> Cell:
@@ -174,7 +168,7 @@ def relative_dependence(r: Result) -> Reading | None:
     if found is None:
         return None
     scale = max(1.0, heads.get("pattern_scale") or 0.0)
-    return Reading(found / scale, 0.0, (), *budget(r, ()), (0.0, math.inf))
+    return Reading(found / scale, 0.0, *budget(r), True, budget_of(r))
 
 
 def input_dependence(variant: str) -> Cell:
