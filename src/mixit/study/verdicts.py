@@ -436,7 +436,7 @@ def metric(key: str, scale: float = 1.0) -> Callable[[Result], Reading | None]:
         if key not in test:
             return None
         value, se = scale * test[key], scale * test.get(f"{key}_se", 0.0)
-        return Reading(value, se, *budget(r), converged(r), budget_of(r))
+        return Reading(value, se, *budget(r), converged(r), r.budget)
 
     return read
 
@@ -446,11 +446,6 @@ def converged(r: Result) -> bool:
     without one counts as converged)."""
     reason = (r.convergence or {}).get("reason")
     return reason is None or reason in CONVERGED
-
-
-def budget_of(r: Result) -> int:
-    """The run's step cap as a multiple of its cell's preset cap (its `budget` label; 1 without one)."""
-    return int(r.labels[0].get("budget", 1)) if r.labels else 1
 
 
 def budget(r: Result) -> tuple[int, int]:

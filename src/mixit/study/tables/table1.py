@@ -21,7 +21,7 @@ from mixit.study.presets import Scale, variant_runs
 from mixit.study.render import variant_table
 from mixit.study.spec import RunSpec, Seeds
 from mixit.study.tables.base import Table
-from mixit.study.verdicts import Cell, Check, Part, Reading, accuracy, budget, budget_of, converged, judge
+from mixit.study.verdicts import Cell, Check, Part, Reading, accuracy, budget, converged, judge
 
 VARIANTS = ("standard", "frozen_qk", "mixit")
 TASKS = ("retrieval", "induction")
@@ -138,7 +138,7 @@ def head_score(r: Result) -> Reading | None:
     """The strongest induction head's score of an analysed run (`mixit analyze`), at the budget it was trained to."""
     if not r.heads:
         return None
-    return Reading(r.heads["induction"]["score"], 0.0, *budget(r), converged(r), budget_of(r))
+    return Reading(r.heads["induction"]["score"], 0.0, *budget(r), converged(r), r.budget)
 
 
 def analysed(variant: str, measure: str, read: Callable[[Result], Reading | None], digits: int, what: str) -> Cell:
@@ -168,7 +168,7 @@ def relative_dependence(r: Result) -> Reading | None:
     if found is None:
         return None
     scale = max(1.0, heads.get("pattern_scale") or 0.0)
-    return Reading(found / scale, 0.0, *budget(r), True, budget_of(r))
+    return Reading(found / scale, 0.0, *budget(r), True, r.budget)
 
 
 def input_dependence(variant: str) -> Cell:
