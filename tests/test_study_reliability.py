@@ -202,9 +202,13 @@ def gone(pid: int) -> bool:
         return True
 
 
-def start_pool_study(tmp_path: Path) -> tuple[subprocess.Popen, list[str], list[int]]:
-    """`mixit reproduce` on a pool of two workers, once both runs have a checkpoint: (process, args, workers)."""
-    spec = study_file(tmp_path / "tiny.toml", steps=200, every=10)
+def start_pool_study(tmp_path: Path, steps: int) -> tuple[subprocess.Popen, list[str], list[int]]:
+    """`mixit reproduce` on a pool of two workers, held once both runs have a checkpoint: (process, args, workers).
+
+    Each worker is stopped (SIGSTOP) as soon as its run has its first checkpoint, and stays stopped, so that
+    neither run can finish while the other starts, however slow or busy the machine (a worker that starts late
+    must not find the other run done). The caller continues them (SIGCONT) where it needs them running."""
+    spec = study_file(tmp_path / "tiny.toml", steps=steps, every=10)
     out = tmp_path / "study"
     args = [sys.executable, "-m", "mixit.cli", *reproduce_args(spec, out)[:-2], "local", "--workers", "2"]
     args.append("--no-progress")
@@ -218,11 +222,23 @@ def start_pool_study(tmp_path: Path) -> tuple[subprocess.Popen, list[str], list[
         # the study must see it as a terminal's Ctrl-C would.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list((out / "runs").glob("*/checkpoints/latest"))) < 2:
-        time.sleep(0.1)
+    held: dict[Path, int] = {}
+    deadline = time.time() + 300
+    while len(held) < 2 and time.time() < deadline and proc.poll() is None:
+        for latest in (out / "runs").glob("*/checkpoints/latest"):
+            run = latest.parent.parent
+            if run not in held:  # the run's lock names the worker training it
+                held[run] = int((run / ".lock").read_text())
+                os.kill(held[run], signal.SIGSTOP)
+        time.sleep(0.01)
     workers = [p for p in children(proc.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    assert len(workers) == 2 and not list((out / "runs").glob("*/summary.json")), "the runs ended too early"
+    try:
+        assert sorted(held.values()) == sorted(workers), (held, workers, proc.poll())
+        assert not list((out / "runs").glob("*/summary.json")), f"a run of {steps} steps ended before it was held"
+    except AssertionError:
+        proc.kill()  # its workers with it
+        proc.wait()
+        raise
     return proc, args, workers
 
 
@@ -236,8 +252,8 @@ def wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_killed_studys_workers_die_with_it_and_its_runs_resume(tmp_path):
-    proc, args, workers = start_pool_study(tmp_path)
-    proc.send_signal(signal.SIGKILL)
+    proc, args, workers = start_pool_study(tmp_path, steps=400)
+    proc.send_signal(signal.SIGKILL)  # its workers are still stopped: the kernel's SIGKILL ends them all the same
     proc.wait()
     left = wait_gone(workers)
     for pid in left:
@@ -253,7 +269,9 @@ def test_a_killed_studys_workers_die_with_it_and_its_runs_resume(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_sigint_to_the_study_alone_stops_its_workers_cleanly(tmp_path):
-    proc, _, workers = start_pool_study(tmp_path)
+    proc, _, workers = start_pool_study(tmp_path, steps=100_000)  # never finishes before the signal arrives
+    for pid in workers:
+        os.kill(pid, signal.SIGCONT)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
