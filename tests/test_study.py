@@ -187,6 +187,43 @@ def test_a_bad_study_file_is_refused_in_one_line_before_anything_is_written(tmp_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "more, wanted",
+    [
+        ('[grid]\nvariant = ["standard", "standard"]', "grid key variant lists 'standard' more than once"),
+        ('[grid]\n"train.lr" = [0.001, 1e-3]', "grid key train.lr lists 0.001 more than once ([0.001, 0.001])"),
+        ('[search]\n"train.lr" = [3e-3, 1e-3, 0.003]', "search key train.lr lists 0.003 more than once"),
+    ],
+)
+def test_a_value_listed_twice_is_refused_not_merged(tmp_path, capsys, more, wanted):
+    """The same value twice would be the same run counted as two cells' (or two candidates') evidence."""
+    path = tmp_path / "s.toml"
+    path.write_text(f'name = "twice"\n[base]\ntask = "addition"\n{more}\n')
+    assert main(["reproduce", "--study", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mixit reproduce: error: study file {path}: {wanted}") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_study_too_big_is_refused_before_it_is_built(tmp_path, capsys):
+    """A grid of 10^12 cells, and a preset at 10^8 seeds, are refused at once, naming how many runs they ask for:
+    neither is built (building either would not end) and nothing is written. --max-runs raises the cap."""
+    path = tmp_path / "big.toml"
+    axes = "\n".join(f'"{key}" = {list(range(1, 11))}' for key in [f"task_params.x{i}" for i in range(12)])
+    path.write_text(f'name = "big"\n[base]\ntask = "addition"\n[grid]\n{axes}\n')
+    for args, least in ((["--study", str(path)], 10**12), (["--preset", "quick", "--seeds", "100000000"], 10**8)):
+        assert main(["reproduce", *args, "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        asked = re.search(r"asks for ([\d,]+) runs \(cells x seeds\), above the cap of 10,000", err)
+        assert asked and int(asked[1].replace(",", "")) >= least and err.count("\n") == 1, err
+        assert f"--max-runs {asked[1].replace(',', '')}" in err and not (tmp_path / "out").exists()
+    small = tmp_path / "small.toml"
+    small.write_text(STUDY_FILE)
+    with pytest.raises(UsageError, match="asks for 2 runs"):
+        load_study_file(small, max_runs=1)
+    assert len(load_study_file(small, max_runs=2).specs) == 2
+
+
 def test_the_examples_of_the_study_files_page_load_and_resolve(tmp_path):
     """Every TOML and YAML example of docs/studies.md is a study whose runs resolve; examples of one name (a TOML
     file and its YAML twin) are the same study."""

@@ -112,6 +112,14 @@ def test_a_study_grows_by_seeds_in_its_directory_and_keeps_its_runs(study, tmp_p
     assert_refused(capsys, reproduce_args(spec, out), "holds another study", out)
 
 
+def test_a_study_says_its_size_before_its_work(study, capsys):
+    """With its progress bar, a study's first line is its size: final runs and the time they may take here."""
+    out, spec = study
+    assert main(reproduce_args(spec, out)[:-1]) == 0  # resumed: nothing left to train
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == "tiny: 2 final runs, under a minute on this machine", first
+
+
 def test_reproduce_refuses_a_study_path_that_is_not_a_readable_file(tmp_path, capsys):
     out = tmp_path / "out"
     assert_refused(capsys, reproduce_args(tmp_path, out), f"study file {tmp_path} is not a readable file", tmp_path)

@@ -20,6 +20,7 @@ figures).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from mixit.study.executors import Executor, Pool, execute, run_dir
 from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
 from mixit.study.search import apply, plan_study, upper_bound
-from mixit.study.spec import PlannedRun, Study, load_study_file, merge_planned, plan
+from mixit.study.spec import MAX_RUNS, PlannedRun, Study, load_study_file, merge_planned, plan
 from mixit.tracking import SINKS, Naming, Sink, check_export, check_sinks, export_run, run_grouping, study_grouping
 
 __all__ = [
@@ -91,6 +92,30 @@ def planned_runs(study: Study, search: bool = True) -> list[PlannedRun]:
     return merge_planned(planned.plain, cells, screens)
 
 
+def _at_most(seconds: float) -> str:
+    if seconds < 60:
+        return "under a minute"
+    return f"at most about {seconds / 3600:.1f} h" if seconds > 5400 else f"at most about {seconds / 60:.0f} min"
+
+
+def size_line(study: Study, search: bool = True) -> str:
+    """`study`'s size, said before its work (`reproduce`): its final runs, the most screening runs its searches may
+    ask for, and the most time they take here (`estimate_seconds`, every run to its step cap), with what may come
+    on top."""
+    planned = planned_runs(study, search)
+    screens = sum(p.role == "screen" for p in planned)
+    speed = matmul_flops_per_second()
+    total = sum(estimate_seconds(p.cfg, speed) for p in planned)
+    later = [
+        *(["seeds added where a finding is undecided"] if study.more_seeds else []),
+        *([f"runs still moving trained again at up to {study.extend[-1]}x their steps"] if study.extend else []),
+    ]
+    searched = f" and at most {screens} screening runs" if screens else ""
+    return f"{study.name}: {len(planned) - screens} final runs{searched}, {_at_most(total)} on this machine" + (
+        f"; then {' and '.join(later)}" if later else ""
+    )
+
+
 def list_studies(seeds: int | None = None) -> str:
     """The presets of the paper study, with their run counts and estimated time on this machine (`seeds` per cell,
     or each preset's first look): every run to its step cap and every tie of a search trained to the cap, an upper
@@ -112,8 +137,8 @@ def list_studies(seeds: int | None = None) -> str:
             continue
         planned = planned_runs(study)
         total = sum(estimate_seconds(p.cfg, speed) for p in planned)
-        when = f"at most about {total / 3600:.1f} h" if total > 5400 else f"at most about {total / 60:.0f} min"
         screens = sum(p.role == "screen" for p in planned)
+        when = _at_most(total)
         lines.append(f"  {name:<7} {len(planned):>3} runs ({screens} screening), {when}: {scale.description}")
     return "\n".join(lines)
 
@@ -153,6 +178,9 @@ class ReproduceOptions:
     """Run again the runs that failed before (otherwise they are skipped)."""
     list: bool = False
     """List the presets with their run counts and estimated time here, and run nothing."""
+    max_runs: int = MAX_RUNS
+    """The most final runs (cells x seeds) the study may ask for: one that asks for more is refused before any
+    work, naming how many; give a larger cap to run it."""
     slurm: dict[str, Any] = field(default_factory=dict)
     """A parameter of the Slurm jobs as KEY=VALUE (repeatable): any that submitit's Slurm executor accepts, such as
     partition, account, qos, mem, constraint, gpus_per_node, timeout_min or array_parallelism (how many runs may
@@ -193,16 +221,32 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
         options.test_seed is None or (is_a(int, options.test_seed) and options.test_seed >= 0),
         f"test_seed must be a non-negative integer or null, got {options.test_seed}",
     )
+    check(
+        is_a(int, options.max_runs) and options.max_runs >= 1,
+        f"max_runs must be a positive integer, got {options.max_runs!r}",
+    )
     naming = Naming(options.tracking_project, options.tracking_name)
     if options.study is not None:  # the file's own seeds unless --seeds says otherwise
         check(options.test_seed is None, "--test-seed applies to a preset; a study file sets test_seed in its base")
-        chosen = load_study_file(options.study, seeds, options.first_seed)
+        chosen = load_study_file(options.study, seeds, options.first_seed, options.max_runs)
     else:
-        chosen = paper_study(options.preset, seeds, options.first_seed, options.test_seed)
+        chosen = paper_study(options.preset, seeds, options.first_seed, options.test_seed, options.max_runs)
     out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
+
+    def announce() -> None:  # with the progress bar: the bar counts runs as they are planned, stage by stage
+        print(size_line(chosen, options.search), file=sys.stderr, flush=True)
+
     start = time.perf_counter()
     tally = execute(
-        chosen, out, options.pool(), options.retry_failed, options.progress, options.search, options.logger, naming
+        chosen,
+        out,
+        options.pool(),
+        options.retry_failed,
+        options.progress,
+        options.search,
+        options.logger,
+        naming,
+        announce if options.progress else None,
     )
     report = write_report(out)
     return {"tally": tally, "report": report, "seconds": time.perf_counter() - start, "text": format_checks(report)}

@@ -327,10 +327,12 @@ def execute(
     search: bool = True,
     logger: Sequence[Sink] = (),
     naming: Naming | None = None,
+    announce: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Run every run of `study` not yet done into `study_dir` on `pool` (default: a local pool sized by
     `Pool.sized`), then its extras; return a tally. `logger`: tracking sinks every run is sent to as well,
     grouped under the study's name and named readably, in `naming`'s project (`mixit.tracking.study_grouping`).
+    `announce` is called once every check has passed, before the first write (`reproduce` says the study's size).
 
     The runs go in stages, each planned from the runs finished before it (`_stages`). With `search`, the runs
     that declare candidates are searched (`mixit.study.search`): their rung-0 screening runs train beside the
@@ -353,6 +355,8 @@ def execute(
     sinks = check_sinks(logger)
     (naming or Naming()).check_sent(sinks)
     check_output_dir(study_dir)
+    if announce is not None:
+        announce()
     study_dir.mkdir(parents=True, exist_ok=True)
     lock = DirectoryLock(study_dir, "mixit study")
     lock.acquire()

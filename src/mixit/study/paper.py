@@ -18,16 +18,19 @@ from typing import Any
 from mixit.config import check
 from mixit.study.collect import collect
 from mixit.study.presets import PRESETS
-from mixit.study.spec import RunSpec, Study, seed_range
+from mixit.study.spec import MAX_RUNS, RunSpec, Study, check_size, seed_range
 from mixit.study.tables import TABLES
 from mixit.study.verdicts import RULE
 
 
-def paper_study(preset: str, seeds: int | None = None, first_seed: int = 0, test_seed: int | None = None) -> Study:
+def paper_study(
+    preset: str, seeds: int | None = None, first_seed: int = 0, test_seed: int | None = None, max_runs: int = MAX_RUNS
+) -> Study:
     """The paper's comparison at the scale of `preset` (smoke, quick, gpu or paper), `seeds` seeds per cell (None:
     the preset's first look, with the sequential design's seeds added where a finding is undecided) from
     `first_seed` on (a second study with seeds no other used: `first_seed` past the first's), its test sets drawn
-    with `test_seed` (None: the preset's). With `seeds` given, the study has exactly those: no seed is added."""
+    with `test_seed` (None: the preset's). With `seeds` given, the study has exactly those: no seed is added. One
+    that may ask for more than `max_runs` final runs is refused before it is built (`check_size`)."""
     check(preset in PRESETS, f"unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
     scale = PRESETS[preset]
     if test_seed is not None:
@@ -37,6 +40,8 @@ def paper_study(preset: str, seeds: int | None = None, first_seed: int = 0, test
     adaptive = seeds is None and scale.max_seeds > scale.seeds
     n = scale.seeds if seeds is None else seeds
     chosen = seed_range(n, first_seed)
+    per_seed = sum(len(table.runs(scale, seed_range(1, first_seed))) for table in TABLES)
+    check_size(per_seed * (scale.max_seeds if adaptive else n), max_runs, f"preset {preset} with {n:,} seeds")
     return Study(
         f"paper-{preset}",
         [spec for table in TABLES for spec in table.runs(scale, chosen)],
@@ -47,7 +52,7 @@ def paper_study(preset: str, seeds: int | None = None, first_seed: int = 0, test
         extras={name: options for table in TABLES for name, options in table.extras(scale, n).items()},
         screen_fraction=scale.screen_fraction,
         screen_min_steps=dict(scale.screen_min_steps),
-        rebuild=lambda more, first: paper_study(preset, more, first, test_seed),
+        rebuild=lambda more, first: paper_study(preset, more, first, test_seed, max_runs),
         extend=scale.extend,
         more_seeds=more_seeds(preset, first_seed, test_seed, scale.max_seeds) if adaptive else None,
     )

@@ -35,6 +35,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -212,6 +213,30 @@ def assign(request: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, A
     return out
 
 
+MAX_RUNS = 10_000
+"""The most final runs (cells x seeds) a study may ask for unless its caller raises the cap (`--max-runs`): a study
+above it is refused before it is built, so a grid or a seed count mistyped by orders of magnitude costs one line,
+not the machine's memory. The paper presets ask for a few hundred at most."""
+
+
+def check_size(runs: int, limit: int, what: str) -> None:
+    """Refuse, in one line naming the count, a study of `runs` final runs above the cap `limit`."""
+    check(
+        runs <= limit,
+        f"{what} asks for {runs:,} runs (cells x seeds), above the cap of {limit:,}; make it smaller, or give "
+        f"--max-runs {runs} to run it",
+    )
+
+
+def once(values: Sequence[Any], what: str) -> None:
+    """Refuse a list of grid values or search candidates that holds a value twice (`"standard", "standard"`,
+    `0.001, 1e-3`): the same value twice is the same run twice, which would be counted as two cells' or two
+    candidates' evidence. Equal values are the same value, whatever their spelling."""
+    repeated = [value for i, value in enumerate(values) if value in values[:i]]
+    if repeated:
+        raise UsageError(f"{what} lists {repeated[0]!r} more than once ({list(values)!r}); list each value once")
+
+
 def grid(
     base: Mapping[str, Any],
     axes: Mapping[str, Sequence[Any]],
@@ -227,6 +252,9 @@ def grid(
             isinstance(values, (list, tuple)) and len(values) > 0,
             f"grid key {path} must list one value or more, got {values!r}",
         )
+        once(values, f"grid key {path}")
+    for path, values in (search or {}).items():
+        once(values, f"search key {path}")
     candidates = {path: tuple(values) for path, values in (search or {}).items()}
     specs = []
     names = list(axes)
@@ -389,9 +417,10 @@ def _parse_error(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
-def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -> Study:
+def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, max_runs: int = MAX_RUNS) -> Study:
     """A user's study from a TOML or YAML file (module docstring, docs/studies.md); `seeds` (when given) overrides
-    the file's, and the seeds start at `first_seed`."""
+    the file's, and the seeds start at `first_seed`. One of more than `max_runs` final runs is refused before it is
+    built (`check_size`)."""
     data = read_study_data(path)
     allowed = (
         "name",
@@ -432,7 +461,13 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -
         f"study file {path}: screen_min_steps must be a table of task names to positive integers, got {least!r}",
     )
     extend = budget_multiples(data.get("extend", []), f"study file {path}: ")
-    specs = grid(base, axes, seed_range(n_seeds, first_seed), {"table": name}, analyze, search=search)
+    chosen = seed_range(n_seeds, first_seed)
+    cells = math.prod(len(values) if isinstance(values, list) else 1 for values in axes.values())  # grid checks
+    check_size(cells * len(chosen), max_runs, f"study file {path}")
+    try:
+        specs = grid(base, axes, chosen, {"table": name}, analyze, search=search)
+    except UsageError as e:
+        raise UsageError(f"study file {path}: {e}") from None
     return Study(
         name,
         specs,
@@ -443,5 +478,5 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0) -
         screen_fraction=float(fraction),
         screen_min_steps=dict(least),
         extend=extend,
-        rebuild=lambda more, first: load_study_file(path, more, first),
+        rebuild=lambda more, first: load_study_file(path, more, first, max_runs),
     )
