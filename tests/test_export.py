@@ -17,7 +17,7 @@ from hub_server import Hub
 from mixit import run_config, train
 from mixit.cli import main
 from mixit.config import ModelConfig
-from mixit.errors import UsageError
+from mixit.errors import DamagedFile, UsageError
 from mixit.export import LLAMA_IGNORES, LLAMA_MAPS, LLAMA_NEEDS, export_run, llama_refusal
 from mixit.models import Transformer
 from mixit.run import Run
@@ -378,3 +378,81 @@ def test_push_to_hub_uploads_the_export_and_load_reads_it_back(runs, tmp_path):
         assert torch.equal(torch.tensor(got["logits"]), mixit_logits(run_dir, tokens))
     finally:
         hub.close()
+
+
+# -- damaged exports and run files -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(runs, tmp_path_factory):
+    """The standard addition run exported in each format, for tests to copy and damage."""
+    root = tmp_path_factory.mktemp("exported")
+    return {to: export_run(runs["addition", "standard"], to, root / to) for to in ("hf", "hub")}
+
+
+def damage(path: Path, how: str, other: Path | None = None) -> None:
+    """Damage the file `path` as `how` says: truncated, missing, corrupt (not JSON) or replaced by `other`."""
+    if how == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif how == "missing":
+        path.unlink()
+    elif how == "corrupt":
+        path.write_text('{"mixit_export": ')
+    else:
+        shutil.copy(other, path)
+
+
+@pytest.mark.parametrize("to", ["hf", "hub"])
+@pytest.mark.parametrize(
+    "name, how",
+    [
+        ("model.safetensors", "truncated"),
+        ("model.safetensors", "missing"),
+        ("model.safetensors", "the other format's"),
+        ("config.json", "corrupt"),
+        ("config.json", "missing"),
+    ],
+)
+def test_load_refuses_a_damaged_export_in_one_line_naming_the_file(exported, tmp_path, to, name, how):
+    out = shutil.copytree(exported[to], tmp_path / to)
+    damage(out / name, how, exported["hub" if to == "hf" else "hf"] / name)
+    with pytest.raises(DamagedFile) as refused:
+        mixit.load(out)
+    message = str(refused.value)
+    assert f"{out / name} " in message and "export the run again with `mixit export`" in message
+    assert len(message.splitlines()) == 1
+
+
+def test_load_refuses_an_export_config_without_its_run(exported, tmp_path):
+    out = shutil.copytree(exported["hub"], tmp_path / "hub")
+    config = json.loads((out / "config.json").read_text())
+    del config["mixit_export"]["run"]
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DamagedFile, match=r"config.json is corrupt or unreadable \(KeyError: 'run'\)"):
+        mixit.load(out)
+
+
+@pytest.mark.parametrize("command", ["export", "eval"])
+@pytest.mark.parametrize(
+    "name, how, remedy",
+    [
+        ("checkpoints/step_0000012/model.safetensors", "truncated", "mixit train --config RUN_DIR --out NEW_DIR"),
+        ("checkpoints/step_0000012/model.safetensors", "missing", "mixit train --config RUN_DIR --out NEW_DIR"),
+        ("config.json", "corrupt", "restore it from a copy"),
+    ],
+)
+def test_commands_refuse_a_damaged_run_in_one_line_naming_the_file_and_what_to_do(
+    runs, tmp_path, capsys, command, name, how, remedy
+):
+    run = shutil.copytree(runs["addition", "standard"], tmp_path / "run")
+    damage(run / name, how)
+    err = refused(capsys, [command, str(run), *(["--out", str(tmp_path / "out")] if command == "export" else [])])
+    assert str(run / name) in err and remedy in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_refuses_a_damaged_summary_naming_what_to_do(runs, tmp_path, capsys):
+    run = shutil.copytree(runs["addition", "standard"], tmp_path / "run")
+    damage(run / "summary.json", "truncated")
+    err = refused(capsys, ["export", str(run), "--out", str(tmp_path / "out")])
+    assert f"{run / 'summary.json'} is corrupt" in err and "mixit train --resume --out RUN_DIR" in err

@@ -39,8 +39,9 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file
 
+from mixit.checkpoint import mismatch
 from mixit.config import ModelConfig
-from mixit.errors import UsageError, require
+from mixit.errors import UsageError, damaged, require
 from mixit.experiment import build, read_record
 from mixit.files import check_output_dir, read_json, write_json, write_text
 from mixit.freezing import VARIANTS, query_key
@@ -110,6 +111,9 @@ AUTO_MAP = {
 
 WEIGHTS = "model.safetensors"
 
+EXPORT_AGAIN = "export the run again with `mixit export`"
+"""What to do about an exported directory whose config or weights are missing or damaged."""
+
 
 def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_to_hub: str | None = None) -> Path:
     """Write a run's latest checkpoint as a Hugging Face model directory.
@@ -134,6 +138,7 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
     if out.is_dir() and any(out.iterdir()):
         raise UsageError(f"output directory {out} is not empty; choose a new or empty directory")
     check_output_dir(out)
+    run.summary()  # read for the card: a damaged summary.json is refused before any work
     if push_to_hub is not None:
         check_push(push_to_hub)
     loaded = run.load("cpu")
@@ -328,32 +333,30 @@ def load(source: str | Path, device: str = "cpu") -> Loaded:
     checkpoint), a directory written by `mixit export` (either format) or the Hub repo id of one (through
     huggingface_hub's ``snapshot_download``, which reads its cache when offline).
 
-    ``Loaded.checkpoint`` is the checkpoint or the exported directory read.
+    ``Loaded.checkpoint`` is the checkpoint or the exported directory read. An exported file that is missing,
+    truncated or corrupt is refused in one line naming it (`DamagedFile`), as a run's is.
     """
     path = Path(source)
     if not path.exists():
         path = hub_snapshot(str(source))
-    if not is_export(path):
+    if not (path / WEIGHTS).is_file() and not is_export(path):
         return Run.open(path).load(device)
-    meta = read_json(path / CONFIG, "the exported config")[EXPORTED]
-    cfg = read_record(meta["run"], str(path / CONFIG))
+    config = path / CONFIG
+    with damaged(config, EXPORT_AGAIN):
+        meta = read_json(config, "the exported config")[EXPORTED]
+        record, to = meta["run"], meta["format"]
+    cfg = read_record(record, str(config))
     task, model, _ = build(cfg, path)  # the task reads the tokenizer shipped beside the weights
-    weights = load_file(path / WEIGHTS)
-    if meta["format"] == "hf":
-        into_llama_views(model, weights)
-    else:
-        model.load_state_dict(weights, strict=True)
+    views = llama_state_dict(model) if to == "hf" else model.state_dict()  # tensors sharing the model's storage
+    with damaged(path / WEIGHTS, EXPORT_AGAIN):
+        weights = load_file(path / WEIGHTS)
+        why = mismatch(weights, views)
+        if why is not None:
+            raise UsageError(f"{path / WEIGHTS} does not match the model of its {CONFIG} ({why})")
+    with torch.no_grad():
+        for name, view in views.items():
+            view.copy_(weights[name])
     return Loaded(cfg, task, model.to(resolve_device(device)), path)
-
-
-@torch.no_grad()
-def into_llama_views(model: Transformer, weights: Mapping[str, torch.Tensor]) -> None:
-    """Copy a Llama export's weights into `model`, through `llama_state_dict`'s views of its parameters."""
-    views = llama_state_dict(model)
-    if set(views) != set(weights):
-        raise UsageError(f"the exported weights do not match the model: {sorted(set(views) ^ set(weights))[:3]}")
-    for name, view in views.items():
-        view.copy_(weights[name])
 
 
 def hub_snapshot(repo_id: str) -> Path:
