@@ -4,8 +4,11 @@ without mixit; any run (MixiT included) through the Hub mixin and back; refusals
 import dataclasses
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -380,7 +383,7 @@ def test_push_to_hub_uploads_the_export_and_load_reads_it_back(runs, tmp_path):
         hub.close()
 
 
-# -- damaged exports and run files -----------------------------------------------------------
+# -- damaged exports and run files; a push that cannot happen --------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -456,3 +459,48 @@ def test_export_refuses_a_damaged_summary_naming_what_to_do(runs, tmp_path, caps
     damage(run / "summary.json", "truncated")
     err = refused(capsys, ["export", str(run), "--out", str(tmp_path / "out")])
     assert f"{run / 'summary.json'} is corrupt" in err and "mixit train --resume --out RUN_DIR" in err
+
+
+@pytest.fixture
+def online(monkeypatch, tmp_path):
+    """huggingface_hub online in this process, with a token and its files under `tmp_path`: it read
+    HF_HUB_OFFLINE and HF_ENDPOINT when it was imported, so its constants are set (the endpoint by the test)."""
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    return huggingface_hub.constants
+
+
+def test_a_push_to_a_hub_that_refuses_connections_is_refused_at_once_writing_nothing(runs, tmp_path, capsys, online):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    online.ENDPOINT = endpoint
+    out = tmp_path / "pushed"
+    start = time.monotonic()
+    err = refused(capsys, ["export", str(runs["addition", "standard"]), "--out", str(out), "--push-to-hub", "me/add"])
+    assert time.monotonic() - start < 5
+    assert f"the Hub at {endpoint} does not answer" in err and "nothing was written" in err
+    assert not out.exists()
+
+
+def test_a_push_to_a_hub_that_never_answers_is_refused_after_its_timeout(runs, tmp_path, capsys, online, monkeypatch):
+    """A server that takes the connection and never answers (a Hub behind a firewall that drops packets hangs
+    the same way); without a timeout, huggingface_hub would wait for ever. This one hangs up after 20 s."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    hang_up = threading.Timer(20, silent.close)
+    hang_up.start()
+    online.ENDPOINT = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    monkeypatch.setattr(mixit.export, "HUB_TIMEOUT_S", 0.5)
+    out = tmp_path / "pushed"
+    start = time.monotonic()
+    try:
+        argv = ["export", str(runs["addition", "standard"]), "--out", str(out), "--push-to-hub", "me/add"]
+        err = refused(capsys, argv)
+    finally:
+        hang_up.cancel()
+        silent.close()
+    assert time.monotonic() - start < 5 and "does not answer within 0.5 s" in err and not out.exists()

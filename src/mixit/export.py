@@ -22,7 +22,9 @@ task and its parameters, variant, model config, test metrics and the run's whole
 `load` rebuilds the model with its task from the directory alone (or from a Hub repo id). A ``--to hub``
 directory also ships the code of `mixit.remote_code` (``model_type`` mixit, ``auto_map``), which
 ``transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True)`` runs without mixit.
-``--push-to-hub REPO`` uploads the written directory with huggingface_hub (``HfApi.upload_folder``).
+``--push-to-hub REPO`` uploads the written directory with huggingface_hub (``HfApi.upload_folder``), once
+`check_push` has found, before any work, that the Hub answers the token in time and lets it create or write the
+repo.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from safetensors.torch import load_file
 
 from mixit.checkpoint import mismatch
 from mixit.config import ModelConfig
-from mixit.errors import UsageError, damaged, require
+from mixit.errors import UsageError, damaged, reason_of, require
 from mixit.experiment import build, read_record
 from mixit.files import check_output_dir, read_json, write_json, write_text
 from mixit.freezing import VARIANTS, query_key
@@ -111,6 +113,9 @@ AUTO_MAP = {
 
 WEIGHTS = "model.safetensors"
 
+HUB_TIMEOUT_S = 5.0
+"""How long --push-to-hub waits for the Hub's answer to its first request, made before any work."""
+
 EXPORT_AGAIN = "export the run again with `mixit export`"
 """What to do about an exported directory whose config or weights are missing or damaged."""
 
@@ -128,7 +133,8 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
         out: The directory to write, which must be absent or empty; null means RUN_DIR-hf or RUN_DIR-hub beside
             the run.
         push_to_hub: A Hub repo id (user/name) to upload the written directory to, created if absent (private
-            unless it exists); refused before any work when huggingface_hub is offline (HF_HUB_OFFLINE).
+            unless it exists) before any work; refused before any work when huggingface_hub is offline
+            (HF_HUB_OFFLINE), has no token, or the Hub does not answer within 5 s, refuses the token or the repo.
     """
     run = Run.open(run_dir)
     out = Path(out) if out is not None else run.path.with_name(f"{run.path.name}-{to}")
@@ -366,14 +372,17 @@ def hub_snapshot(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id))
     except (ValueError, OSError) as e:  # an invalid id, no such repo, offline with nothing cached
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"{repo_id} is neither a directory nor a Hub model that can be read ({reason})") from None
+        raise UsageError(
+            f"{repo_id} is neither a directory nor a Hub model that can be read ({reason_of(e)})"
+        ) from None
 
 
 def check_push(repo_id: str) -> None:
-    """Refuse --push-to-hub before any work: an invalid repo id, or huggingface_hub offline."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import validate_repo_id
+    """Refuse --push-to-hub before any work: an invalid repo id, huggingface_hub offline, no token, a Hub that does
+    not answer within `HUB_TIMEOUT_S` or refuses the token, or a repo the token may not create or write to. The repo
+    is created here (private) if absent, which tries the right to write it."""
+    from huggingface_hub import HfApi, constants, get_token
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status, validate_repo_id
 
     try:
         validate_repo_id(repo_id)
@@ -382,19 +391,37 @@ def check_push(repo_id: str) -> None:
     # offline: huggingface_hub's flag as it was read when imported, or HF_HUB_OFFLINE set since
     if constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}:
         raise UsageError(f"--push-to-hub {repo_id} needs the network, and HF_HUB_OFFLINE is set; unset it to push")
+    if get_token() is None:
+        raise UsageError(f"--push-to-hub {repo_id} needs a Hub token: set HF_TOKEN, or log in with `hf auth login`")
+    api = HfApi()
+    try:  # huggingface_hub's own calls wait without limit: this one request, which needs the token, is bounded
+        answer = get_session().get(f"{api.endpoint}/api/whoami-v2", headers=build_hf_headers(), timeout=HUB_TIMEOUT_S)
+        hf_raise_for_status(answer)
+    except Exception as e:  # no network, no answer in time (requests or httpx, by version), the token refused
+        answered = getattr(e, "response", None) is not None
+        said = "answers the token with an error" if answered else f"does not answer within {HUB_TIMEOUT_S:g} s"
+        raise UsageError(
+            f"--push-to-hub {repo_id}: the Hub at {api.endpoint} {said} ({reason_of(e)}); nothing was written"
+        ) from None
+    try:
+        api.create_repo(repo_id, private=True, exist_ok=True)
+    except Exception as e:  # no right to create the repo or to write to it
+        raise UsageError(
+            f"--push-to-hub {repo_id}: the repo cannot be created or written ({reason_of(e)}); nothing was written"
+        ) from None
 
 
 def push(out: Path, repo_id: str) -> None:
-    """Upload the exported directory to Hub model `repo_id`, creating the repo (private) if absent."""
+    """Upload the exported directory to Hub model `repo_id` (which `check_push` created if absent)."""
     from huggingface_hub import HfApi
 
-    api = HfApi()
     try:
-        api.create_repo(repo_id, private=True, exist_ok=True)
-        api.upload_folder(repo_id=repo_id, folder_path=out, commit_message=f"mixit {__version__} export")
-    except Exception as e:  # no token, no network, no right to the repo: the export itself stands
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"{out} was written, but pushing it to {repo_id} failed: {reason}") from None
+        HfApi().upload_folder(repo_id=repo_id, folder_path=out, commit_message=f"mixit {__version__} export")
+    except Exception as e:  # the network gone since `check_push`, say: the export itself stands
+        raise UsageError(
+            f"{out} was written and is complete, but pushing it to {repo_id} failed ({reason_of(e)}); "
+            f"push it again with `hf upload {repo_id} {out}`"
+        ) from None
 
 
 # -- the model card ---------------------------------------------------------------------------
