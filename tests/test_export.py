@@ -383,7 +383,7 @@ def test_push_to_hub_uploads_the_export_and_load_reads_it_back(runs, tmp_path):
         hub.close()
 
 
-# -- damaged exports and run files; a push that cannot happen --------------------------------
+# -- damaged exports and run files; a push that cannot happen; only mixit's lines ------------
 
 
 @pytest.fixture(scope="module")
@@ -504,3 +504,15 @@ def test_a_push_to_a_hub_that_never_answers_is_refused_after_its_timeout(runs, t
         hang_up.cancel()
         silent.close()
     assert time.monotonic() - start < 5 and "does not answer within 0.5 s" in err and not out.exists()
+
+
+def test_an_export_to_hf_says_only_mixits_line_and_leaves_the_libraries_settings_alone(runs, tmp_path, capfd):
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils import logging as hf_logging
+
+    before = (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity(), are_progress_bars_disabled())
+    out = tmp_path / "hf"
+    assert main(["export", str(runs["lm", "standard"]), "--to", "hf", "--out", str(out)]) == 0
+    said = capfd.readouterr()
+    assert (said.out, said.err) == (f"written to {out}\n", "")
+    assert (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity(), are_progress_bars_disabled()) == before

@@ -24,16 +24,20 @@ directory also ships the code of `mixit.remote_code` (``model_type`` mixit, ``au
 ``transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True)`` runs without mixit.
 ``--push-to-hub REPO`` uploads the written directory with huggingface_hub (``HfApi.upload_folder``), once
 `check_push` has found, before any work, that the Hub answers the token in time and lets it create or write the
-repo.
+repo. An export says nothing but mixit's own lines: the libraries' progress bars and log lines are off meanwhile
+(`quiet_libraries`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.resources
 import json
 import os
 import shutil
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
@@ -145,22 +149,51 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
         raise UsageError(f"output directory {out} is not empty; choose a new or empty directory")
     check_output_dir(out)
     run.summary()  # read for the card: a damaged summary.json is refused before any work
-    if push_to_hub is not None:
-        check_push(push_to_hub)
-    loaded = run.load("cpu")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        (write_llama if to == "hf" else write_hub)(loaded, tmp)
-        add_to_config(tmp, {EXPORTED: export_record(run, loaded, to)})
-        write_text(tmp / "README.md", model_card(run, loaded, to))
-        os.replace(tmp, out)  # an empty --out is replaced whole
-    finally:
+    with quiet_libraries():
+        if push_to_hub is not None:
+            check_push(push_to_hub)
+        loaded = run.load("cpu")
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-    if push_to_hub is not None:
-        push(out, push_to_hub)
+        tmp.mkdir(parents=True)
+        try:
+            (write_llama if to == "hf" else write_hub)(loaded, tmp)
+            add_to_config(tmp, {EXPORTED: export_record(run, loaded, to)})
+            write_text(tmp / "README.md", model_card(run, loaded, to))
+            os.replace(tmp, out)  # an empty --out is replaced whole
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if push_to_hub is not None:
+            push(out, push_to_hub)
     return out
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Within: huggingface_hub's progress bars and log lines off, and transformers' too where it is imported (``--to
+    hf`` has imported it), so that an export says only mixit's own lines (transformers' "Writing model shards" bar,
+    say); each library's settings are put back afterwards."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from huggingface_hub.utils import logging as hub_logging
+
+    hf_logging = importlib.import_module("transformers.utils.logging") if "transformers" in sys.modules else None
+    hub_bars_off, hub_level = are_progress_bars_disabled(), hub_logging.get_verbosity()
+    disable_progress_bars()
+    hub_logging.set_verbosity_error()
+    if hf_logging is not None:
+        bars_on, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hub_logging.set_verbosity(hub_level)
+        if not hub_bars_off:
+            enable_progress_bars()
+        if hf_logging is not None:
+            hf_logging.set_verbosity(level)
+            if bars_on:
+                hf_logging.enable_progress_bar()
 
 
 def export_record(run: Run, loaded: Loaded, to: Target) -> dict[str, Any]:
