@@ -1,5 +1,5 @@
 """A Hub on localhost for the tests: the part of the Hugging Face Hub's HTTP API that huggingface_hub's
-`create_repo`, `upload_folder` and `snapshot_download` speak, kept in memory.
+`whoami`, `create_repo`, `upload_folder` and `snapshot_download` speak, kept in memory.
 
 huggingface_hub has no offline or local mode for uploads, so `--push-to-hub` is tested against this server
 with ``HF_ENDPOINT`` pointing at it: the real client library, the real requests, a store the test can read.
@@ -95,6 +95,8 @@ class Hub:
                 return self.json({"error": "You already created this model repo"}, 409)
             self.repos[repo_id] = Repo(private=request.get("visibility") == "private" or bool(request.get("private")))
             return self.json({"url": f"{self.endpoint}/{repo_id}"})
+        if method == "GET" and path == "/api/whoami-v2":  # any token is taken: the tests' tokens are all good
+            return self.json({"type": "user", "name": "me"})
         if method == "POST" and path == "/api/validate-yaml":
             content = json.loads(body)["content"]
             front = content.split("---")[1] if content.startswith("---") else ""

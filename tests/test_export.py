@@ -4,8 +4,11 @@ without mixit; any run (MixiT included) through the Hub mixin and back; refusals
 import dataclasses
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from hub_server import Hub
 from mixit import run_config, train
 from mixit.cli import main
 from mixit.config import ModelConfig
-from mixit.errors import UsageError
+from mixit.errors import DamagedFile, UsageError
 from mixit.export import LLAMA_IGNORES, LLAMA_MAPS, LLAMA_NEEDS, export_run, llama_refusal
 from mixit.models import Transformer
 from mixit.run import Run
@@ -378,3 +381,138 @@ def test_push_to_hub_uploads_the_export_and_load_reads_it_back(runs, tmp_path):
         assert torch.equal(torch.tensor(got["logits"]), mixit_logits(run_dir, tokens))
     finally:
         hub.close()
+
+
+# -- damaged exports and run files; a push that cannot happen; only mixit's lines ------------
+
+
+@pytest.fixture(scope="module")
+def exported(runs, tmp_path_factory):
+    """The standard addition run exported in each format, for tests to copy and damage."""
+    root = tmp_path_factory.mktemp("exported")
+    return {to: export_run(runs["addition", "standard"], to, root / to) for to in ("hf", "hub")}
+
+
+def damage(path: Path, how: str, other: Path | None = None) -> None:
+    """Damage the file `path` as `how` says: truncated, missing, corrupt (not JSON) or replaced by `other`."""
+    if how == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif how == "missing":
+        path.unlink()
+    elif how == "corrupt":
+        path.write_text('{"mixit_export": ')
+    else:
+        shutil.copy(other, path)
+
+
+@pytest.mark.parametrize("to", ["hf", "hub"])
+@pytest.mark.parametrize(
+    "name, how",
+    [
+        ("model.safetensors", "truncated"),
+        ("model.safetensors", "missing"),
+        ("model.safetensors", "the other format's"),
+        ("config.json", "corrupt"),
+        ("config.json", "missing"),
+    ],
+)
+def test_load_refuses_a_damaged_export_in_one_line_naming_the_file(exported, tmp_path, to, name, how):
+    out = shutil.copytree(exported[to], tmp_path / to)
+    damage(out / name, how, exported["hub" if to == "hf" else "hf"] / name)
+    with pytest.raises(DamagedFile) as refused:
+        mixit.load(out)
+    message = str(refused.value)
+    assert f"{out / name} " in message and "export the run again with `mixit export`" in message
+    assert len(message.splitlines()) == 1
+
+
+def test_load_refuses_an_export_config_without_its_run(exported, tmp_path):
+    out = shutil.copytree(exported["hub"], tmp_path / "hub")
+    config = json.loads((out / "config.json").read_text())
+    del config["mixit_export"]["run"]
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DamagedFile, match=r"config.json is corrupt or unreadable \(KeyError: 'run'\)"):
+        mixit.load(out)
+
+
+@pytest.mark.parametrize("command", ["export", "eval"])
+@pytest.mark.parametrize(
+    "name, how, remedy",
+    [
+        ("checkpoints/step_0000012/model.safetensors", "truncated", "mixit train --config RUN_DIR --out NEW_DIR"),
+        ("checkpoints/step_0000012/model.safetensors", "missing", "mixit train --config RUN_DIR --out NEW_DIR"),
+        ("config.json", "corrupt", "restore it from a copy"),
+    ],
+)
+def test_commands_refuse_a_damaged_run_in_one_line_naming_the_file_and_what_to_do(
+    runs, tmp_path, capsys, command, name, how, remedy
+):
+    run = shutil.copytree(runs["addition", "standard"], tmp_path / "run")
+    damage(run / name, how)
+    err = refused(capsys, [command, str(run), *(["--out", str(tmp_path / "out")] if command == "export" else [])])
+    assert str(run / name) in err and remedy in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_refuses_a_damaged_summary_naming_what_to_do(runs, tmp_path, capsys):
+    run = shutil.copytree(runs["addition", "standard"], tmp_path / "run")
+    damage(run / "summary.json", "truncated")
+    err = refused(capsys, ["export", str(run), "--out", str(tmp_path / "out")])
+    assert f"{run / 'summary.json'} is corrupt" in err and "mixit train --resume --out RUN_DIR" in err
+
+
+@pytest.fixture
+def online(monkeypatch, tmp_path):
+    """huggingface_hub online in this process, with a token and its files under `tmp_path`: it read
+    HF_HUB_OFFLINE and HF_ENDPOINT when it was imported, so its constants are set (the endpoint by the test)."""
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    return huggingface_hub.constants
+
+
+def test_a_push_to_a_hub_that_refuses_connections_is_refused_at_once_writing_nothing(runs, tmp_path, capsys, online):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    online.ENDPOINT = endpoint
+    out = tmp_path / "pushed"
+    start = time.monotonic()
+    err = refused(capsys, ["export", str(runs["addition", "standard"]), "--out", str(out), "--push-to-hub", "me/add"])
+    assert time.monotonic() - start < 5
+    assert f"the Hub at {endpoint} does not answer" in err and "nothing was written" in err
+    assert not out.exists()
+
+
+def test_a_push_to_a_hub_that_never_answers_is_refused_after_its_timeout(runs, tmp_path, capsys, online, monkeypatch):
+    """A server that takes the connection and never answers (a Hub behind a firewall that drops packets hangs
+    the same way); without a timeout, huggingface_hub would wait for ever. This one hangs up after 20 s."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    hang_up = threading.Timer(20, silent.close)
+    hang_up.start()
+    online.ENDPOINT = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    monkeypatch.setattr(mixit.export, "HUB_TIMEOUT_S", 0.5)
+    out = tmp_path / "pushed"
+    start = time.monotonic()
+    try:
+        argv = ["export", str(runs["addition", "standard"]), "--out", str(out), "--push-to-hub", "me/add"]
+        err = refused(capsys, argv)
+    finally:
+        hang_up.cancel()
+        silent.close()
+    assert time.monotonic() - start < 5 and "does not answer within 0.5 s" in err and not out.exists()
+
+
+def test_an_export_to_hf_says_only_mixits_line_and_leaves_the_libraries_settings_alone(runs, tmp_path, capfd):
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils import logging as hf_logging
+
+    before = (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity(), are_progress_bars_disabled())
+    out = tmp_path / "hf"
+    assert main(["export", str(runs["lm", "standard"]), "--to", "hf", "--out", str(out)]) == 0
+    said = capfd.readouterr()
+    assert (said.out, said.err) == (f"written to {out}\n", "")
+    assert (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity(), are_progress_bars_disabled()) == before

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mixit.errors import UsageError
+from mixit.errors import UsageError, damaged
 from mixit.files import read_json, write_json, write_text
 from mixit.precision import Precision
 
@@ -41,6 +42,9 @@ STEP_PREFIX = "step_"
 MODEL = "model.safetensors"
 OPTIMIZER = "optimizer.safetensors"
 STATE = "state.json"
+
+REPLAY = "replay the run into a new directory with `mixit train --config RUN_DIR --out NEW_DIR`"
+"""What to do about a damaged checkpoint: its run's config.json trains the run again."""
 
 
 def is_count(value: Any) -> bool:
@@ -67,9 +71,10 @@ def latest_checkpoint(root: Path) -> Path | None:
     pointer = root / LATEST
     if not pointer.exists():
         return None
-    found = root / pointer.read_text().strip()
-    if not found.is_dir():
-        raise UsageError(f"{pointer} points at {found.name}, which does not exist: the checkpoint is corrupt")
+    with damaged(pointer, REPLAY):
+        found = root / pointer.read_text().strip()
+        if not found.is_dir():
+            raise UsageError(f"{pointer} points at {found.name}, which does not exist: the checkpoint is corrupt")
     return found
 
 
@@ -111,37 +116,43 @@ def save_checkpoint(
 
 
 def load_model_state(model: nn.Module, ckpt: Path) -> None:
-    """Load checkpoint `ckpt`'s parameters and buffers into `model`, refusing any mismatch."""
-    state = _load_tensors(ckpt / MODEL)
-    expected = model.state_dict()
-    if set(state) != set(expected):
-        missing = sorted(set(expected) - set(state))[:3]
-        extra = sorted(set(state) - set(expected))[:3]
-        raise UsageError(
-            f"checkpoint {ckpt} does not match the model in config.json (missing {missing}, unexpected {extra})"
-        )
-    for key, value in state.items():
+    """Load checkpoint `ckpt`'s parameters and buffers into `model`, refusing any mismatch (`REPLAY` says what to
+    do about a damaged checkpoint)."""
+    with damaged(ckpt / MODEL, REPLAY):
+        state = _load_tensors(ckpt / MODEL)
+        why = mismatch(state, model.state_dict())
+        if why is not None:
+            raise UsageError(f"checkpoint {ckpt} does not match the model in config.json ({why})")
+        model.load_state_dict(state)
+
+
+def mismatch(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> str | None:
+    """How `tensors`, read from a file, differ from a model's `expected` tensors, in names or in shapes; None where
+    they do not (a checkpoint's, `mixit.export`'s)."""
+    if set(tensors) != set(expected):
+        missing = sorted(set(expected) - set(tensors))[:3]
+        extra = sorted(set(tensors) - set(expected))[:3]
+        return f"missing {missing}, unexpected {extra}"
+    for key, value in tensors.items():
         if value.shape != expected[key].shape:
-            raise UsageError(
-                f"checkpoint {ckpt}: {key} has shape {tuple(value.shape)}, "
-                f"the model expects {tuple(expected[key].shape)}"
-            )
-    model.load_state_dict(state)
+            return f"{key} has shape {tuple(value.shape)}, the model expects {tuple(expected[key].shape)}"
+    return None
 
 
 def load_training_state(optimizer: torch.optim.Optimizer, ckpt: Path, precision: Precision | None = None) -> int:
     """Load checkpoint `ckpt`'s optimizer state (and fp16's gradient scale); return its step."""
-    meta = read_json(ckpt / STATE, "checkpoint state.json")
-    tensors = _load_tensors(ckpt / OPTIMIZER)
-    try:
-        optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optimizer"]))
-        if precision is not None:
-            precision.load_state_dict(meta.get("scaler", {}))
-        step = meta["step"]
-    except (KeyError, ValueError, TypeError) as e:
-        raise UsageError(f"checkpoint {ckpt} has a corrupt optimizer state ({e})") from None
-    if not is_count(step) or ckpt.name != checkpoint_path(ckpt.parent, step).name:
-        raise UsageError(f"checkpoint {ckpt} has a corrupt state.json (step {step!r}, not its own step)")
+    with damaged(ckpt, REPLAY):
+        meta = read_json(ckpt / STATE, "checkpoint state.json")
+        tensors = _load_tensors(ckpt / OPTIMIZER)
+        try:
+            optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optimizer"]))
+            if precision is not None:
+                precision.load_state_dict(meta.get("scaler", {}))
+            step = meta["step"]
+        except (KeyError, ValueError, TypeError) as e:
+            raise UsageError(f"checkpoint {ckpt} has a corrupt optimizer state ({e})") from None
+        if not is_count(step) or ckpt.name != checkpoint_path(ckpt.parent, step).name:
+            raise UsageError(f"checkpoint {ckpt} has a corrupt state.json (step {step!r}, not its own step)")
     return step
 
 

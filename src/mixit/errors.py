@@ -10,11 +10,15 @@ is a `MixitWarning`: the CLI prints it as one ``mixit: warning: ...`` line, like
 its other warnings; the Python API leaves it to the `warnings` module.
 """
 
+import contextlib
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from safetensors import SafetensorError
 
 
 class UsageError(ValueError):
@@ -42,3 +46,37 @@ def show_warning(shown: Callable[..., None], message: Warning | str, category: t
         print(f"mixit: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
     else:
         shown(message, category, *where)
+
+
+class DamagedFile(UsageError):
+    """A file that mixit wrote and reads back (an export's, a run's) is missing, truncated or corrupt: the message
+    names the file, what is wrong with it and what to do (`damaged`)."""
+
+
+@contextlib.contextmanager
+def damaged(file: Path, remedy: str) -> Iterator[None]:
+    """Turn what reading `file` raises, where it is missing, truncated or corrupt, into one `DamagedFile` line
+    naming it and `remedy` (what to do).
+
+    Libraries raise on such a file: OSError (FileNotFoundError where it is missing), ValueError (json's
+    JSONDecodeError), KeyError and TypeError (an entry it lacks, or of another type), RuntimeError (torch's
+    ``load_state_dict`` on a size mismatch) and safetensors' SafetensorError. A UsageError of mixit's own, which
+    names the file already, gets `remedy` added. Code inside should read the file and no more: whatever raises
+    there is said to be the file's fault."""
+    try:
+        yield
+    except DamagedFile:
+        raise
+    except UsageError as e:
+        raise DamagedFile(f"{e}; {remedy}") from None
+    except FileNotFoundError:
+        raise DamagedFile(f"{file} is missing; {remedy}") from None
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
+        raise DamagedFile(f"{file} is corrupt or unreadable ({reason_of(e)}); {remedy}") from None
+
+
+def reason_of(error: BaseException) -> str:
+    """What a library's exception says, on one line: its type and its first line (an OSError's, its strerror, without
+    the path it names)."""
+    text = error.strerror if isinstance(error, OSError) and error.strerror else str(error).strip().partition("\n")[0]
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -22,16 +22,22 @@ task and its parameters, variant, model config, test metrics and the run's whole
 `load` rebuilds the model with its task from the directory alone (or from a Hub repo id). A ``--to hub``
 directory also ships the code of `mixit.remote_code` (``model_type`` mixit, ``auto_map``), which
 ``transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True)`` runs without mixit.
-``--push-to-hub REPO`` uploads the written directory with huggingface_hub (``HfApi.upload_folder``).
+``--push-to-hub REPO`` uploads the written directory with huggingface_hub (``HfApi.upload_folder``), once
+`check_push` has found, before any work, that the Hub answers the token in time and lets it create or write the
+repo. An export says nothing but mixit's own lines: the libraries' progress bars and log lines are off meanwhile
+(`quiet_libraries`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.resources
 import json
 import os
 import shutil
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
@@ -39,8 +45,9 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file
 
+from mixit.checkpoint import mismatch
 from mixit.config import ModelConfig
-from mixit.errors import UsageError, require
+from mixit.errors import UsageError, damaged, reason_of, require
 from mixit.experiment import build, read_record
 from mixit.files import check_output_dir, read_json, write_json, write_text
 from mixit.freezing import VARIANTS, query_key
@@ -110,6 +117,12 @@ AUTO_MAP = {
 
 WEIGHTS = "model.safetensors"
 
+HUB_TIMEOUT_S = 5.0
+"""How long --push-to-hub waits for the Hub's answer to its first request, made before any work."""
+
+EXPORT_AGAIN = "export the run again with `mixit export`"
+"""What to do about an exported directory whose config or weights are missing or damaged."""
+
 
 def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_to_hub: str | None = None) -> Path:
     """Write a run's latest checkpoint as a Hugging Face model directory.
@@ -124,7 +137,8 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
         out: The directory to write, which must be absent or empty; null means RUN_DIR-hf or RUN_DIR-hub beside
             the run.
         push_to_hub: A Hub repo id (user/name) to upload the written directory to, created if absent (private
-            unless it exists); refused before any work when huggingface_hub is offline (HF_HUB_OFFLINE).
+            unless it exists) before any work; refused before any work when huggingface_hub is offline
+            (HF_HUB_OFFLINE), has no token, or the Hub does not answer within 5 s, refuses the token or the repo.
     """
     run = Run.open(run_dir)
     out = Path(out) if out is not None else run.path.with_name(f"{run.path.name}-{to}")
@@ -134,22 +148,52 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
     if out.is_dir() and any(out.iterdir()):
         raise UsageError(f"output directory {out} is not empty; choose a new or empty directory")
     check_output_dir(out)
-    if push_to_hub is not None:
-        check_push(push_to_hub)
-    loaded = run.load("cpu")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        (write_llama if to == "hf" else write_hub)(loaded, tmp)
-        add_to_config(tmp, {EXPORTED: export_record(run, loaded, to)})
-        write_text(tmp / "README.md", model_card(run, loaded, to))
-        os.replace(tmp, out)  # an empty --out is replaced whole
-    finally:
+    run.summary()  # read for the card: a damaged summary.json is refused before any work
+    with quiet_libraries():
+        if push_to_hub is not None:
+            check_push(push_to_hub)
+        loaded = run.load("cpu")
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-    if push_to_hub is not None:
-        push(out, push_to_hub)
+        tmp.mkdir(parents=True)
+        try:
+            (write_llama if to == "hf" else write_hub)(loaded, tmp)
+            add_to_config(tmp, {EXPORTED: export_record(run, loaded, to)})
+            write_text(tmp / "README.md", model_card(run, loaded, to))
+            os.replace(tmp, out)  # an empty --out is replaced whole
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if push_to_hub is not None:
+            push(out, push_to_hub)
     return out
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Within: huggingface_hub's progress bars and log lines off, and transformers' too where it is imported (``--to
+    hf`` has imported it), so that an export says only mixit's own lines (transformers' "Writing model shards" bar,
+    say); each library's settings are put back afterwards."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from huggingface_hub.utils import logging as hub_logging
+
+    hf_logging = importlib.import_module("transformers.utils.logging") if "transformers" in sys.modules else None
+    hub_bars_off, hub_level = are_progress_bars_disabled(), hub_logging.get_verbosity()
+    disable_progress_bars()
+    hub_logging.set_verbosity_error()
+    if hf_logging is not None:
+        bars_on, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hub_logging.set_verbosity(hub_level)
+        if not hub_bars_off:
+            enable_progress_bars()
+        if hf_logging is not None:
+            hf_logging.set_verbosity(level)
+            if bars_on:
+                hf_logging.enable_progress_bar()
 
 
 def export_record(run: Run, loaded: Loaded, to: Target) -> dict[str, Any]:
@@ -328,32 +372,30 @@ def load(source: str | Path, device: str = "cpu") -> Loaded:
     checkpoint), a directory written by `mixit export` (either format) or the Hub repo id of one (through
     huggingface_hub's ``snapshot_download``, which reads its cache when offline).
 
-    ``Loaded.checkpoint`` is the checkpoint or the exported directory read.
+    ``Loaded.checkpoint`` is the checkpoint or the exported directory read. An exported file that is missing,
+    truncated or corrupt is refused in one line naming it (`DamagedFile`), as a run's is.
     """
     path = Path(source)
     if not path.exists():
         path = hub_snapshot(str(source))
-    if not is_export(path):
+    if not (path / WEIGHTS).is_file() and not is_export(path):
         return Run.open(path).load(device)
-    meta = read_json(path / CONFIG, "the exported config")[EXPORTED]
-    cfg = read_record(meta["run"], str(path / CONFIG))
+    config = path / CONFIG
+    with damaged(config, EXPORT_AGAIN):
+        meta = read_json(config, "the exported config")[EXPORTED]
+        record, to = meta["run"], meta["format"]
+    cfg = read_record(record, str(config))
     task, model, _ = build(cfg, path)  # the task reads the tokenizer shipped beside the weights
-    weights = load_file(path / WEIGHTS)
-    if meta["format"] == "hf":
-        into_llama_views(model, weights)
-    else:
-        model.load_state_dict(weights, strict=True)
+    views = llama_state_dict(model) if to == "hf" else model.state_dict()  # tensors sharing the model's storage
+    with damaged(path / WEIGHTS, EXPORT_AGAIN):
+        weights = load_file(path / WEIGHTS)
+        why = mismatch(weights, views)
+        if why is not None:
+            raise UsageError(f"{path / WEIGHTS} does not match the model of its {CONFIG} ({why})")
+    with torch.no_grad():
+        for name, view in views.items():
+            view.copy_(weights[name])
     return Loaded(cfg, task, model.to(resolve_device(device)), path)
-
-
-@torch.no_grad()
-def into_llama_views(model: Transformer, weights: Mapping[str, torch.Tensor]) -> None:
-    """Copy a Llama export's weights into `model`, through `llama_state_dict`'s views of its parameters."""
-    views = llama_state_dict(model)
-    if set(views) != set(weights):
-        raise UsageError(f"the exported weights do not match the model: {sorted(set(views) ^ set(weights))[:3]}")
-    for name, view in views.items():
-        view.copy_(weights[name])
 
 
 def hub_snapshot(repo_id: str) -> Path:
@@ -363,14 +405,17 @@ def hub_snapshot(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id))
     except (ValueError, OSError) as e:  # an invalid id, no such repo, offline with nothing cached
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"{repo_id} is neither a directory nor a Hub model that can be read ({reason})") from None
+        raise UsageError(
+            f"{repo_id} is neither a directory nor a Hub model that can be read ({reason_of(e)})"
+        ) from None
 
 
 def check_push(repo_id: str) -> None:
-    """Refuse --push-to-hub before any work: an invalid repo id, or huggingface_hub offline."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import validate_repo_id
+    """Refuse --push-to-hub before any work: an invalid repo id, huggingface_hub offline, no token, a Hub that does
+    not answer within `HUB_TIMEOUT_S` or refuses the token, or a repo the token may not create or write to. The repo
+    is created here (private) if absent, which tries the right to write it."""
+    from huggingface_hub import HfApi, constants, get_token
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status, validate_repo_id
 
     try:
         validate_repo_id(repo_id)
@@ -379,19 +424,37 @@ def check_push(repo_id: str) -> None:
     # offline: huggingface_hub's flag as it was read when imported, or HF_HUB_OFFLINE set since
     if constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}:
         raise UsageError(f"--push-to-hub {repo_id} needs the network, and HF_HUB_OFFLINE is set; unset it to push")
+    if get_token() is None:
+        raise UsageError(f"--push-to-hub {repo_id} needs a Hub token: set HF_TOKEN, or log in with `hf auth login`")
+    api = HfApi()
+    try:  # huggingface_hub's own calls wait without limit: this one request, which needs the token, is bounded
+        answer = get_session().get(f"{api.endpoint}/api/whoami-v2", headers=build_hf_headers(), timeout=HUB_TIMEOUT_S)
+        hf_raise_for_status(answer)
+    except Exception as e:  # no network, no answer in time (requests or httpx, by version), the token refused
+        answered = getattr(e, "response", None) is not None
+        said = "answers the token with an error" if answered else f"does not answer within {HUB_TIMEOUT_S:g} s"
+        raise UsageError(
+            f"--push-to-hub {repo_id}: the Hub at {api.endpoint} {said} ({reason_of(e)}); nothing was written"
+        ) from None
+    try:
+        api.create_repo(repo_id, private=True, exist_ok=True)
+    except Exception as e:  # no right to create the repo or to write to it
+        raise UsageError(
+            f"--push-to-hub {repo_id}: the repo cannot be created or written ({reason_of(e)}); nothing was written"
+        ) from None
 
 
 def push(out: Path, repo_id: str) -> None:
-    """Upload the exported directory to Hub model `repo_id`, creating the repo (private) if absent."""
+    """Upload the exported directory to Hub model `repo_id` (which `check_push` created if absent)."""
     from huggingface_hub import HfApi
 
-    api = HfApi()
     try:
-        api.create_repo(repo_id, private=True, exist_ok=True)
-        api.upload_folder(repo_id=repo_id, folder_path=out, commit_message=f"mixit {__version__} export")
-    except Exception as e:  # no token, no network, no right to the repo: the export itself stands
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"{out} was written, but pushing it to {repo_id} failed: {reason}") from None
+        HfApi().upload_folder(repo_id=repo_id, folder_path=out, commit_message=f"mixit {__version__} export")
+    except Exception as e:  # the network gone since `check_push`, say: the export itself stands
+        raise UsageError(
+            f"{out} was written and is complete, but pushing it to {repo_id} failed ({reason_of(e)}); "
+            f"push it again with `hf upload {repo_id} {out}`"
+        ) from None
 
 
 # -- the model card ---------------------------------------------------------------------------

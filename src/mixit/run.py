@@ -55,7 +55,7 @@ from mixit.checkpoint import (
     partial_checkpoints,
 )
 from mixit.config import flatten
-from mixit.errors import UsageError, require
+from mixit.errors import UsageError, damaged, require
 from mixit.experiment import RunConfig, build, read_record, read_request_file, record
 from mixit.files import DirectoryLock, check_output_dir, read_json, remove_temporary, write_json, write_text
 from mixit.models import Transformer
@@ -83,14 +83,19 @@ ANALYSIS_SUMMARY = "summary.md"
 FIGURES = ("head_scores", "attention", "fixed_patterns", "over_time")
 """The analysis's figures, by name: each drawn to NAME.png (attention and fixed_patterns: their arrays in NAME.npz;
 head_scores and over_time: their numbers in NAME.json)."""
+CONFIG_LOST = "restore it from a copy (a run cannot be read without it), or train the run again"
+"""What to do about a run's config.json that is missing or damaged."""
+SUMMARY_LOST = "remove it and resume the run (`mixit train --resume --out RUN_DIR`) to write it again"
+"""What to do about a damaged summary.json: a resume evaluates the final checkpoint and writes it."""
 
 
 def is_export(directory: Path) -> bool:
-    """Whether `directory` holds a model written by `mixit export` (its config.json names `EXPORTED`)."""
-    path = Path(directory) / CONFIG
-    if not path.is_file():
+    """Whether `directory` holds a model written by `mixit export` (its config.json names `EXPORTED`); not where
+    its config.json is missing or unreadable, which its reader then says."""
+    try:
+        data = read_json(Path(directory) / CONFIG, CONFIG)
+    except UsageError:
         return False
-    data = read_json(path, CONFIG)
     return isinstance(data, dict) and EXPORTED in data
 
 
@@ -234,7 +239,9 @@ class Run:
     def config(self) -> RunConfig:
         """The run's config.json, read (with the request it was resolved from: `read_record`) at first use."""
         if self._config is None:
-            self._config = read_record(read_json(self.config_path, CONFIG), str(self.config_path))
+            with damaged(self.config_path, CONFIG_LOST):
+                data = read_json(self.config_path, CONFIG)
+            self._config = read_record(data, str(self.config_path))
         return self._config
 
     @property
@@ -314,7 +321,8 @@ class Run:
 
     def summary(self) -> dict[str, Any] | None:
         """The final summary, or None if the run has not completed."""
-        return read_object(self.summary_path, SUMMARY)
+        with damaged(self.summary_path, SUMMARY_LOST):
+            return read_object(self.summary_path, SUMMARY)
 
     # -- loading ----------------------------------------------------------------------
     def load(self, device: str = "auto", step: int | None = None) -> Loaded:
@@ -450,7 +458,8 @@ class Analysis:
         return path if path.exists() else None
 
     def _read_json(self, name: str) -> dict[str, Any] | None:
-        return read_object(self.path / name, f"analysis {name}")
+        with damaged(self.path / name, "run `mixit analyze RUN_DIR` again, which rewrites it"):
+            return read_object(self.path / name, f"analysis {name}")
 
     def _write_json(self, name: str, data: dict[str, Any]) -> Path:
         write_json(self.path / name, data)
