@@ -54,13 +54,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from scipy import stats
-
 from mixit.study.cells import fmt, rows
 from mixit.study.collect import Result, reported, task_class
 from mixit.training.convergence import CONVERGED
 
 VERDICTS = ("PASS", "FAIL", "UNTESTABLE", "UNDECIDED", "PROVISIONAL", "n/a")
+
+
+def t_quantile(level: float, df: float) -> float:
+    """Student's t quantile at `level` with `df` degrees of freedom (`scipy.stats`, exact). scipy.stats is imported
+    here, when a verdict is judged, not with this module: importing it costs every mixit command a second or more
+    at start, and only a report judges."""
+    from scipy import stats
+
+    return float(stats.t.ppf(level, df))
 
 
 @dataclass(frozen=True)
@@ -87,11 +94,13 @@ class Rule:
         """Student's t one-sided quantile for an interval over `n` seeds, at `level`."""
         if n < 2:
             raise ValueError(f"an interval over seeds needs two seeds at least, got {n}")
-        return float(stats.t.ppf(self.level, n - 1))
+        return t_quantile(self.level, n - 1)
 
     @property
     def z(self) -> float:
         """The normal one-sided quantile at `level`, for the test set's error (known from its many examples)."""
+        from scipy import stats  # here, not at the top: see t_quantile
+
         return float(stats.norm.ppf(self.level))
 
     def next_look(self, n: int) -> int | None:
@@ -279,7 +288,7 @@ def contrast(terms: Sequence[tuple[float, Group]], rule: Rule = RULE) -> tuple[f
     if se == 0:
         return value, value, value
     df = se**4 / sum(v**2 / (g.n - 1) for v, (_, g) in zip(variances, terms) if v > 0)
-    half = float(stats.t.ppf(rule.level, df)) * se
+    half = t_quantile(rule.level, df) * se
     return value, value - half, value + half
 
 
