@@ -11,7 +11,7 @@ algorithmic tasks, language modelling and sentiment classification.
 """
 
 from mixit.config import ModelConfig, TaskConfig, TrainConfig
-from mixit.errors import UsageError
+from mixit.errors import MachineFault, UsageError
 from mixit.experiment import RunConfig, build, resolve, run_config
 from mixit.export import load
 from mixit.freezing import VARIANTS, FreezeReport, apply_variant
@@ -26,6 +26,7 @@ __all__ = [
     "TASKS",
     "VARIANTS",
     "FreezeReport",
+    "MachineFault",
     "ModelConfig",
     "Run",
     "RunConfig",

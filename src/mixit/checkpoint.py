@@ -13,6 +13,7 @@ go to safetensors, the rest to JSON.
 The protocol, which makes a write killed at any moment harmless:
 - a checkpoint is written under a temporary name (step_0000500.tmp), flushed to disk, and renamed: a
   directory named step_NNNNNNN is complete (`partial_checkpoints` lists the others, for the next session to remove);
+  a write that fails (a full disk) removes its temporary directory at once, so as to fill the disk no further;
 - ``latest`` is pointed at it only then, so a run killed mid-write resumes from the previous checkpoint;
 - `save_checkpoint` then removes every other checkpoint that is not kept. Each checkpoint records in its state.json
   whether it is kept; a kept one is never removed, whatever a later session (a resume) keeps, so a run
@@ -33,7 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mixit.errors import UsageError, damaged
+from mixit.errors import UsageError, damaged, machine_fault
 from mixit.files import read_json, write_json, write_text
 from mixit.precision import Precision
 
@@ -103,7 +104,11 @@ def save_checkpoint(
         tmp = root / (final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _write_files(tmp, step, model, optimizer, precision, keep)
+        try:
+            _write_files(tmp, step, model, optimizer, precision, keep)
+        except BaseException:  # a failed write (a full disk) leaves no half checkpoint behind, to fill it further
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     write_text(root / LATEST, final.name + "\n")
@@ -227,4 +232,5 @@ def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
     except FileNotFoundError:
         raise UsageError(f"checkpoint file {file} is missing") from None
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise UsageError(f"checkpoint file {file} is corrupt or unreadable ({e})") from None
+        fault = machine_fault(e, file)  # no permission, too many open files: said as such, not as corruption
+        raise UsageError(str(fault) if fault else f"checkpoint file {file} is corrupt or unreadable ({e})") from None

@@ -12,7 +12,11 @@ Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
 stderr naming the problem and what is allowed, and exit status 2; a value of
 the wrong type is said from the option's declared type, in the words of
-mixit's own checks (``train.steps: expected an integer, got 'ten'``).
+mixit's own checks (``train.steps: expected an integer, got 'ten'``). A fault of
+the machine (a full disk, no permission, ...: `mixit.errors.machine_fault`) is
+one line too: exit status 2 when a check finds it before any work, 1 once work
+is under way, with what continues the work (docs/reliability.md, "Faults of the
+machine").
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ from mixit.analysis.signal import format_signal, signal_command
 from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
 from mixit.config import ModelConfig, TrainConfig
-from mixit.distributed import BadEnvironment, Dist, env_world, refusal_said
-from mixit.errors import UsageError, show_warning
+from mixit.distributed import BadEnvironment, Dist, env_world, fault_said, refusal_said
+from mixit.errors import UsageError, machine_fault, show_warning
 from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
 from mixit.export import export_run
 from mixit.flags import Option, Parser, arguments, call, help_default, one_line, task_params
@@ -157,6 +161,10 @@ class Command:
     """Its line in ``mixit --help``."""
     interrupted: str = "a run continues from its last checkpoint with --resume --out RUN_DIR"
     """What its user can do after a Ctrl-C."""
+    again: str = "run the command again"
+    """What continues its work once a fault of the machine (a full disk) is mended, where the fault does not say."""
+    writes: str | None = None
+    """Its option naming where it writes: a fault of the machine whose error names no file is said of that path."""
 
 
 def command(
@@ -178,7 +186,10 @@ def command(
 
 COMMANDS: dict[str, Command] = {
     "train": Command(
-        cmd_train, train_parser, "Train a model on a task under a variant (`mixit list` names the choices)."
+        cmd_train,
+        train_parser,
+        "Train a model on a task under a variant (`mixit list` names the choices).",
+        writes="out",
     ),
     "eval": command(
         evaluate_run,
@@ -190,40 +201,49 @@ COMMANDS: dict[str, Command] = {
         analyze_run,
         "Score the heads, draw the attention maps and measure the signal propagation of a trained run.",
         lambda result, args: print(f"{result['summary'].strip()}\n\nwritten to {result['out_dir']}"),
+        writes="run_dir",
     ),
     "signal": command(
         signal_command,
         "Measure how alike token representations grow with depth at initialisation (rank collapse).",
         lambda result, args: print(f"{format_signal(result[0])}\nwritten to " + " and ".join(map(str, result[1]))),
+        writes="out",
     ),
     "bench": command(
         bench_command,
         "Measure training throughput, memory and MFU of each variant, beside a Hugging Face Llama.",
         show_bench,
         {"progress": lambda message: print(f"... {message}", file=sys.stderr, flush=True)},
+        writes="out",
     ),
     "reproduce": command(
         reproduce,
         "Run the paper's comparison (or a study file of your own) and write its report.",
         lambda result, args: print(result.get("listing") or result["text"]),
         interrupted="the same command again resumes the study, each run from its last checkpoint",
+        again="the same command again resumes the study, each run from its last checkpoint "
+        "(with --retry-failed, the runs that failed too)",
+        writes="out",
     ),
     "report": command(
         report,
         "Write the report of a study from the runs that have finished.",
         lambda result, args: print(result["text"]),
+        writes="study_dir",
     ),
     "export": command(
         export_run,
         "Write a run's model as a Hugging Face directory: a transformers Llama (--to hf) or one for "
         "Transformer.from_pretrained (--to hub).",
         lambda result, args: print(f"written to {result}"),
+        writes="out",
     ),
     "export-logs": command(
         export_logs,
         "Send the logs of a run trained without a tracking sink, or of every run of a study, to TensorBoard, "
         "W&B, MLflow or trackio.",
         show_export_logs,
+        writes="directory",
     ),
     "list": command(catalogue_text, "List the tasks with their parameters, the variants and the recipes."),
 }
@@ -279,16 +299,33 @@ def run_command(argv: Sequence[str] | None) -> int:
     except ArgumentError as e:
         return refuse(f"{prog}: error: {one_line(e)}", world)
     command = parsed["command"]
+    options = dict(parsed.get(command) or {})
     tune_allocator()
     try:
-        return COMMANDS[command].run(dict(parsed.get(command) or {}))
+        return COMMANDS[command].run(options)
     except BadEnvironment as e:  # this process's own environment (its LOCAL_RANK names no GPU, say): all say it
         return refuse(f"mixit {command}: error: {e}", Dist())
     except UsageError as e:
         return refuse(f"mixit {command}: error: {e}", world)
+    except Exception as e:  # a fault of the machine met once work was under way; anything else is raised again
+        return say_fault(command, e, options, world)
     except KeyboardInterrupt:
         print(f"mixit {command}: interrupted; {COMMANDS[command].interrupted}", file=sys.stderr)
         return 130
+
+
+def say_fault(command: str, error: Exception, options: Mapping[str, Any], world: Dist) -> int:
+    """Exit status 1 for a fault of the machine met during work (`mixit.errors.machine_fault`): one line, said by
+    the process that met it, naming where the command writes (`Command.writes`) if the error names no file, and
+    what continues the work. Under torchrun a process whose collectives failed because another stopped on a fault
+    leaves without a word (`fault_said`). Any other error is raised again: its traceback is what finds a bug."""
+    writes, again = COMMANDS[command].writes, COMMANDS[command].again
+    fault = machine_fault(error, options.get(writes) if writes else None, again)
+    if fault is not None:
+        print(f"mixit {command}: error: {fault}", file=sys.stderr, flush=True)
+    if fault_said(world, said=fault is not None):
+        return 1
+    raise error
 
 
 def refuse(message: str, world: Dist) -> int:

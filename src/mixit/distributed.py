@@ -13,7 +13,9 @@ than one process MASTER_ADDR and MASTER_PORT too, or `BadEnvironment` says
 which variable is wrong; every process says it, since there may be no rank 0
 to. A refusal otherwise is said by rank 0 alone, and `refusal_said` keeps the
 other ranks alive until it has been said and rank 0 has exited: torchrun
-stops every process when the first one exits.
+stops every process when the first one exits. A fault of the machine met
+during work is said by the process that met it, and the others, whose
+collectives fail when it exits, leave without a word (`fault_said`).
 """
 
 from __future__ import annotations
@@ -136,9 +138,7 @@ def refusal_said(dist: Dist) -> None:
         return
     key = f"{REFUSAL_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     try:
-        store = td.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=REFUSAL_WAIT
-        )
+        store = _agent_store()
         if dist.main:
             store.set(key, "1")
             return
@@ -149,6 +149,32 @@ def refusal_said(dist: Dist) -> None:
     # status 2 then, the status of a refusal, which torchrun reports for every rank.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(2))
     time.sleep(REFUSAL_WAIT.total_seconds())
+
+
+FAULT_KEY = "mixit/fault-said"
+
+
+def _agent_store() -> td.TCPStore:
+    """torchrun's own store (TORCHELASTIC_USE_AGENT_STORE), which outlives the processes it started."""
+    return td.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=REFUSAL_WAIT)
+
+
+def fault_said(dist: Dist, said: bool) -> bool:
+    """Under torchrun, after a fault of the machine stopped work: this process has `said` it (it met it), and posts
+    that in torchrun's store; or it has not, and returns whether another process has, so that it leaves quietly.
+    It met no fault of its own: its collectives failed because the process that met one exited (gloo: "Connection
+    closed by peer"), and that process has said why. Elsewhere returns `said`."""
+    if not dist.active or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return said
+    key = f"{FAULT_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    try:
+        store = _agent_store()
+        if said:
+            store.set(key, "1")
+            return True
+        return bool(store.check([key]))
+    except RuntimeError:  # the store is gone: torchrun is stopping the job
+        return said
 
 
 def barrier(dist: Dist) -> None:

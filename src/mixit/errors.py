@@ -1,9 +1,17 @@
-"""The one exception type for bad user input, and the category of mixit's own warnings.
+"""The exceptions mixit raises for bad user input and for faults of the machine, and the category of its own
+warnings.
 
 Anything a user can get wrong (an option, a value, a combination, a run
 directory, a checkpoint file) raises `UsageError` before any work starts. The
 CLI prints its message on one line and exits with status 2; the Python API lets
 it propagate.
+
+A fault of the machine (a full disk, no permission, a read-only filesystem, a name too long for its
+filesystem, too many open files: `FAULTS`) is said in one line too, naming the path and what to do
+(`machine_fault`, the one place that words it). Found by a check before any work, it is a refusal like
+any other: `faults_refused` raises it as a UsageError. Met once work is under way, it is a `MachineFault`
+(`faults_said`), which the CLI prints on one line with exit status 1 (docs/reliability.md, "Faults of the
+machine").
 
 What mixit warns about through `warnings.warn` (empty texts skipped in a corpus)
 is a `MixitWarning`: the CLI prints it as one ``mixit: warning: ...`` line, like
@@ -11,9 +19,13 @@ its other warnings; the Python API leaves it to the `warnings` module.
 """
 
 import contextlib
+import errno
 import importlib
+import re
+import resource
 import sys
 from collections.abc import Callable, Iterator
+from os import PathLike
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,6 +35,90 @@ from safetensors import SafetensorError
 
 class UsageError(ValueError):
     """Invalid user input; the message names the problem and what is allowed."""
+
+
+class MachineFault(OSError):
+    """A fault of the machine met while work was under way (a full disk, say): its message is one line naming the
+    path and what to do (`machine_fault`). An OSError, as the error it stands for, with that error's errno."""
+
+
+FAULTS: tuple[type[Exception], ...] = (OSError, SafetensorError)
+"""What a fault of the machine is raised as: an OSError, or safetensors' error, which gives the OS error's number
+only in its message (``I/O error: No space left on device (os error 28)``)."""
+
+ACCESS = "give this user access to it, or choose a path of your own"
+
+RUST_ERRNO = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
+"""Where a SafetensorError's message holds the OS error's number (safetensors' wordings of Rust's io::Error)."""
+
+
+WORDS: dict[int, tuple[str, str, str]] = {
+    errno.ENOSPC: ("no space left on device writing {path}", "no space left on device", "free some space on it"),
+    errno.EDQUOT: ("disk quota exceeded writing {path}", "disk quota exceeded", "free some space within your quota"),
+    errno.EACCES: ("permission denied on {path}", "permission denied", ACCESS),
+    errno.EPERM: ("operation not permitted on {path}", "operation not permitted", ACCESS),
+    errno.EROFS: (
+        "{path} is on a read-only filesystem",
+        "read-only filesystem",
+        "remount it read-write, or choose a path on a writable one",
+    ),
+    errno.ENAMETOOLONG: (
+        "a name in {path} is too long for its filesystem",
+        "a file name is too long for its filesystem",
+        "choose a shorter name",
+    ),
+    errno.EMFILE: (
+        "too many open files in this process opening {path}",
+        "too many open files in this process",
+        "raise its limit ({limit} now) with ulimit -n, or run fewer processes at once",
+    ),
+    errno.ENFILE: (
+        "too many open files on this machine opening {path}",
+        "too many open files on this machine",
+        "close other programs' files, or raise the system's limit (sysctl fs.file-max)",
+    ),
+}
+"""Each fault of the machine by its errno: what happened at {path}, what happened where no path is known, and
+what to do ({limit}: this process's limit of open files)."""
+
+
+def open_files_limit() -> str:
+    """How many files this process may hold open (its soft RLIMIT_NOFILE, what ``ulimit -n`` says)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+
+
+def fault_errno(error: BaseException) -> int | None:
+    """The errno of `error` if it is a fault of the machine (one of `WORDS`), else None."""
+    number: int | None = None
+    if isinstance(error, OSError):
+        number = error.errno
+    elif isinstance(error, SafetensorError) and (found := RUST_ERRNO.search(str(error))):
+        number = int(found.group(1) or found.group(2))
+    return number if number in WORDS else None
+
+
+def machine_fault(error: BaseException, path: str | PathLike[str] | None = None, then: str = "") -> MachineFault | None:
+    """The fault of the machine that `error` is (`fault_errno`), as a MachineFault whose message is one line: what
+    happened at the error's own file (else at `path`; a SafetensorError names none), what to do, and `then` what
+    continues the work, if given. None if `error` is no such fault (a bug, a missing file: not said here). A
+    MachineFault already is one, and is returned as it is."""
+    if isinstance(error, MachineFault):
+        return error
+    number = fault_errno(error)
+    if number is None:
+        return None
+    fault = MachineFault(fault_line(number, getattr(error, "filename", None) or path, then))
+    fault.errno = number
+    return fault
+
+
+def fault_line(number: int, path: str | PathLike[str] | None = None, then: str = "") -> str:
+    """The one line that says the fault of the machine with errno `number` (one of `WORDS`): what happened (at
+    `path`, if known), what to do, and `then` what continues the work, if given."""
+    at, nowhere, fix = WORDS[number]
+    what = at.format(path=path) if path is not None else nowhere
+    return f"{what}; {fix.format(limit=open_files_limit())}" + (f", then {then}" if then else "")
 
 
 def require(module: str, refusal: str) -> ModuleType:
@@ -48,6 +144,32 @@ def show_warning(shown: Callable[..., None], message: Warning | str, category: t
         shown(message, category, *where)
 
 
+@contextlib.contextmanager
+def faults_refused(path: str | PathLike[str] | None = None) -> Iterator[None]:
+    """Within: a fault of the machine is found by a check, before any work, so it is a refusal: raised as a
+    UsageError with its one line (`machine_fault`, at `path` where the error names no file)."""
+    try:
+        yield
+    except FAULTS as e:
+        fault = machine_fault(e, path)
+        if fault is None:
+            raise
+        raise UsageError(str(fault)) from None
+
+
+@contextlib.contextmanager
+def faults_said(path: str | PathLike[str] | None = None, then: str = "") -> Iterator[None]:
+    """Within: a fault of the machine is met while work is under way: raised as a MachineFault with its one line
+    (`machine_fault`: at `path` where the error names no file, and `then` what continues the work)."""
+    try:
+        yield
+    except FAULTS as e:
+        fault = machine_fault(e, path, then)
+        if fault is None or fault is e:
+            raise
+        raise fault from e
+
+
 class DamagedFile(UsageError):
     """A file that mixit wrote and reads back (an export's, a run's) is missing, truncated or corrupt: the message
     names the file, what is wrong with it and what to do (`damaged`)."""
@@ -62,7 +184,8 @@ def damaged(file: Path, remedy: str) -> Iterator[None]:
     JSONDecodeError), KeyError and TypeError (an entry it lacks, or of another type), RuntimeError (torch's
     ``load_state_dict`` on a size mismatch) and safetensors' SafetensorError. A UsageError of mixit's own, which
     names the file already, gets `remedy` added. Code inside should read the file and no more: whatever raises
-    there is said to be the file's fault."""
+    there is said to be the file's fault, but for a fault of the machine (no permission, too many open files:
+    `machine_fault`), which is refused as one: the file is sound, the machine would not let it be read."""
     try:
         yield
     except DamagedFile:
@@ -72,6 +195,9 @@ def damaged(file: Path, remedy: str) -> Iterator[None]:
     except FileNotFoundError:
         raise DamagedFile(f"{file} is missing; {remedy}") from None
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
+        fault = machine_fault(e, file)
+        if fault is not None:
+            raise UsageError(str(fault)) from None
         raise DamagedFile(f"{file} is corrupt or unreadable ({reason_of(e)}); {remedy}") from None
 
 

@@ -47,7 +47,7 @@ from safetensors.torch import load_file
 
 from mixit.checkpoint import mismatch
 from mixit.config import ModelConfig
-from mixit.errors import UsageError, damaged, reason_of, require
+from mixit.errors import UsageError, damaged, faults_said, reason_of, require
 from mixit.experiment import build, read_record
 from mixit.files import check_output_dir, read_json, write_json, write_text
 from mixit.freezing import VARIANTS, query_key
@@ -145,9 +145,9 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
     if to == "hf":
         llama_refusal(run.config.model)
         require("transformers", f"--to hf needs the transformers package: {install_hint('bench')}")
+    check_output_dir(out)
     if out.is_dir() and any(out.iterdir()):
         raise UsageError(f"output directory {out} is not empty; choose a new or empty directory")
-    check_output_dir(out)
     run.summary()  # read for the card: a damaged summary.json is refused before any work
     with quiet_libraries():
         if push_to_hub is not None:
@@ -155,12 +155,13 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
         loaded = run.load("cpu")
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         try:
-            (write_llama if to == "hf" else write_hub)(loaded, tmp)
-            add_to_config(tmp, {EXPORTED: export_record(run, loaded, to)})
-            write_text(tmp / "README.md", model_card(run, loaded, to))
-            os.replace(tmp, out)  # an empty --out is replaced whole
+            with faults_said(out, "run the export again"):  # safetensors names no file: the fault names `out`
+                tmp.mkdir(parents=True)
+                (write_llama if to == "hf" else write_hub)(loaded, tmp)
+                add_to_config(tmp, {EXPORTED: export_record(run, loaded, to)})
+                write_text(tmp / "README.md", model_card(run, loaded, to))
+                os.replace(tmp, out)  # an empty --out is replaced whole
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         if push_to_hub is not None:

@@ -1,9 +1,11 @@
 """Small file helpers shared by everything that writes results: atomic JSON
-and text writes, and JSON reads that fail with one clear line."""
+and text writes, JSON reads that fail with one clear line, the checks of a path
+to write into, and the lock of a directory."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -11,7 +13,7 @@ import re
 from pathlib import Path
 from typing import IO, Any
 
-from mixit.errors import UsageError
+from mixit.errors import UsageError, fault_errno, fault_line, faults_refused
 
 TEMPORARY = re.compile(r"\..+\.[0-9]+\.tmp")
 """The name of `write_text`'s temporary file, ``.NAME.PID.tmp``: one left behind was a killed write's."""
@@ -22,11 +24,18 @@ def write_text(path: Path, text: str) -> None:
     to disk, then renamed over `path`, so a reader (or a crash) sees the old
     file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:  # a failed write (a full disk) leaves no temporary file behind, to fill it further
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename in (None, str(tmp)):  # said of the file written, not its temporary
+            e.filename = str(path)
+        raise
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -35,9 +44,11 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path, what: str) -> Any:
-    """The JSON in `path`; UsageError if it is missing or not valid JSON (`what` names it)."""
+    """The JSON in `path`; UsageError if it is missing, not valid JSON (`what` names it) or cannot be read (a fault
+    of the machine, such as no permission: its one line)."""
     try:
-        return json.loads(Path(path).read_text())
+        with faults_refused(path):
+            return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UsageError(f"{path} does not exist ({what} missing)") from None
     except IsADirectoryError:
@@ -54,11 +65,31 @@ def remove_temporary(directory: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+def check_names(path: Path) -> None:
+    """Refuse `path` before any work if a name in it is too long for its filesystem, where every write would
+    meet ENAMETOOLONG: each name not there yet against the longest name the filesystem that would hold it takes
+    (NAME_MAX, 255 bytes on most), and the whole path against the longest path (PATH_MAX)."""
+    absolute = Path(os.path.abspath(path))
+    existing = absolute
+    while not os.path.exists(existing):  # False for a path that cannot exist, a name too long among them
+        existing = existing.parent
+    new = absolute.relative_to(existing).parts
+    try:
+        longest_name, longest_path = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):  # a filesystem that does not say: the first write will
+        return
+    too_long = any(0 < longest_name < len(os.fsencode(name)) for name in new)  # -1: no limit
+    if too_long or 0 < longest_path <= len(os.fsencode(absolute)):
+        raise UsageError(fault_line(errno.ENAMETOOLONG, path))
+
+
 def check_output_dir(path: Path, names: tuple[str, ...] = ()) -> None:
-    """Refuse `path` as a directory to write `names` into, before any work: it
-    must be a directory (or creatable as one), writable, and not already hold
-    any of `names` (results are never overwritten)."""
+    """Refuse `path` as a directory to write `names` into, before any work: its
+    names not too long for its filesystem (`check_names`), it must be a directory
+    (or creatable as one), writable, and not already hold any of `names`
+    (results are never overwritten)."""
     path = Path(path)
+    check_names(path)
     if path.exists() and not path.is_dir():
         raise UsageError(f"output path {path} exists and is not a directory")
     for name in names:
@@ -76,8 +107,10 @@ def check_output_dir(path: Path, names: tuple[str, ...] = ()) -> None:
     try:
         probe.touch()
         probe.unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write to {path}: {existing} is not writable ({e.strerror})") from None
+    except OSError as e:  # said of the directory, not of the probe
+        number = fault_errno(e)
+        reason = fault_line(number, existing) if number is not None else f"{existing} is not writable ({e.strerror})"
+        raise UsageError(f"cannot write to {path}: {reason}") from None
     with contextlib.suppress(OSError):  # not this directory's owner: its times stay changed
         os.utime(existing, ns=(before.st_atime_ns, before.st_mtime_ns))
 
@@ -103,8 +136,10 @@ class DirectoryLock:
     def acquire(self, stamp: bool = True) -> None:
         """Take the lock, or refuse with one line naming the holder's pid; `stamp` records this process's pid at
         once (else `stamp` does, when the holder starts to change the directory). The lock file is created if
-        missing."""
-        handle = open(self.path, "a+")
+        missing; a fault of the machine (no permission on another user's directory, a read-only filesystem) is
+        refused in one line."""
+        with faults_refused(self.path):
+            handle = open(self.path, "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -55,9 +55,17 @@ from mixit.checkpoint import (
     partial_checkpoints,
 )
 from mixit.config import flatten
-from mixit.errors import UsageError, damaged, require
+from mixit.errors import UsageError, damaged, faults_refused, require
 from mixit.experiment import RunConfig, build, read_record, read_request_file, record
-from mixit.files import DirectoryLock, check_output_dir, read_json, remove_temporary, write_json, write_text
+from mixit.files import (
+    DirectoryLock,
+    check_names,
+    check_output_dir,
+    read_json,
+    remove_temporary,
+    write_json,
+    write_text,
+)
 from mixit.models import Transformer
 from mixit.runtime import resolve_device
 from mixit.tasks import Task
@@ -161,6 +169,7 @@ class Run:
     def check_new(cls, path: str | Path) -> None:
         """Refuse `path` as the directory of a new run unless it is absent or empty (and creatable)."""
         path = Path(path)
+        check_names(path)
         if path.exists() and not path.is_dir():
             raise UsageError(f"output path {path} exists and is not a directory")
         if (path / CONFIG).exists():
@@ -180,21 +189,23 @@ class Run:
 
         The directory is created and locked first and checked second, so two
         processes starting a run in one directory cannot both succeed. If the
-        check fails, what was created is removed again.
+        check fails, or the machine does (a full disk writing config.json: a
+        refusal, since no work has begun), what was created is removed again.
         """
         cls.check_new(path)
         run = cls(path)
         made = not run.path.exists()
-        run.path.mkdir(parents=True, exist_ok=True)
         try:
-            run.acquire()
-            cls.check_new(path)
+            with faults_refused(run.path):
+                run.path.mkdir(parents=True, exist_ok=True)
+                run.acquire()
+                cls.check_new(path)
+                write_json(run.config_path, record(cfg))
         except UsageError:
             run.release()
             if made:
                 shutil.rmtree(run.path, ignore_errors=True)
             raise
-        write_json(run.config_path, record(cfg))
         run._config = cfg
         return run
 
@@ -223,10 +234,12 @@ class Run:
     def open(cls, path: str | Path) -> Run:
         """An existing run directory (it must hold a readable config.json)."""
         run = cls(path)
-        if not run.path.is_dir():
-            raise UsageError(f"run directory {run.path} does not exist")
-        if not run.config_path.exists():
-            raise UsageError(f"{run.path} holds no mixit run (no {CONFIG})")
+        check_names(run.path)
+        with faults_refused(run.path):
+            if not run.path.is_dir():
+                raise UsageError(f"run directory {run.path} does not exist")
+            if not run.config_path.exists():
+                raise UsageError(f"{run.path} holds no mixit run (no {CONFIG})")
         if is_export(run.path):
             raise UsageError(
                 f"{run.path} is a mixit export, not a run: load it with mixit.load({str(run.path)!r}), "

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mixit.errors import UsageError
-from mixit.files import DirectoryLock, read_json
+from mixit.files import DirectoryLock, check_names, read_json
 from mixit.run import Run
 
 RECORD = "study.json"
@@ -37,6 +37,7 @@ def check_out(study_dir: Path, name: str, fingerprint: str, grows: Callable[[Any
     A directory holding a `mixit train` run, another study, or files of a user's own is refused: the
     study would write into it, and its report would overwrite a report.md, results.csv or checks.json there."""
     study_dir = Path(study_dir)
+    check_names(study_dir)
     if study_dir.exists() and not study_dir.is_dir():
         raise UsageError(f"output path {study_dir} exists and is not a directory")
     if not study_dir.exists():

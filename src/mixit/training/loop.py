@@ -35,6 +35,8 @@ summary, from rank 0.
 
 from __future__ import annotations
 
+import contextlib
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -48,7 +50,7 @@ from tqdm.auto import tqdm
 
 from mixit.checkpoint import load_model_state, load_training_state, save_checkpoint
 from mixit.distributed import Dist, all_sum, barrier, broadcast, check_identical, env_world, setup, split, teardown
-from mixit.errors import UsageError
+from mixit.errors import FAULTS, UsageError, faults_refused, faults_said
 from mixit.experiment import RunConfig, build
 from mixit.freezing import FreezeReport
 from mixit.models import Transformer
@@ -185,17 +187,20 @@ class Launch:
 
 def _train(cfg: RunConfig, launch: Launch, dist: Dist, dev: torch.device) -> dict[str, Any]:
     """Check everything, then create (or reopen) the run directory, build what trains, and run the session; the
-    run stays locked meanwhile."""
+    run stays locked meanwhile. A fault of the machine met from then on (a full disk) is a `MachineFault` that
+    says how to continue the run."""
     run, per_rank, (task, model, report) = _checked(cfg, launch, dist, dev)
+    resume = f"mixit train --resume --out {shlex.quote(str(launch.run_dir))}"
     try:
-        if dist.main and run is None:
-            run = Run.create(launch.run_dir, cfg)  # created and locked
-            task.save_artifacts(run.path)
-        model.to(dev)
-        check_identical(model, dist)
-        optimizer = build_optimizer(model, cfg.train, dev)
-        tr = Training(cfg, task, model, report, optimizer, Precision(cfg.train.dtype, dev), dist, dev, per_rank)
-        return train_session(tr, launch, run)
+        with faults_said(launch.run_dir, f"`{resume}` continues the run from its last checkpoint"):
+            if dist.main and run is None:
+                run = Run.create(launch.run_dir, cfg)  # created and locked; a fault here is a refusal, nothing left
+                task.save_artifacts(run.path)
+            model.to(dev)
+            check_identical(model, dist)
+            optimizer = build_optimizer(model, cfg.train, dev)
+            tr = Training(cfg, task, model, report, optimizer, Precision(cfg.train.dtype, dev), dist, dev, per_rank)
+            return train_session(tr, launch, run)
     finally:
         if run is not None:
             run.release()
@@ -211,22 +216,23 @@ def _checked(
     run: Run | None = None
     refusal: str | None = None
     try:
-        per_rank = split(tc.batch_size, dist, tc.grad_accum)
-        if dist.main:
-            run = Run.open(launch.run_dir) if launch.resume else None
-            if run is not None:
-                run.acquire(stamp=False)  # before anything is read: one process per run; nothing written yet
-                run.check_same(cfg)
-            else:
-                Run.check_new(launch.run_dir)
-        check_memory(
-            "this run",
-            training_parts(cfg.model, per_rank, tc.eval_batch_size, cfg.test_size),
-            dev,
-            "lower batch_size, eval_batch_size, test_size or the model's size, or raise grad_accum",
-        )
-        built = build(cfg, launch.run_dir if launch.resume else None)
-        built[0].train_batch(0, tc.batch_size)  # a task that cannot make training data is refused before any write
+        with faults_refused(launch.run_dir):  # a fault of the machine found by a check is a refusal too
+            per_rank = split(tc.batch_size, dist, tc.grad_accum)
+            if dist.main:
+                run = Run.open(launch.run_dir) if launch.resume else None
+                if run is not None:
+                    run.acquire(stamp=False)  # before anything is read: one process per run; nothing written yet
+                    run.check_same(cfg)
+                else:
+                    Run.check_new(launch.run_dir)
+            check_memory(
+                "this run",
+                training_parts(cfg.model, per_rank, tc.eval_batch_size, cfg.test_size),
+                dev,
+                "lower batch_size, eval_batch_size, test_size or the model's size, or raise grad_accum",
+            )
+            built = build(cfg, launch.run_dir if launch.resume else None)
+            built[0].train_batch(0, tc.batch_size)  # a task that cannot make training data is refused before any write
     except UsageError as e:
         refusal = str(e)
     refusal = broadcast(refusal, dist)
@@ -308,7 +314,8 @@ def train_session(tr: Training, launch: Launch, run: Run | None) -> dict[str, An
         if run is not None:
             run.write_summary(summary)
     except BaseException:
-        logs.close(None)  # the session ends without a summary; the sinks' run goes on when it is resumed
+        with contextlib.suppress(*FAULTS):  # closing may fail as the session did (a full disk): that is said once
+            logs.close(None)  # the session ends without a summary; the sinks' run goes on when it is resumed
         raise
     logs.close(summary)
     return summary
