@@ -333,6 +333,7 @@ def execute(
     `Pool.sized`), then its extras; return a tally. `logger`: tracking sinks every run is sent to as well,
     grouped under the study's name and named readably, in `naming`'s project (`mixit.tracking.study_grouping`).
     `announce` is called once every check has passed, before the first write (`reproduce` says the study's size).
+    Why so many parameters: each is a choice callers make apart, and an options object would only move them.
 
     The runs go in stages, each planned from the runs finished before it (`_stages`). With `search`, the runs
     that declare candidates are searched (`mixit.study.search`): their rung-0 screening runs train beside the

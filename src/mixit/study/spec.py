@@ -417,6 +417,21 @@ def _parse_error(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
+def _screening(data: Mapping[str, Any], path: Path) -> tuple[float, dict[str, int]]:
+    """A study file's screen_fraction and screen_min_steps, checked."""
+    fraction = data.get("screen_fraction", 0.25)
+    check(
+        is_a(float, fraction) and 0 < fraction <= 1,
+        f"study file {path}: screen_fraction must be a number in (0, 1], got {fraction!r}",
+    )
+    least = data.get("screen_min_steps", {})
+    check(
+        isinstance(least, dict) and all(is_a(int, v) and v >= 1 for v in least.values()),
+        f"study file {path}: screen_min_steps must be a table of task names to positive integers, got {least!r}",
+    )
+    return float(fraction), dict(least)
+
+
 def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, max_runs: int = MAX_RUNS) -> Study:
     """A user's study from a TOML or YAML file (module docstring, docs/studies.md); `seeds` (when given) overrides
     the file's, and the seeds start at `first_seed`. One of more than `max_runs` final runs is refused before it is
@@ -450,16 +465,7 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, m
             isinstance(values, list) and len(values) > 0,
             f"study file {path}: search key {key} must list one candidate or more, got {values!r}",
         )
-    fraction = data.get("screen_fraction", 0.25)
-    check(
-        is_a(float, fraction) and 0 < fraction <= 1,
-        f"study file {path}: screen_fraction must be a number in (0, 1], got {fraction!r}",
-    )
-    least = data.get("screen_min_steps", {})
-    check(
-        isinstance(least, dict) and all(is_a(int, v) and v >= 1 for v in least.values()),
-        f"study file {path}: screen_min_steps must be a table of task names to positive integers, got {least!r}",
-    )
+    fraction, least = _screening(data, path)
     extend = budget_multiples(data.get("extend", []), f"study file {path}: ")
     chosen = seed_range(n_seeds, first_seed)
     cells = math.prod(len(values) if isinstance(values, list) else 1 for values in axes.values())  # grid checks
@@ -475,8 +481,8 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, m
         "file",
         n_seeds,
         first_seed,
-        screen_fraction=float(fraction),
-        screen_min_steps=dict(least),
+        screen_fraction=fraction,
+        screen_min_steps=least,
         extend=extend,
         rebuild=lambda more, first: load_study_file(path, more, first, max_runs),
     )
