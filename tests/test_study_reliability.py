@@ -263,7 +263,7 @@ def test_a_killed_studys_workers_die_with_it_and_its_runs_resume(tmp_path):
     proc, args, workers = start_pool_study(tmp_path, steps=400)
     proc.send_signal(signal.SIGKILL)  # its workers are still stopped: the kernel's SIGKILL ends them all the same
     proc.wait()
-    left = wait_gone(workers)
+    left = wait_gone(workers, 60.0)  # a bound, not a speed: the kernel kills them at once
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, "pool workers outlived their study"
@@ -283,4 +283,4 @@ def test_a_sigint_to_the_study_alone_stops_its_workers_cleanly(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert not wait_gone(workers, 5.0)
+    assert not wait_gone(workers, 60.0)  # a bound, not a speed: the study's SIGKILL follows its SIGTERM at 30 s
