@@ -114,6 +114,18 @@ def test_transformer_lens_gives_the_same_logits_and_stream(model):
     assert_close(cache["blocks.1.attn.hook_pattern"], ours["blocks.1.attn.hook_pattern"], terms=terms, scale=scores)
 
 
+def trained(model, steps, lr=1e-2):
+    """`model` after `steps` AdamW steps of next-token prediction on random tokens (its trainable parameters)."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    for step in range(steps):
+        x = tokens(seed=step, batch=4)
+        loss = torch.nn.functional.cross_entropy(model(x)[:, :-1].flatten(0, 1), x[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model
+
+
 def test_transformer_lens_converts_a_trained_variant():
     """frozen_qk after some optimizer steps (its queries and keys stay at their initialisation)."""
     from mixit.freezing import apply_variant
@@ -121,15 +133,34 @@ def test_transformer_lens_converts_a_trained_variant():
 
     model = tiny(bias=False, init_std=0.02)
     apply_variant(model, "frozen_qk")
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for step in range(5):
-        x = tokens(seed=step, batch=4)
-        loss = torch.nn.functional.cross_entropy(model(x)[:, :-1].flatten(0, 1), x[:, 1:].flatten())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    trained(model, steps=5)
     x = tokens(seed=9)
     assert_close(to_transformer_lens(model)(x), model(x), terms=forward_terms(model.cfg))
+
+
+def test_every_hook_point_mixit_shares_with_the_bridge_holds_the_same_value_on_a_trained_model():
+    """Trained norm gains (away from 1) and biases: each of mixit's hook points is the bridge's of that name, with
+    TransformerLens's meaning. ``ln_final.hook_normalized`` is the normalized stream before the norm's gain, and
+    ``hook_attn_out`` and ``hook_mlp_out`` are the bridge's divided by ``branch_scale``, which the conversion folds
+    into the weights (docs/interop.md, "TransformerLens")."""
+    from mixit.interop import to_transformer_lens
+
+    model = trained(with_biases(tiny(width_scaling=True, branch_scale=0.5)), steps=20, lr=3e-2)
+    assert (model.norm_f.weight - 1).abs().max() > 0.2  # far from the untrained gain of 1 that hid a difference
+    x = tokens(seed=9)
+    _, theirs = to_transformer_lens(model).run_with_cache(x)
+    _, ours = model.run_with_cache(x)
+    assert set(ours) <= set(theirs)  # a softmax model's hook points are all among the bridge's
+    terms = forward_terms(model.cfg)
+    for name, value in ours.items():
+        scale = None  # each tensor's own magnitude
+        if name.endswith(("hook_attn_out", "hook_mlp_out")):
+            value = model.cfg.branch_scale * value  # 0.5: exact
+        if name.endswith("hook_pattern"):  # the scores' scale, as in the logits test above
+            layer = name.removesuffix("attn.hook_pattern")
+            q, k = (theirs[f"{layer}attn.hook_{n}"].norm(dim=-1).max() for n in "qk")
+            scale = q * k / math.sqrt(model.cfg.d_head)
+        assert_close(theirs[name], value, terms=terms, scale=scale, msg=name)
 
 
 def test_transformer_lens_reads_a_trained_run_by_its_token_names(tmp_path):

@@ -142,8 +142,25 @@ def test_run_with_cache_names_the_stream_as_transformer_lens_and_is_bit_identica
         c = {name: cache[f"blocks.{i}.{name}"] for name in STREAM_HOOKS}
         assert torch.equal(c["hook_resid_mid"], c["hook_resid_pre"] + c["hook_attn_out"])
         assert torch.equal(c["hook_resid_post"], c["hook_resid_mid"] + c["hook_mlp_out"])
-    assert torch.equal(cache["ln_final.hook_normalized"], model.norm_f(cache["blocks.1.hook_resid_post"]))
+    normalized = cache["ln_final.hook_normalized"]  # before the gain, which is 1 here
+    assert torch.equal(normalized * model.norm_f.weight, model.norm_f(cache["blocks.1.hook_resid_post"]))
     assert not any(hook.active for hook in model.modules() if hasattr(hook, "active"))  # hooks removed
+
+
+def test_ln_final_hook_normalized_is_the_stream_before_the_gain_which_applies_to_a_replacement_too():
+    """TransformerLens's meaning of the name: h / rms(h), the final norm's gain multiplied in afterwards."""
+    model = Transformer(tiny()).eval()
+    with torch.no_grad():
+        model.norm_f.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(0))  # as if trained
+    x = torch.randint(0, 13, (2, 16), generator=torch.Generator().manual_seed(3))
+    logits, cache = model.run_with_cache(x, names_filter=["blocks.1.hook_resid_post", "ln_final.hook_normalized"])
+    h, normalized = cache["blocks.1.hook_resid_post"], cache["ln_final.hook_normalized"]
+    rms = h.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()  # (B, T, 1): a mean of d_model squares
+    assert_close(normalized, h / rms, terms=model.cfg.d_model)
+    assert_close(logits, model(x), terms=forward_terms(model.cfg))  # normalisation, then gain: the same product
+    ones = torch.ones_like(normalized)
+    patched = model.run_with_hooks(x, fwd_hooks=[("ln_final.hook_normalized", lambda a, hook: ones)])
+    assert torch.equal(patched, model.lm_head(ones * model.norm_f.weight))
 
 
 def test_run_with_cache_with_all_hook_points_includes_patterns_and_keeps_gradients():

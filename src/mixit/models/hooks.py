@@ -8,7 +8,7 @@ here:
     hook_embed, hook_pos_embed (MixiT only: learned positions)
     blocks.{i}.hook_resid_pre, blocks.{i}.hook_attn_out, blocks.{i}.hook_resid_mid,
     blocks.{i}.hook_mlp_out, blocks.{i}.hook_resid_post, blocks.{i}.attn.hook_pattern
-    ln_final.hook_normalized
+    ln_final.hook_normalized (the final stream normalized, before the norm's gain, as in TransformerLens)
 
 A hook point is an identity module: with nothing attached it costs one module
 call. Every attention kind passes its (B, H, T, T) pattern through its

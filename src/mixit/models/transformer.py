@@ -92,8 +92,8 @@ class Transformer(nn.Module, PyTorchModelHubMixin, library_name="mixit", tags=["
         self.hook_pos_embed = HookPoint() if learned_positions else None
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.norm_f = nn.RMSNorm(cfg.d_model, eps=1e-6)
-        # The final norm's output, named as TransformerLens names it; the holder has no parameters, so the
-        # saved state is unchanged.
+        # The final norm's normalized stream, before its gain (`final_norm`), named as TransformerLens names it;
+        # the holder has no parameters, so the saved state is unchanged.
         self.ln_final = nn.ModuleDict({"hook_normalized": HookPoint()})
         # The head is width-scaled like the block linears when the config says so (the reference's ScaledLinear).
         head_cfg = cfg if cfg.width_scale_head else dataclasses.replace(cfg, width_scaling=False)
@@ -162,10 +162,26 @@ class Transformer(nn.Module, PyTorchModelHubMixin, library_name="mixit", tags=["
             h = h + self.hook_pos_embed(self.pos_embed.weight[:T].expand(tokens.shape[0], -1, -1))
         for block in self.blocks:
             h = block(h, valid)
-        h = self.ln_final["hook_normalized"](self.norm_f(h))
+        h = self.final_norm(h)
         if cfg.head == "lm":
             return self.lm_head(h)  # (B, T, vocab_size)
         return self.classifier(self.pool(h, valid))  # (B, n_classes)
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """norm_f(h) (B, T, d_model), passing the stream normalized, before norm_f's gain, through
+        ``ln_final.hook_normalized``.
+
+        That is TransformerLens's meaning of the name (its RMSNorm hooks x / rms(x) and multiplies by the gain
+        afterwards; with ``fold_ln`` the gain moves into the unembedding), so the bridge's hook holds the same
+        tensor on a trained model, whose gains are not 1, and a replacement is normalized, the gain still
+        applied. Unwatched, norm_f runs as one module; watched, as normalisation then gain, the same product
+        (bit for bit where torch's RMSNorm multiplies by the gain last, as its CPU kernel does).
+        """
+        hook = self.ln_final["hook_normalized"]
+        if not typing.cast(HookPoint, hook).active:
+            return self.norm_f(h)
+        normalized = F.rms_norm(h, self.norm_f.normalized_shape, None, self.norm_f.eps)  # (B, T, d_model)
+        return hook(normalized) * self.norm_f.weight
 
     def pool(self, h: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
         """(B, T, d_model) -> (B, d_model): the last real token, or the mean over real tokens (cfg.pooling).
