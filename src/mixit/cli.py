@@ -42,7 +42,7 @@ from mixit.config import ModelConfig, TrainConfig
 from mixit.distributed import BadEnvironment, Dist, env_world, fault_said, refusal_said
 from mixit.errors import UsageError, machine_fault, show_warning
 from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
-from mixit.export import export_run
+from mixit.export import export_run, hub_url
 from mixit.flags import Option, Parser, arguments, call, help_default, one_line, task_params
 from mixit.generate import sample_run
 from mixit.plugins import load_plugins
@@ -142,6 +142,12 @@ def show_bench(result: tuple[Any, Path], args: Mapping[str, Any]) -> None:
     print(f"written to {result[1]}")
 
 
+def show_export(out: Path, args: Mapping[str, Any]) -> None:
+    print(f"written to {out}")
+    if args.get("push_to_hub"):
+        print(f"pushed to {args['push_to_hub']} ({hub_url(args['push_to_hub'])})")
+
+
 def show_export_logs(result: Mapping[str, Any], args: Mapping[str, Any]) -> None:
     for path in result["runs"]:
         print(f"sent {path} to {', '.join(result['sinks'])}")
@@ -235,7 +241,7 @@ COMMANDS: dict[str, Command] = {
         export_run,
         "Write a run's model as a Hugging Face directory: a transformers Llama (--to hf) or one for "
         "Transformer.from_pretrained (--to hub).",
-        lambda result, args: print(f"written to {result}"),
+        show_export,
         writes="out",
     ),
     "export-logs": command(

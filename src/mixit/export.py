@@ -460,6 +460,13 @@ def push(out: Path, repo_id: str) -> None:
         ) from None
 
 
+def hub_url(repo_id: str) -> str:
+    """The page of Hub model `repo_id` at huggingface_hub's endpoint (``HF_ENDPOINT``, huggingface.co by default)."""
+    from huggingface_hub import HfApi
+
+    return f"{HfApi().endpoint}/{repo_id}"
+
+
 # -- the model card ---------------------------------------------------------------------------
 
 
