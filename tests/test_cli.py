@@ -4,6 +4,7 @@ function, and one-line refusals of bad input with exit status 2."""
 import dataclasses
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -13,8 +14,10 @@ from typing import Any
 import pytest
 from jsonargparse import ArgumentError
 
+import mixit.training.loop
 from mixit.cli import call, command_parser, main
 from mixit.errors import UsageError
+from mixit.training.loop import accumulated_step
 
 TINY = [
     "--task",
@@ -62,6 +65,26 @@ def test_resume_from_the_command_line(tmp_path, capsys):
     assert code == 0 and "after 6 steps" in out  # complete run: resume reports it, trains nothing
     code, _, err = run_cli(["train", "--resume", "--out", run, "--lr", "0.5"], capsys)
     assert code == 2 and "holds a different run" in err and "train.lr" in err
+
+
+def test_an_interrupted_training_names_the_command_that_continues_it(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during step 4 of 6: one line naming the run's own directory, quoted for the shell, and that command
+    continues the run from its checkpoint at step 2."""
+    run, steps = tmp_path / "my run", []
+
+    def step_until_ctrl_c(*args):
+        if len(steps) == 3:
+            raise KeyboardInterrupt
+        steps.append(args)
+        return accumulated_step(*args)
+
+    monkeypatch.setattr(mixit.training.loop, "accumulated_step", step_until_ctrl_c)
+    code, _, err = run_cli(["train", *TINY, "--checkpoint-every", "2", "--out", str(run)], capsys)
+    resume = f"mixit train --resume --out '{run}'"
+    assert (code, err) == (130, f"mixit train: interrupted; `{resume}` continues the run from its last checkpoint\n")
+    monkeypatch.undo()
+    code, out, _ = run_cli([*shlex.split(resume)[1:], "--no-progress"], capsys)
+    assert code == 0 and "after 6 steps" in out
 
 
 def test_list_names_every_task_and_variant(capsys):

@@ -342,9 +342,9 @@ print(json.dumps({"task": loaded.cfg.task, "variant": loaded.cfg.variant, "logit
 
 def test_push_to_hub_uploads_the_export_and_load_reads_it_back(runs, tmp_path):
     """`--push-to-hub` against a Hub on localhost (tests/hub_server.py) through huggingface_hub itself: the repo
-    is created private, every exported file arrives byte for byte, and `mixit.load(repo id)` downloads it and
-    gives the run's logits. The commands run in fresh processes, as huggingface_hub reads its endpoint and
-    offline flag when imported."""
+    is created private, every exported file arrives byte for byte, the command says the repo and its URL at that
+    endpoint, and `mixit.load(repo id)` downloads it and gives the run's logits. The commands run in fresh
+    processes, as huggingface_hub reads its endpoint and offline flag when imported."""
     run_dir, out = runs["addition", "mixit"], tmp_path / "pushed"
     hub = Hub()
     env = {
@@ -355,6 +355,7 @@ def test_push_to_hub_uploads_the_export_and_load_reads_it_back(runs, tmp_path):
         "HF_TOKEN": "hf_local_test_token",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "NO_PROXY": "127.0.0.1",
+        "PYTHONPATH": str(Path(mixit.__file__).parents[1]),  # the mixit under test, not another one installed
     }
 
     def mixit_process(*argv: str) -> subprocess.CompletedProcess:
@@ -367,6 +368,7 @@ def test_push_to_hub_uploads_the_export_and_load_reads_it_back(runs, tmp_path):
             "-m", "mixit", "export", str(run_dir), "--to", "hub", "--out", str(out), "--push-to-hub", "me/add"
         )
         assert pushed.returncode == 0, pushed.stderr[-2000:]
+        assert pushed.stdout.splitlines() == [f"written to {out}", f"pushed to me/add ({hub.endpoint}/me/add)"]
         repo = hub.repos["me/add"]
         assert repo.private and len(repo.commits) == 1
         written = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}

@@ -3,6 +3,8 @@ it: `mixit.checkpoint` its checkpoints, `mixit.tracking` its tracking.json), and
 run (its state, its summary, its analysis) are answered by `Run`."""
 
 import ast
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from mixit import Run, run_config, train
 from mixit.errors import UsageError
+from mixit.export import export_run
 from mixit.run import FIGURES
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "mixit"
@@ -182,3 +185,22 @@ def test_metrics_frame_of_a_run_without_events_or_without_a_run(tmp_path, monkey
     assert str(refused.value) == (
         "a DataFrame needs pandas, which is not installed: pip install 'mixit-transformers[notebook]'"
     )
+
+
+def test_every_file_of_a_run_and_its_exports_has_the_mode_open_gives(tmp_path):
+    """Weights included (safetensors writes them 0600 through a temporary file): under umask 022 every file is
+    0644, as `open(path, "w")` makes it, so that a group on a cluster reads a run's checkpoints and exports."""
+    before = os.umask(0o022)
+    try:
+        train(tiny_cfg(), tmp_path / "r", progress=False)
+        export_run(tmp_path / "r", "hub", tmp_path / "hub")
+        export_run(tmp_path / "r", "hf", tmp_path / "hf")
+        with open(tmp_path / "plain", "w"):
+            pass
+    finally:
+        os.umask(before)
+    assert oct(stat.S_IMODE((tmp_path / "plain").stat().st_mode)) == "0o644"
+    files = {p.relative_to(tmp_path).as_posix(): oct(stat.S_IMODE(p.stat().st_mode)) for p in tmp_path.rglob("*")}
+    files = {name: mode for name, mode in files.items() if (tmp_path / name).is_file()}
+    assert "r/checkpoints/step_0000002/optimizer.safetensors" in files and "hf/model.safetensors" in files
+    assert files == dict.fromkeys(files, "0o644")

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from mixit.errors import UsageError, damaged, machine_fault
-from mixit.files import read_json, write_json, write_text
+from mixit.files import give_open_mode, read_json, write_json, write_text
 from mixit.precision import Precision
 
 LATEST = "latest"
@@ -178,6 +178,7 @@ def _write_files(
     scaler = precision.state_dict() if precision is not None else {}
     write_json(directory / STATE, {"step": step, "optimizer": opt_meta, "scaler": scaler, "keep": keep})
     for file in (MODEL, OPTIMIZER):
+        give_open_mode(directory / file)  # safetensors' own is 0600
         with open(directory / file, "rb") as f:
             os.fsync(f.fileno())
     _fsync_dir(directory)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import shlex
 import sys
 import time
 import warnings
@@ -42,7 +43,7 @@ from mixit.config import ModelConfig, TrainConfig
 from mixit.distributed import BadEnvironment, Dist, env_world, fault_said, refusal_said
 from mixit.errors import UsageError, machine_fault, show_warning
 from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
-from mixit.export import export_run
+from mixit.export import export_run, hub_url
 from mixit.flags import Option, Parser, arguments, call, help_default, one_line, task_params
 from mixit.generate import sample_run
 from mixit.plugins import load_plugins
@@ -106,7 +107,13 @@ def cmd_train(args: Mapping[str, Any]) -> int:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
     out = args.get("out") or Path("runs") / f"{cfg.task}-{cfg.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
-    summary = train(cfg, out, **session)
+    try:
+        summary = train(cfg, out, **session)
+    except KeyboardInterrupt:
+        if Run(out).state() == "absent":  # stopped before the run was created: the command again (`Command`)
+            raise
+        resume = f"mixit train --resume --out {shlex.quote(str(out))}"
+        raise Interrupted(f"`{resume}` continues the run from its last checkpoint") from None
     if not env_world().main:
         return 0
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in summary["test"].items() if isinstance(v, float))
@@ -142,11 +149,22 @@ def show_bench(result: tuple[Any, Path], args: Mapping[str, Any]) -> None:
     print(f"written to {result[1]}")
 
 
+def show_export(out: Path, args: Mapping[str, Any]) -> None:
+    print(f"written to {out}")
+    if args.get("push_to_hub"):
+        print(f"pushed to {args['push_to_hub']} ({hub_url(args['push_to_hub'])})")
+
+
 def show_export_logs(result: Mapping[str, Any], args: Mapping[str, Any]) -> None:
     for path in result["runs"]:
         print(f"sent {path} to {', '.join(result['sinks'])}")
     if "tensorboard" in result["sinks"]:
         print(f"open with: tensorboard --logdir {args['directory']}")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A Ctrl-C, with what its user can do next where the command knows it better than `Command.interrupted` (the
+    run directory that ``mixit train`` was writing)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +177,8 @@ class Command:
     """Makes its parser."""
     summary: str
     """Its line in ``mixit --help``."""
-    interrupted: str = "a run continues from its last checkpoint with --resume --out RUN_DIR"
-    """What its user can do after a Ctrl-C."""
+    interrupted: str = "run the command again"
+    """What its user can do after a Ctrl-C (unless it raises `Interrupted`, which says)."""
     again: str = "run the command again"
     """What continues its work once a fault of the machine (a full disk) is mended, where the fault does not say."""
     writes: str | None = None
@@ -235,7 +253,7 @@ COMMANDS: dict[str, Command] = {
         export_run,
         "Write a run's model as a Hugging Face directory: a transformers Llama (--to hf) or one for "
         "Transformer.from_pretrained (--to hub).",
-        lambda result, args: print(f"written to {result}"),
+        show_export,
         writes="out",
     ),
     "export-logs": command(
@@ -309,8 +327,9 @@ def run_command(argv: Sequence[str] | None) -> int:
         return refuse(f"mixit {command}: error: {e}", world)
     except Exception as e:  # a fault of the machine met once work was under way; anything else is raised again
         return say_fault(command, e, options, world)
-    except KeyboardInterrupt:
-        print(f"mixit {command}: interrupted; {COMMANDS[command].interrupted}", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        what = str(e) if isinstance(e, Interrupted) else COMMANDS[command].interrupted
+        print(f"mixit {command}: interrupted; {what}", file=sys.stderr)
         return 130
 
 

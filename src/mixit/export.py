@@ -49,7 +49,7 @@ from mixit.checkpoint import mismatch
 from mixit.config import ModelConfig
 from mixit.errors import UsageError, damaged, faults_said, reason_of, require
 from mixit.experiment import build, read_record
-from mixit.files import check_output_dir, read_json, write_json, write_text
+from mixit.files import check_output_dir, give_open_mode, read_json, write_json, write_text
 from mixit.freezing import VARIANTS, query_key
 from mixit.models import Transformer
 from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export
@@ -161,6 +161,8 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
                 (write_llama if to == "hf" else write_hub)(loaded, tmp)
                 add_to_config(tmp, {EXPORTED: export_record(run, loaded, to)})
                 write_text(tmp / "README.md", model_card(run, loaded, to))
+                for weights in tmp.glob("*.safetensors"):  # written by safetensors, 0600; the group may read the rest
+                    give_open_mode(weights)
                 os.replace(tmp, out)  # an empty --out is replaced whole
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -456,6 +458,13 @@ def push(out: Path, repo_id: str) -> None:
             f"{out} was written and is complete, but pushing it to {repo_id} failed ({reason_of(e)}); "
             f"push it again with `hf upload {repo_id} {out}`"
         ) from None
+
+
+def hub_url(repo_id: str) -> str:
+    """The page of Hub model `repo_id` at huggingface_hub's endpoint (``HF_ENDPOINT``, huggingface.co by default)."""
+    from huggingface_hub import HfApi
+
+    return f"{HfApi().endpoint}/{repo_id}"
 
 
 # -- the model card ---------------------------------------------------------------------------

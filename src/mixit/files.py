@@ -38,6 +38,25 @@ def write_text(path: Path, text: str) -> None:
         raise
 
 
+def open_mode() -> int:
+    """The mode `open(path, "w")` gives a new file: 0666 less the process's umask, read from /proc/self/status
+    where Linux says it (which changes nothing), elsewhere set and put back at once (the only way to read it)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as status:
+            return 0o666 & ~int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def give_open_mode(path: Path) -> None:
+    """Give the file `path` the mode `open()` would have given it (`open_mode`), as every other file mixit writes
+    has: safetensors writes through a temporary file, created 0600, which a cluster's group could not read. A
+    filesystem that keeps no modes and refuses to set one leaves the file as it is."""
+    with contextlib.suppress(PermissionError):
+        os.chmod(path, open_mode())
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write `data` as indented JSON, atomically (`write_text`)."""
     write_text(path, json.dumps(data, indent=2) + "\n")
