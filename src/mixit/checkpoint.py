@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mixit.errors import UsageError, damaged, machine_fault
+from mixit.errors import FaultRefused, UsageError, damaged, machine_fault
 from mixit.files import give_open_mode, read_json, write_json, write_text
 from mixit.precision import Precision
 
@@ -234,4 +234,6 @@ def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
         raise UsageError(f"checkpoint file {file} is missing") from None
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         fault = machine_fault(e, file)  # no permission, too many open files: said as such, not as corruption
-        raise UsageError(str(fault) if fault else f"checkpoint file {file} is corrupt or unreadable ({e})") from None
+        if fault is not None:
+            raise FaultRefused(str(fault)) from None
+        raise UsageError(f"checkpoint file {file} is corrupt or unreadable ({e})") from None

@@ -37,6 +37,11 @@ class UsageError(ValueError):
     """Invalid user input; the message names the problem and what is allowed."""
 
 
+class FaultRefused(UsageError):
+    """A fault of the machine found by a check before any work (`faults_refused`): a refusal whose line already
+    says what to do, which no reader adds to (`damaged`)."""
+
+
 class MachineFault(OSError):
     """A fault of the machine met while work was under way (a full disk, say): its message is one line naming the
     path and what to do (`machine_fault`). An OSError, as the error it stands for, with that error's errno."""
@@ -154,7 +159,7 @@ def faults_refused(path: str | PathLike[str] | None = None) -> Iterator[None]:
         fault = machine_fault(e, path)
         if fault is None:
             raise
-        raise UsageError(str(fault)) from None
+        raise FaultRefused(str(fault)) from None
 
 
 @contextlib.contextmanager
@@ -188,7 +193,7 @@ def damaged(file: Path, remedy: str) -> Iterator[None]:
     `machine_fault`), which is refused as one: the file is sound, the machine would not let it be read."""
     try:
         yield
-    except DamagedFile:
+    except (DamagedFile, FaultRefused):
         raise
     except UsageError as e:
         raise DamagedFile(f"{e}; {remedy}") from None
@@ -197,7 +202,7 @@ def damaged(file: Path, remedy: str) -> Iterator[None]:
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
         fault = machine_fault(e, file)
         if fault is not None:
-            raise UsageError(str(fault)) from None
+            raise FaultRefused(str(fault)) from None
         raise DamagedFile(f"{file} is corrupt or unreadable ({reason_of(e)}); {remedy}") from None
 
 
