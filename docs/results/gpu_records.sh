@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU records of docs/performance.md ("On a GPU") and docs/reproduction.md ("On a GPU"), one stage at a time:
 #
-#   docs/results/gpu_records.sh OUT STAGE...      STAGE: env, tests, bench, compiled, table4, table4-epochs, depth
+#   docs/results/gpu_records.sh OUT STAGE...      STAGE: env, tests, bench, compiled, table4, table4-epochs, depth,
+#                                                        converge
 #
 # run from a checkout (or a copy of one: set MIXIT_COMMIT to its commit) on a machine with a CUDA GPU and a
 # CUDA build of PyTorch. Each stage writes OUT/STAGE/ (the study stages leave out checkpoints) and its command
@@ -10,6 +11,7 @@ set -u
 out=$1
 shift
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+DEVICE=${DEVICE:-cuda}  # cpu for a rehearsal
 mixit() { python3 -m mixit "$@"; }
 # Run a command, recording it and its exit status in the stage's command.txt.
 record() {
@@ -90,6 +92,65 @@ study_stage() {  # $1: stage directory, $2: the study file
     tail -5 "$1/reproduce.txt"
 }
 
+# Train one run in the background, its command and log in the stage directory: $1 stage dir, $2 run name, rest flags.
+train_bg() {
+    local dir=$1 name=$2
+    shift 2
+    echo "\$ mixit train $* --device $DEVICE --keep-checkpoints latest --no-progress --out $dir/$name" >>"$dir/command.txt"
+    python3 -m mixit train "$@" --device "$DEVICE" --keep-checkpoints latest --no-progress --out "$dir/$name" \
+        >"$dir/$name.log" 2>&1 &  # python3 itself, not the function: $! is then the process to stop
+    pids[$name]=$!
+}
+
+# The cells a laptop cannot settle, in one call of a limited length. Table 4 at 500 epochs first (the three
+# variants the last GPU call cut short; standard was complete), three at once; the depth runs beside them, the
+# random transformer at 8 layers from the start and the rest as Table 4's runs end. Every run still going at
+# DEADLINE seconds is stopped and recorded as cut: SIGTERM, since a script's background jobs ignore SIGINT; its
+# metrics so far are kept. SCALE=tiny DEVICE=cpu is the rehearsal of the same script on a CPU.
+converge_stage() {
+    local dir=$1 deadline=${DEADLINE:-470} t4=(-p n=512 --d-model 128 --steps 4000 --eval-every 250)
+    local add=(-p n_digits=10 --steps 10000 --eval-every 500 --early-stop --patience 4 --dtype bf16)
+    if [[ ${SCALE:-full} == tiny ]]; then
+        t4=(-p n=16 --d-model 32 --steps 40 --eval-every 10 --batch-size 64)
+        add=(-p n_digits=3 --d-model 64 --steps 400 --eval-every 20 --early-stop --patience 4 --batch-size 32)
+    fi
+    declare -gA pids=()
+    for variant in frozen_qk mixit frozen_mlp; do
+        train_bg "$dir" "table4-$variant" --task memorization --recipe reference "${t4[@]}" --n-heads 4 \
+            --n-layers 2 --variant "$variant" --seed 0
+    done
+    train_bg "$dir" depth-random-8 --task addition --recipe reference "${add[@]}" --variant random --n-layers 8 --seed 0
+    local started=0
+    while ((SECONDS - STAGE_START < deadline)); do
+        local running=0
+        for name in "${!pids[@]}"; do kill -0 "${pids[$name]}" 2>/dev/null && running=$((running + 1)); done
+        if ((!started)) && ! kill -0 "${pids[table4-frozen_qk]}" "${pids[table4-mixit]}" "${pids[table4-frozen_mlp]}" \
+            2>/dev/null; then
+            echo "# depth runs started at $((SECONDS - STAGE_START)) s" >>"$dir/command.txt"
+            train_bg "$dir" depth-random-2 --task addition --recipe reference "${add[@]}" --variant random \
+                --n-layers 2 --seed 0
+            for layers in 2 8; do  # 64 heads: the most of the reference's MixiT grid at width 512 (Table 5: more heads, higher)
+                train_bg "$dir" "depth-mixit-$layers" --task addition --recipe reference "${add[@]}" --variant mixit \
+                    --n-heads 64 --n-layers "$layers" --seed 0
+            done
+            started=1
+        elif ((running == 0)); then
+            break
+        fi
+        sleep 2
+    done
+    for name in "${!pids[@]}"; do
+        if kill -0 "${pids[$name]}" 2>/dev/null; then
+            kill -TERM "${pids[$name]}"
+            echo "# $name cut at $((SECONDS - STAGE_START)) s" >>"$dir/command.txt"
+        fi
+    done
+    wait
+    for name in "${!pids[@]}"; do
+        echo "== $name: $(tail -1 "$dir/$name/metrics.jsonl" 2>/dev/null | cut -c1-300)"
+    done
+}
+
 for stage in "$@"; do
     dir=$out/$stage
     mkdir -p "$dir"
@@ -102,6 +163,8 @@ for stage in "$@"; do
         table4) study_stage "$dir" docs/results/gpu-table4/study.toml ;;
         table4-epochs) study_stage "$dir" docs/results/gpu-table4-epochs/study.toml ;;
         depth) study_stage "$dir" docs/results/gpu-depth/study.toml ;;
-        *) echo "unknown stage $stage; allowed: env, tests, bench, compiled, table4, table4-epochs, depth" >&2; exit 2 ;;
+        converge) STAGE_START=$SECONDS converge_stage "$dir" ;;
+        *) echo "unknown stage $stage; allowed: env, tests, bench, compiled, table4, table4-epochs, depth, converge" >&2
+           exit 2 ;;
     esac
 done
