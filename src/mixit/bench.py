@@ -433,10 +433,9 @@ def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], Non
         f"{options.repeats} blocks of {options.steps} steps"
     )
     timed = time_interleaved([peak_contender, *contenders], dev, options.steps, options.repeats)
-    peak_times = timed[PEAK_NAME].times
     peak = {
         "n": peak_n,
-        "best_flops_per_s": peak_contender.flops / min(peak_times),
+        "best_flops_per_s": peak_contender.flops / min(timed[PEAK_NAME].times),
         "median_flops_per_s": peak_contender.flops / timed[PEAK_NAME].median,
     }
     rows = [_row(c, shape, timed[c.name], peak["best_flops_per_s"], memory[c.name]) for c in contenders]
