@@ -1,5 +1,7 @@
 """`mixit bench`: the FLOP counts by hand, the rows it reports, the command and its bad input.
 
+The FLOPs and the times come from torch's own FlopCounterMode and torch.utils.benchmark, run for real here.
+
 No assertion here is about speed: throughput targets are checked with
 `mixit bench` itself (docs/performance.md), never in timed tests.
 """
@@ -8,18 +10,25 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from mixit.bench import BenchOptions, Shape, format_table, hf_llama, hf_step_flops, run_bench, step_flops
+from mixit.bench import BenchOptions, Shape, bench_hf, bench_variant, count_flops, format_table, run_bench
 from mixit.cli import main
 from mixit.config import ModelConfig
 from mixit.errors import UsageError
 from mixit.freezing import VARIANTS, apply_variant
 from mixit.models import Transformer
+from mixit.precision import Precision
 
-# d 8, 1 layer, 2 heads (d_head 4), vocab 10, 2 sequences of 4 tokens: 8 tokens, 10 causal pairs.
+# d 8, 1 layer, 2 heads (d_head 4), vocab 10, 2 sequences of 4 tokens: 8 tokens, 4 x 4 = 16 query-key pairs.
 TINY = Shape(d_model=8, n_layers=1, n_heads=2, vocab_size=10, seq_len=4, batch_size=2)
 # in*out of each linear: q, k, v, o 64 each; gate, up 8*32; down 32*8; LM head 8*10.
 QK, VO, MLP, HEAD = 128, 128, 768, 80
+# One product over every query-key pair of every head: 2 FLOPs per multiply-add * batch 2 * 16 pairs * d 8 (heads
+# times d_head). Softmax attention (SDPA) does 7: Q K^T and A V forward; backward recomputes Q K^T and forms the
+# gradients of A, V, Q and K. MixiT's fixed A does 2: A V forward and the gradient of V.
+PAIRS = 2 * 2 * 16 * 8
+CPU = Precision("fp32", torch.device("cpu"))
 
 
 def tiny_model(variant: str) -> Transformer:
@@ -34,24 +43,29 @@ def tiny_model(variant: str) -> Transformer:
     "variant, expected",
     [
         # 2 FLOPs per multiply-add * 8 tokens * in*out, times 3 (forward, input grad, weight grad) if trained,
-        # else 2; softmax attention 12 * batch * pairs * d (Q K^T and A V, forward and backward);
-        # mixing 4 * batch * pairs * d (A V forward, grad of V).
-        ("standard", 16 * 3 * (QK + VO + MLP + HEAD) + 12 * 2 * 10 * 8),
-        ("frozen_qk", 16 * 2 * QK + 16 * 3 * (VO + MLP + HEAD) + 12 * 2 * 10 * 8),
-        ("frozen_mlp", 16 * 2 * MLP + 16 * 3 * (QK + VO + HEAD) + 12 * 2 * 10 * 8),
-        ("mixit", 16 * 3 * (VO + MLP + HEAD) + 4 * 2 * 10 * 8),
-        ("random", 16 * 2 * (QK + VO + MLP) + 16 * 3 * HEAD + 12 * 2 * 10 * 8),
+        # else 2 (a frozen weight's gradient is never computed); then the attention's products.
+        ("standard", 16 * 3 * (QK + VO + MLP + HEAD) + 7 * PAIRS),
+        ("frozen_qk", 16 * 2 * QK + 16 * 3 * (VO + MLP + HEAD) + 7 * PAIRS),
+        ("frozen_mlp", 16 * 2 * MLP + 16 * 3 * (QK + VO + HEAD) + 7 * PAIRS),
+        ("mixit", 16 * 3 * (VO + MLP + HEAD) + 2 * PAIRS),
+        ("random", 16 * 2 * (QK + VO + MLP) + 16 * 3 * HEAD + 7 * PAIRS),
     ],
 )
 def test_step_flops_by_hand(variant, expected):
-    assert step_flops(tiny_model(variant), TINY) == expected
+    """FlopCounterMode over one real training step of each variant counts what a hand count of its matmuls gives."""
+    assert bench_variant(variant, TINY, CPU).flops == expected
+
+
+def test_cpu_attention_is_counted():
+    """CPU SDPA forward and backward count as the CUDA kernel's formula does (torch alone counts them as 0)."""
+    q, k, v = (torch.randn(2, 2, 4, 4, requires_grad=True) for _ in range(3))  # (B, H, T, d_head): PAIRS per product
+    assert count_flops(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()) == 7 * PAIRS
 
 
 def test_hf_baseline_has_the_standard_models_matmuls():
-    llama = hf_llama(TINY)
-    assert hf_step_flops(llama, TINY) == step_flops(tiny_model("standard"), TINY)
-    n_mixit = sum(p.numel() for p in tiny_model("standard").parameters())
-    assert sum(p.numel() for p in llama.parameters()) == n_mixit
+    llama = bench_hf(TINY, CPU)
+    assert llama.flops == bench_variant("standard", TINY, CPU).flops
+    assert llama.n_params == llama.n_trainable == sum(p.numel() for p in tiny_model("standard").parameters())
 
 
 def test_run_bench_rows_are_consistent():
@@ -64,6 +78,8 @@ def test_run_bench_rows_are_consistent():
     for row in result["rows"]:
         step_s = row["step_ms"] / 1e3
         assert len(row["step_ms_all"]) == 2 and min(row["step_ms_all"]) <= row["step_ms"] <= max(row["step_ms_all"])
+        assert row["step_ms_iqr"] == pytest.approx((max(row["step_ms_all"]) - min(row["step_ms_all"])) / 2)
+        assert 0 < row["mfu"] <= 1
         assert row["tokens_per_s"] == pytest.approx(TINY.tokens / step_s)
         assert row["samples_per_s"] == pytest.approx(TINY.batch_size / step_s)
         assert row["mfu"] == pytest.approx(row["model_flops_per_step"] / step_s / peak)
@@ -193,14 +209,16 @@ def test_bench_command_bad_input(args, message, tmp_path, capsys):
     assert not out.exists()
 
 
-def test_round_robin_interleaves_the_timed_blocks():
-    from mixit.bench import Contender, time_round_robin
+def test_timed_blocks_are_interleaved():
+    """Block r of every contender runs before block r + 1 of any; each block is Timer.timeit's two untimed calls
+    and then the `steps` timed ones."""
+    from mixit.bench import Contender, time_interleaved
 
     calls = []
     contenders = [Contender(name, lambda name=name: calls.append(name), 1, 1, 1) for name in "ab"]
-    per_step = time_round_robin(contenders, torch.device("cpu"), steps=2, repeats=3)
-    assert calls == ["a", "a", "b", "b"] * 3
-    assert [len(times) for times in per_step.values()] == [3, 3]
+    timed = time_interleaved(contenders, torch.device("cpu"), steps=2, repeats=3)
+    assert calls == ["a"] * 4 + ["b"] * 4 + ["a"] * 4 + ["b"] * 4 + ["a"] * 4 + ["b"] * 4
+    assert list(timed) == ["a", "b"] and [len(m.times) for m in timed.values()] == [3, 3]
 
 
 @pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/clear_refs").exists(), reason="Linux /proc only")

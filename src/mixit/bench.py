@@ -6,9 +6,12 @@ training loop's own step (`train_step`: forward, loss, backward, clipping,
 AdamW, in the precision the training loop uses: `mixit.precision.Precision`)
 on a fixed random batch, and timed after warm-up:
 
-    step time      median over `repeats` timed blocks of `steps` steps each
+    step time      median over `repeats` timed blocks of `steps` steps, each
+                   one `torch.utils.benchmark.Timer.timeit` (two untimed calls,
+                   then the block; the GPU is synchronised around it)
     tokens/s       batch * seq / step time (every position is a prediction)
-    model FLOPs    the matmul FLOPs one step needs (`step_flops`)
+    model FLOPs    the matrix-product FLOPs of one real training step, counted
+                   by `torch.utils.flop_counter.FlopCounterMode` (`count_flops`)
     MFU            model FLOPs / step time / the device's measured matmul peak
     peak memory    the most memory the row's training held at once (model,
                    gradients, optimizer state, activations), measured during
@@ -19,7 +22,9 @@ on a fixed random batch, and timed after warm-up:
 
 All rows are built and warmed up first, then timed round-robin: timed block r
 of every row runs before block r + 1 of any, so a slow spell of a shared
-machine lands on all rows alike instead of on whichever ran during it.
+machine lands on all rows alike instead of on whichever ran during it
+(torch.utils.benchmark times one statement at a time and its `Compare` only
+tabulates, so `time_interleaved` loops over one Timer per row).
 
 The peak is measured by the same command, as one more contender in the
 round-robin (square matmuls in the dtype in use; the best block counts), so MFU
@@ -36,8 +41,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import itertools
 import os
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,6 +50,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.benchmark import Measurement, Timer
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from mixit.config import ModelConfig, TrainConfig, is_a
 from mixit.errors import UsageError
@@ -60,6 +67,7 @@ from mixit.training.optim import build_optimizer
 from mixit.training.step import train_step
 from mixit.version import __version__, git_commit, install_hint
 
+aten = torch.ops.aten
 HF_NAME = "hf_llama"
 PEAK_NAME = "matmul_peak"
 
@@ -141,7 +149,7 @@ class BenchOptions:
     """After timing, profile one more step of each row and print where its time goes."""
 
 
-# -- timing ---------------------------------------------------------------------------
+# -- timing, FLOPs and the hardware limit ------------------------------------------
 
 
 def _sync(device: torch.device) -> None:
@@ -160,62 +168,44 @@ class Contender:
     n_params: int
 
 
-def warm_up(contender: Contender, device: torch.device, warmup: int) -> None:
-    for _ in range(warmup):
-        contender.step()
-    _sync(device)
-
-
-def time_round_robin(
+def time_interleaved(
     contenders: Sequence[Contender], device: torch.device, steps: int, repeats: int
-) -> dict[str, list[float]]:
-    """Seconds per step of each contender in each of `repeats` timed blocks of
-    `steps` calls, the blocks interleaved across contenders."""
-    per_step: dict[str, list[float]] = {c.name: [] for c in contenders}
-    for _ in range(repeats):
-        for contender in contenders:
-            tick = time.perf_counter()
-            for _ in range(steps):
-                contender.step()
-            _sync(device)
-            per_step[contender.name].append((time.perf_counter() - tick) / steps)
-    return per_step
+) -> dict[str, Measurement]:
+    """Each contender's `repeats` timed blocks of `steps` calls (one `Timer.timeit` each), the blocks interleaved
+    across contenders, merged into one Measurement per contender (its `times` are seconds per call, one per
+    block)."""
+
+    def clock() -> float:  # Timer's own clock synchronises the current GPU, which need not be `device`
+        _sync(device)
+        return time.perf_counter()
+
+    timers = [
+        Timer("step()", timer=clock, globals={"step": c.step}, description=c.name, num_threads=torch.get_num_threads())
+        for c in contenders
+    ]
+    blocks = [timer.timeit(steps) for _ in range(repeats) for timer in timers]
+    return {m.description: m for m in Measurement.merge(blocks)}
 
 
-# -- FLOPs and the hardware limit ---------------------------------------------------
+# CPU SDPA runs a kernel of its own that FlopCounterMode has no formula for (it counts it as 0 FLOPs,
+# pytorch/pytorch#195460); its arguments lead with those of the CUDA flash kernel, so that kernel's formula fits
+# (unwrapped: `custom_mapping` wraps what it is given to read shapes, as the registry's entry already does).
+_CPU_ATTENTION = {
+    cpu_op: flop_registry[cuda_op].__wrapped__
+    for cpu_op, cuda_op in [
+        (aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention),
+        (aten._scaled_dot_product_flash_attention_for_cpu_backward, aten._scaled_dot_product_flash_attention_backward),
+    ]
+}
 
 
-def linear_flops(model: nn.Module, tokens: int) -> int:
-    """Matmul FLOPs of one training step through every nn.Linear of `model`.
-
-    A layer with an (out, in) weight costs 2*tokens*in*out forward, the same
-    again for the gradient of its input (always needed: the embeddings are
-    trained in every variant), and the same again for the gradient of its
-    weight only if the weight is trained. Biases, norms, activations and
-    embedding lookups are not counted.
-    """
-    total = 0
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
-            per_pass = 2 * tokens * module.in_features * module.out_features
-            total += per_pass * (3 if module.weight.requires_grad else 2)
-    return total
-
-
-def step_flops(model: Transformer, shape: Shape) -> int:
-    """Model FLOPs of one training step of a mixit `Transformer`: its linear
-    layers (`linear_flops`) plus each attention's products between
-    activations (`matmul_flops` of the attention module, causal pairs only)."""
-    attention = sum(block.attn.matmul_flops(shape.batch_size, shape.seq_len) for block in model.layers)
-    return linear_flops(model, shape.tokens) + attention
-
-
-def hf_step_flops(model: nn.Module, shape: Shape) -> int:
-    """The same count for the Hugging Face Llama baseline (every weight trained;
-    softmax attention over the causal pairs)."""
-    pairs = shape.seq_len * (shape.seq_len + 1) // 2
-    attention = 12 * shape.batch_size * pairs * shape.d_model * shape.n_layers
-    return linear_flops(model, shape.tokens) + attention
+def count_flops(step: Callable[[], Any]) -> int:
+    """The FLOPs of one call of `step` as FlopCounterMode counts them: matrix products (linear layers, attention
+    scores and values over all T x T pairs, masked or not, forward and backward; a frozen weight's gradient is
+    not computed, so not counted). Elementwise work, norms, softmax, the loss and the optimizer are not counted."""
+    with FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION) as counter:
+        step()
+    return counter.get_total_flops()
 
 
 def matmul_contender(device: torch.device, dtype: torch.dtype, n: int) -> Contender:
@@ -225,14 +215,6 @@ def matmul_contender(device: torch.device, dtype: torch.dtype, n: int) -> Conten
     a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
     b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
     return Contender(PEAK_NAME, lambda: a @ b, 2 * n**3, 0, 0)
-
-
-def _peak(contender: Contender, n: int, per_step: list[float]) -> dict[str, float]:
-    return {
-        "n": n,
-        "best_flops_per_s": contender.flops / min(per_step),
-        "median_flops_per_s": contender.flops / statistics.median(per_step),
-    }
 
 
 # -- memory ---------------------------------------------------------------------------
@@ -315,15 +297,16 @@ def profile_summary(profile: list[dict[str, Any]], step_ms: float) -> dict[str, 
     return {"busy_ms": busy, "matmul_ms": matmul, "idle_share": max(0.0, 1 - busy / step_ms)}
 
 
-def _row(c: Contender, shape: Shape, per_step: list[float], peak: float, memory: float | None) -> dict[str, Any]:
-    step_s = statistics.median(per_step)
+def _row(c: Contender, shape: Shape, timed: Measurement, peak: float, memory: float | None) -> dict[str, Any]:
+    step_s = timed.median
     flops = c.flops  # model FLOPs of one step
     return {
         "name": c.name,
         "n_trainable": c.n_trainable,
         "n_params": c.n_params,
         "step_ms": 1e3 * step_s,
-        "step_ms_all": [1e3 * t for t in per_step],
+        "step_ms_iqr": 1e3 * timed.iqr,
+        "step_ms_all": [1e3 * t for t in timed.times],
         "steps_per_s": 1 / step_s,
         "samples_per_s": shape.batch_size / step_s,
         "tokens_per_s": shape.tokens / step_s,
@@ -343,20 +326,23 @@ def _batch(shape: Shape, device: torch.device) -> tuple[torch.Tensor, torch.Tens
 
 def bench_variant(variant: str, shape: Shape, precision: Precision, compile: bool = False) -> Contender:
     """`variant` at `shape`, trained with mixit's own step on a fixed batch in `precision` (the row's own: an
-    fp16 gradient scaler adapts to one model)."""
+    fp16 gradient scaler adapts to one model). Its FLOPs are counted over one step of the model run eagerly
+    (`count_flops`; FlopCounterMode does not see into compiled kernels), which trains it by that step."""
     device = precision.device
     model = Transformer(shape.model_config(variant))
     report = apply_variant(model, variant)
     model.to(device).train()
     optimizer = build_optimizer(model, TrainConfig(), device)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    forward = torch.compile(model) if compile else model
     x, y = _batch(shape, device)
 
-    def step() -> None:
+    def step(forward: Callable[[torch.Tensor], torch.Tensor]) -> None:
         train_step(forward, optimizer, x, y, trainable, TrainConfig.grad_clip, precision)
 
-    return Contender(variant, step, step_flops(model, shape), report.n_trainable, report.n_trainable + report.n_frozen)
+    flops = count_flops(functools.partial(step, model))
+    forward = torch.compile(model) if compile else model
+    n_params = report.n_trainable + report.n_frozen
+    return Contender(variant, functools.partial(step, forward), flops, report.n_trainable, n_params)
 
 
 def hf_llama(shape: Shape) -> nn.Module | None:
@@ -391,7 +377,7 @@ def bench_hf(shape: Shape, precision: Precision, compile: bool = False) -> Conte
     """The baseline: the Llama model through mixit's own step (same loss,
     clipping, precision) but with a plain torch.optim.AdamW (same hyperparameters,
     torch's default implementation, every parameter trained); None without
-    `transformers`."""
+    `transformers`. Its FLOPs are counted as `bench_variant`'s are."""
     model = hf_llama(shape)
     if model is None:
         return None
@@ -402,30 +388,26 @@ def bench_hf(shape: Shape, precision: Precision, compile: bool = False) -> Conte
         model.parameters(), lr=tc.lr, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay
     )
     params = list(model.parameters())
-    forward = torch.compile(model) if compile else model
     x, y = _batch(shape, device)
 
-    def logits(tokens: torch.Tensor) -> torch.Tensor:
-        return forward(input_ids=tokens).logits
+    def step(forward: Callable[..., Any]) -> None:
+        train_step(lambda tokens: forward(input_ids=tokens).logits, optimizer, x, y, params, tc.grad_clip, precision)
 
-    def step() -> None:
-        train_step(logits, optimizer, x, y, params, tc.grad_clip, precision)
-
+    flops = count_flops(functools.partial(step, model))
     n = sum(p.numel() for p in params)
-    return Contender(HF_NAME, step, hf_step_flops(model, shape), n, n)
+    return Contender(HF_NAME, functools.partial(step, torch.compile(model) if compile else model), flops, n, n)
 
 
-def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int, batches: int = 10) -> float:
-    """Median seconds to generate one training batch of `task_name` (as the
-    training loop does: numpy generation, test-set exclusion, tensors)."""
+def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int) -> float:
+    """Median seconds to generate one training batch of `task_name` (as the training loop does: numpy
+    generation, test-set exclusion, tensors), each call a new batch (the batch index counts up)."""
     task = make_task(task_name, task_params)
-    task.train_batch(0, batch_size)
-    times = []
-    for step in range(1, batches + 1):
-        tick = time.perf_counter()
-        task.train_batch(step, batch_size)
-        times.append(time.perf_counter() - tick)
-    return statistics.median(times)
+    timer = Timer(
+        "task.train_batch(next(index), size)",
+        globals={"task": task, "index": itertools.count(), "size": batch_size},
+        num_threads=torch.get_num_threads(),
+    )
+    return timer.blocked_autorange(min_run_time=0.1).median
 
 
 def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -445,15 +427,18 @@ def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], Non
     say = progress or (lambda message: None)
     peak_n = 8192 if dev.type == "cuda" else 2048
     peak_contender = matmul_contender(dev, DTYPES[options.dtype] or torch.float32, peak_n)
-    warm_up(peak_contender, dev, 1)
     contenders, memory, notes = _build_rows(shape, options, dev, say)
     say(
         f"timing {len(contenders)} rows and the matmul peak round-robin, "
         f"{options.repeats} blocks of {options.steps} steps"
     )
-    per_step = time_round_robin([peak_contender, *contenders], dev, options.steps, options.repeats)
-    peak = _peak(peak_contender, peak_n, per_step[PEAK_NAME])
-    rows = [_row(c, shape, per_step[c.name], peak["best_flops_per_s"], memory[c.name]) for c in contenders]
+    timed = time_interleaved([peak_contender, *contenders], dev, options.steps, options.repeats)
+    peak = {
+        "n": peak_n,
+        "best_flops_per_s": peak_contender.flops / min(timed[PEAK_NAME].times),
+        "median_flops_per_s": peak_contender.flops / timed[PEAK_NAME].median,
+    }
+    rows = [_row(c, shape, timed[c.name], peak["best_flops_per_s"], memory[c.name]) for c in contenders]
     if options.profile:
         for contender, row in zip(contenders, rows):
             say(f"profiling one step of {contender.name}")
@@ -534,13 +519,15 @@ def _build_rows(
     for name, build in builders:
         say(f"building and warming up {name}")
         before = _memory_baseline(dev)
-        contender = build()
+        contender = build()  # counts its FLOPs with one step, eager, outside the peak measured below
         if contender is None:
             notes.append(
                 f"transformers is not installed: no Hugging Face baseline row ({install_hint('bench')} to add it)"
             )
             continue
-        warm_up(contender, dev, options.warmup)
+        _memory_baseline(dev)  # restarts the peak counter; the baseline stays the one taken before building
+        for _ in range(options.warmup):
+            contender.step()
         after = _memory_mb(dev, peak=True)
         memory[name] = None if before is None or after is None else after - before
         contenders.append(contender)

@@ -59,11 +59,6 @@ class Attention(nn.Module):
         """The (H, n_ctx, n_ctx) pattern if it does not depend on the input, else None."""
         return None
 
-    def matmul_flops(self, batch: int, seq: int) -> int:
-        """FLOPs of one training step's products between activations (the
-        projections are counted as linear layers)."""
-        raise NotImplementedError(f"{type(self).__name__} does not count its FLOPs")
-
     def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
@@ -219,12 +214,6 @@ class SoftmaxAttention(Attention):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.hook_pattern = HookPoint()
 
-    def matmul_flops(self, batch: int, seq: int) -> int:
-        """FLOPs of one training step's products between activations (the
-        projections are counted as linear layers): Q K^T and A V over the
-        T(T+1)/2 causal pairs, 2 products forward and 4 backward."""
-        return 12 * batch * (seq * (seq + 1) // 2) * self.n_heads * self.d_head
-
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, d_model) -> qk (B, T, 2, H, d_head) and v (B, T, H, d_head).
 
@@ -306,11 +295,6 @@ class MixingAttention(Attention):
     @property
     def fixed_length(self) -> bool:
         return not self.causal and self.centring == "reference"
-
-    def matmul_flops(self, batch: int, seq: int) -> int:
-        """FLOPs of one training step's A V over the T(T+1)/2 causal pairs:
-        forward, and the gradient for V only (A is fixed)."""
-        return 4 * batch * (seq * (seq + 1) // 2) * self.n_heads * self.d_head
 
     @property
     def fixed_pattern(self) -> torch.Tensor:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import torch
 
-from mixit.bench import matmul_contender, time_round_robin
+from mixit.bench import matmul_contender, time_interleaved
 from mixit.config import check, is_a
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
@@ -70,7 +70,7 @@ def matmul_flops_per_second(samples: int = 7, steps: int = 25) -> float:
     sample on a momentarily busy machine once made the quick preset's estimate 6.1 h."""
     cpu = torch.device("cpu")
     peak = matmul_contender(cpu, torch.float32, 512)
-    return peak.flops / min(time_round_robin([peak], cpu, steps, samples)[peak.name])
+    return peak.flops / min(time_interleaved([peak], cpu, steps, samples)[peak.name].times)
 
 
 def estimate_seconds(cfg: RunConfig, flops_per_second: float) -> float:
