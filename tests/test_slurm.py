@@ -3,9 +3,8 @@ reaches submitit, typed as submitit types it; the same parameters run a tiny stu
 executor; a bad key, value or item is refused with one line and exit status 2 before anything is written."""
 
 import collections.abc
-import functools
 import math
-import operator
+import os
 import shlex
 import sys
 import typing
@@ -115,14 +114,14 @@ def test_the_documented_template_is_accepted_as_written():
     words = shlex.split(block.replace("\\\n", " "))
     items = [words[i + 1] for i, word in enumerate(words) if word == "--slurm"]
     assert len(items) == 11, block
-    parameters = slurm_parameters("slurm", options("--executor", "slurm", *slurm_args(items)).slurm)
+    parameters = slurm_parameters(options("--executor", "slurm", *slurm_args(items)).slurm)
     assert parameters["slurm_additional_parameters"] == {"reservation": "my-reservation"}
     assert parameters["tasks_per_node"] == parameters["gpus_per_node"] == 4
 
 
 def test_values_are_typed_as_submitit_types_them():
     given = {"cpus-per-task": "8", "mem_gb": 32, "timeout_min": "90", "exclusive": "user", "use_srun": "false"}
-    assert slurm_parameters("slurm", given) == {
+    assert slurm_parameters(given) == {
         "cpus_per_task": 8,
         "mem_gb": 32,
         "timeout_min": 90,
@@ -131,11 +130,11 @@ def test_values_are_typed_as_submitit_types_them():
         "tasks_per_node": 1,
     }
     # A default gives way to what replaces it: Slurm refuses --cpus-per-task beside --cpus-per-gpu.
-    per_gpu = slurm_parameters("slurm", {"cpus_per_gpu": 4, "gpus_per_task": 1})
+    per_gpu = slurm_parameters({"cpus_per_gpu": 4, "gpus_per_task": 1})
     assert per_gpu["slurm_cpus_per_gpu"] == 4 and "cpus_per_task" not in per_gpu
-    assert slurm_parameters("slurm", {"ntasks_per_node": 2})["slurm_ntasks_per_node"] == 2
+    assert slurm_parameters({"ntasks_per_node": 2})["slurm_ntasks_per_node"] == 2
     with pytest.raises(UsageError, match=r"timeout_min: expected an integer, got 1.5"):
-        slurm_parameters("slurm", {"timeout_min": 1.5})
+        slurm_parameters({"timeout_min": 1.5})
 
 
 def test_a_study_runs_on_submitit_local_with_slurm_parameters(tmp_path, recorded, capsys):
@@ -157,13 +156,12 @@ def test_a_study_runs_on_submitit_local_with_slurm_parameters(tmp_path, recorded
 @pytest.mark.parametrize(
     "executor, items, message",
     [
-        ("slurm", ["acount=abc"], "unknown --slurm key 'acount' (did you mean account?); submitit's Slurm executor"),
+        ("submitit-local", ["acount=abc"], "--slurm: Unknown argument 'acount' for executor 'slurm'"),
         ("submitit-local", ["gpu"], "--slurm expects KEY=VALUE (repeatable), got 'gpu'"),
         ("submitit-local", ["array_parallelism=many"], "--slurm array_parallelism: expected an integer, got 'many'"),
-        ("submitit-local", ["timeout_min=30", "time=30"], "--slurm timeout_min and time set the same sbatch option"),
+        ("submitit-local", ["name=true"], "--slurm: Parameter \"name\" expected type <class 'str'>"),
         ("submitit-local", ["partition=a", "partition=b"], "--slurm partition takes one value"),
-        ("submitit-local", ["nodes=2"], "--executor submitit-local runs on 1 node; got nodes=2"),
-        ("submitit-local", ["num_gpus=2"], "--slurm num_gpus is submitit's deprecated name for gpus_per_node"),
+        ("submitit-local", ["nodes=2"], "--slurm: LocalExecutor can use only one node. Use nodes=1"),
         ("local", ["partition=gpu"], "--slurm sets the jobs of --executor slurm or submitit-local"),
     ],
 )
@@ -222,16 +220,37 @@ def test_numbers_out_of_range_are_refused_before_anything_is_written(tmp_path, c
     assert list(out.iterdir()) == [] and out.stat().st_mtime_ns == before
 
 
-def test_every_number_submitit_takes_has_a_range_and_its_least_value_passes():
-    from mixit.study.executors import SLURM_MINIMA, SLURM_TYPES
+def test_each_least_value_passes_and_a_number_of_the_wrong_kind_is_refused():
+    from mixit.study.executors import SLURM_NUMBERS
 
-    numbers = {key for key, hint in SLURM_TYPES.items() if {int, float} & {hint, *typing.get_args(hint)}}
-    assert numbers == SLURM_MINIMA.keys()  # a number a later submitit adds needs its range decided here
-    least = {key: minimum for key, (minimum, _) in SLURM_MINIMA.items() if key not in ("time", "ntasks_per_node")}
-    assert slurm_parameters("slurm", least)["gpus_per_node"] == 0
-    for key, value in {"mem_gb": math.inf, "timeout_min": True, "gpus_per_node": 1.0}.items():
+    least = {key: minimum for key, (minimum, _) in SLURM_NUMBERS.items() if key not in ("time", "ntasks_per_node")}
+    assert slurm_parameters(least)["gpus_per_node"] == 0
+    for key, value in {"mem_gb": math.inf, "timeout_min": True, "gpus_per_node": 1.0, "nodes": "1.0"}.items():
         with pytest.raises(UsageError, match=f"--slurm {key}: expected"):
-            slurm_parameters("slurm", {key: value})
+            slurm_parameters({key: value})
+
+
+def test_submitits_slurm_executor_judges_the_rest_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """On a machine with Slurm (here two stand-in commands: nothing is submitted), submitit's Slurm executor checks
+    the parameters as it writes its sbatch script; what it refuses or warns of is one line, and the study unwritten."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for command in ("sbatch", "srun"):
+        (bin_dir / command).write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / command).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(STUDY)
+    out = tmp_path / "study"
+    for item, message in [
+        ("num_gpus=2", '--slurm: "num_gpus" is deprecated, please use "gpus_per_node" instead'),
+        ("acount=abc", "--slurm: Unknown argument 'acount' for executor 'slurm' in parameter 'slurm_acount'"),
+        ("stderr_to_stdout=maybe", "--slurm: Parameter \"stderr_to_stdout\" expected type <class 'bool'>"),
+    ]:
+        assert main(["reproduce", "--study", str(spec), "--out", str(out), "--executor", "slurm", "--slurm", item]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("mixit reproduce: error: ") and message in lines[0], lines
+        assert not out.exists()
 
 
 def test_a_mapping_parameter_takes_repeatable_key_value_items():
@@ -258,31 +277,28 @@ def test_a_mapping_parameter_takes_repeatable_key_value_items():
         arguments(command, {"env": ["c.x=1", "c=2"]})
 
 
-def test_the_declared_parameters_are_submitits_own():
-    """`SLURM_TYPES`, `SLURM_GENERIC` and `SLURM_SAME` say what the installed submitit reads (its private tables,
-    read here and only here), so a parameter that a submitit release adds, drops, renames or retypes fails this
-    test rather than a user's study."""
+def test_the_parameters_mixit_reads_are_submitits_own():
+    """`SLURM_NUMBERS`, `SLURM_SHAPES` and `SLURM_SHARED` say what the installed submitit reads (its private tables,
+    read here and only here), so a parameter that a submitit release adds or retypes fails this test rather than
+    a user's study: a number mixit would pass on as a string, or a list it would pass as one string."""
     from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
 
-    from mixit.study.executors import SLURM_GENERIC, SLURM_RENAMED, SLURM_SAME, SLURM_TYPES
+    from mixit.study.executors import SLURM_NUMBERS, SLURM_SHAPES, SLURM_SHARED
 
-    def plain(hint):  # submitit's hint without None, its lists and dicts as mixit's table spells them
-        kinds = (
-            [a for a in typing.get_args(hint) if a is not type(None)]
-            if typing.get_origin(hint) is typing.Union
-            else [hint]
-        )
-        origin = typing.get_origin(kinds[0])
-        if origin in (list, collections.abc.Iterable):
-            return list[str]
-        if origin is dict:
-            return dict[str, typing.Any]
-        return functools.reduce(operator.or_, kinds)
+    def kinds(hint):  # submitit's hint without None, and its generic types by their origin (list, dict)
+        args = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)
+        return {typing.get_origin(a) or a for a in args if a is not type(None)}
 
     generic = submitit.AutoExecutor._typed_parameters()
     sbatch = typing.get_type_hints(_make_sbatch_string)
-    own = {name: plain(sbatch[name]) for name in SlurmExecutor._valid_parameters() - SLURM_RENAMED.keys()}
-    assert SLURM_TYPES == {**own, **generic}
-    assert set(SLURM_GENERIC) == generic.keys()
-    assert SLURM_SAME == {k: v for k, v in SlurmExecutor._equivalence_dict().items() if k != v}
-    assert SLURM_RENAMED.keys() <= SlurmExecutor._valid_parameters()
+    hints = {name: kinds(sbatch[name]) for name in SlurmExecutor._valid_parameters() - {"num_gpus"}}
+    hints |= {name: {hint} for name, hint in generic.items()}
+    assert set(SLURM_SHARED) == generic.keys()
+    assert {name for name, kind in hints.items() if kind <= {int, float}} == SLURM_NUMBERS.keys()
+    assert {name: float in kind for name, kind in hints.items() if name in SLURM_NUMBERS} == {
+        name: isinstance(least, float) for name, (least, _) in SLURM_NUMBERS.items()
+    }
+    shaped = {name: kind for name, kind in hints.items() if kind & {list, dict, collections.abc.Iterable}}
+    assert {name: SLURM_SHAPES.get(name) for name in shaped} == {
+        name: dict if dict in kind else list for name, kind in shaped.items()
+    }

@@ -261,9 +261,11 @@ def wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_killed_studys_workers_die_with_it_and_its_runs_resume(tmp_path):
     proc, args, workers = start_pool_study(tmp_path, steps=400)
-    proc.send_signal(signal.SIGKILL)  # its workers are still stopped: the kernel's SIGKILL ends them all the same
+    proc.send_signal(signal.SIGKILL)
     proc.wait()
-    left = wait_gone(workers, 60.0)  # a bound, not a speed: the kernel kills them at once
+    for pid in workers:  # continued only now, so neither run can finish first: each ends once it sees its study gone
+        os.kill(pid, signal.SIGCONT)
+    left = wait_gone(workers, 60.0)  # a bound, not a speed: a worker ends as soon as it runs
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, "pool workers outlived their study"

@@ -28,17 +28,17 @@ through the same stages, round after round, until it adds nothing new.
 Executors (`Pool`): ``local`` (a process pool: `workers` processes of `threads` torch
 threads each), ``sequential`` (one after another, in this process),
 ``slurm`` (an array job through submitit) and ``submitit-local`` (the same
-code path on this machine, for tests). A local pool's workers end with the
-study's process, however it ends (`die_with`), and a SIGINT to the study
-stops them (`_stop_pool`). What the study directory may hold before a study
-starts is `mixit.study.directory`'s.
+code path on this machine, for tests). Each runs `run_one` per run. A local
+pool's workers end with the study's process, however it ends
+(`_start_worker`), and a SIGINT to the study stops them (`_stop_pool`).
+What the study directory may hold before a study starts is
+`mixit.study.directory`'s.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
-import difflib
+import contextlib
 import functools
 import json
 import math
@@ -46,7 +46,7 @@ import multiprocessing
 import os
 import shutil
 import signal
-import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -54,14 +54,14 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, get_args
 
 import torch
 from tqdm.auto import tqdm
 
 from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import SignalOptions, signal_command
-from mixit.config import check, coerce, type_name
+from mixit.config import check
 from mixit.distributed import env_world
 from mixit.errors import UsageError, require, show_warning
 from mixit.experiment import RunConfig, merge
@@ -142,135 +142,6 @@ def write_study(
     write_json(path, record)
 
 
-def run_one(
-    study_dir: str,
-    run_id: str,
-    config: dict[str, Any],
-    analyze: bool,
-    logger: Sequence[Sink] = (),
-    grouping: Grouping | None = None,
-    threads: int = 0,
-) -> dict[str, Any]:
-    """Train (or resume) one run of a study, analyse it if asked, and record a failure instead of raising.
-
-    A run to be analysed keeps log-spaced checkpoints (`train`'s keep_checkpoints="log", which changes
-    neither its results nor its id) and is analysed over them (`analyze_run`'s over_time), so the report
-    can show when its heads form. Runs in a worker process (or a Slurm job): everything it needs comes
-    as plain data, `config` as {"config": the resolved config, "request": the request it was resolved from};
-    `logger` and `grouping` are `train`'s (the study's tracking sinks, and the run's place among them)."""
-    if threads:
-        torch.set_num_threads(threads)
-    _distributed_job()
-    start = time.perf_counter()
-    failed = Path(study_dir) / "failed" / f"{run_id}.json"
-    run = Run(run_dir(Path(study_dir), run_id))
-    main = True  # until the environment says otherwise: a malformed one is this run's failure, recorded
-    try:
-        main = env_world().main
-        load_plugins()  # a fresh worker or Slurm job: the tasks and variants of MIXIT_PLUGINS
-        cfg = RunConfig.from_dict(config["config"])
-        cfg.request = config["request"]
-        got = run.state()
-        if got != "done":
-            keep: KeepCheckpoints = "log" if analyze else "latest"
-            resume = got == "started"
-            train(cfg, run.path, resume=resume, progress=False, keep_checkpoints=keep, logger=logger, grouping=grouping)
-        if analyze and not run.analysed:
-            analyze_run(run.path, batch=32, over_time=True)
-        if main:
-            failed.unlink(missing_ok=True)
-        return {"id": run_id, "state": "done", "seconds": time.perf_counter() - start}
-    except Exception as e:  # a failed run is recorded, and the study goes on
-        if isinstance(e.__cause__, KeyboardInterrupt):  # a plugin's import stopped (`_stop_pool`): not a failure
-            raise e.__cause__ from None
-        message = " ".join(str(e).split()) or type(e).__name__
-        seconds = time.perf_counter() - start
-        if main:
-            failed.parent.mkdir(parents=True, exist_ok=True)
-            error = f"{type(e).__name__}: {message}"
-            write_json(
-                failed, {"id": run_id, "error": error, "traceback": traceback.format_exc()[-4000:], "seconds": seconds}
-            )
-        return {"id": run_id, "state": "failed", "error": message, "seconds": seconds}
-
-
-def _distributed_job() -> None:
-    """In a Slurm job of several tasks (one per GPU, submitit), export what torch.distributed reads
-    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the run trains on all of them."""
-    try:
-        import submitit
-
-        job = submitit.JobEnvironment()
-    except (ImportError, RuntimeError):  # not a submitit job
-        return
-    if job.num_tasks > 1:
-        submitit.helpers.TorchDistributedEnvironment().export()
-
-
-def _init_worker(threads: int, study_pid: int) -> None:
-    """Set up a worker of the local pool: its torch threads, mixit's warnings on one line, how it is interrupted,
-    and its end with the study's process.
-
-    A Ctrl-C reaches every process of the terminal's group; a worker ignores it and is stopped by the
-    study instead (`_stop_pool`), so a SIGINT to the study alone stops its workers too, and a worker
-    is never interrupted twice."""
-    torch.set_num_threads(threads)
-    warnings.showwarning = functools.partial(show_warning, warnings.showwarning)  # one line, as the CLI's
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _interrupt_worker)
-    die_with(study_pid)
-
-
-def _interrupt_worker(signum: int, frame: Any) -> None:
-    """A worker's SIGTERM: interrupt its run (once; a second SIGTERM ends it outright). A worker outside a run
-    (idle, or handing a finished run's outcome back to the study) has nothing to close and ends at once: an
-    interrupt there would print the pool's traceback."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    while frame is not None and frame.f_code is not run_one.__code__:
-        frame = frame.f_back
-    if frame is None:
-        os._exit(128 + signum)
-    raise KeyboardInterrupt
-
-
-PR_SET_PDEATHSIG = 1
-"""prctl(2)'s option: the signal the kernel sends this process when its parent ends (<linux/prctl.h>)."""
-
-
-def die_with(parent: int, interval: float = 1.0) -> None:
-    """End this process when `parent`, the study's process, ends, however it ends (a SIGKILL included),
-    so a worker never outlives its study: idle, holding its memory, and locking its run directory
-    against the study's resume.
-
-    On Linux the kernel kills it at once (prctl PR_SET_PDEATHSIG, SIGKILL: a run is safe to kill at
-    any moment, and resumes from its last checkpoint). Elsewhere a daemon thread polls the parent pid
-    every `interval` seconds and ends the process when it has changed (the orphan was re-parented)."""
-    if _parent_death_signal(signal.SIGKILL):
-        if os.getppid() != parent:  # the parent ended before the kernel was asked
-            os._exit(1)
-        return
-    watch = threading.Thread(target=_watch_parent, args=(parent, interval), name="mixit-parent-watch", daemon=True)
-    watch.start()
-
-
-def _parent_death_signal(sig: int) -> bool:
-    """Ask the Linux kernel to send `sig` to this process when its parent ends; False where it cannot."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _watch_parent(parent: int, interval: float) -> None:
-    """`die_with`'s portable fallback: end this process once its parent is no longer `parent`."""
-    while os.getppid() == parent:
-        time.sleep(interval)
-    os._exit(1)
-
-
 @dataclass
 class Pool:
     """Where a study's runs execute (module docstring, "Executors")."""
@@ -283,8 +154,8 @@ class Pool:
     threads: int = 0
     """Torch threads per worker of the local pool (0: `sized`)."""
     slurm: dict[str, Any] = field(default_factory=dict)
-    """Parameters of the submitit executors' jobs, as given (`slurm_parameters` checks and types them): any that
-    submitit's Slurm executor accepts, e.g. partition, account, qos, mem, timeout_min, array_parallelism."""
+    """Parameters of the submitit executors' jobs, as given (`slurm_parameters` reads them, submitit checks them):
+    any that submitit's Slurm executor accepts, e.g. partition, account, qos, mem, timeout_min, array_parallelism."""
 
     def __post_init__(self) -> None:
         check(self.executor in EXECUTORS, f"unknown executor {self.executor!r}; allowed: {', '.join(EXECUTORS)}")
@@ -299,18 +170,20 @@ class Pool:
 
     def check_available(self) -> None:
         """Refuse an executor this machine cannot run, or its jobs' parameters, before the study writes anything:
-        the submitit executors without submitit, a --slurm key or value submitit would not take
-        (`slurm_parameters`), and slurm without Slurm (no sbatch, or no srun, which is what submitit's own check
-        looks for; submitit would otherwise run the study here, unasked)."""
+        the submitit executors without submitit, a --slurm value mixit reads wrongly (`slurm_parameters`), slurm
+        without Slurm (no sbatch, or no srun, which is what submitit's own check looks for; submitit would otherwise
+        run the study here, unasked), and what submitit itself refuses (`_submitit_executor`)."""
         if self.executor not in ("slurm", "submitit-local"):
             return
         submitit = require("submitit", f"--executor {self.executor} needs submitit: {install_hint('slurm')}")
-        slurm_parameters(self.executor, self.slurm)
+        slurm_parameters(self.slurm)
         if self.executor == "slurm" and (shutil.which("sbatch") is None or submitit.SlurmExecutor.affinity() <= 0):
             raise UsageError(
                 "--executor slurm needs Slurm, and this machine has none (no sbatch or srun on PATH); "
                 "use --executor local (a process pool here) or --executor submitit-local"
             )
+        with tempfile.TemporaryDirectory() as scratch:  # submitit's local executor makes its folder at once
+            _submitit_executor(self.executor, Path(scratch), self.slurm)
 
     def sized(self) -> Pool:
         """This pool with workers and threads left at 0 chosen for this machine: one single-threaded worker per
@@ -596,17 +469,87 @@ def _grouping(study_name: str, naming: Naming, planned: PlannedRun) -> Grouping:
     return study_grouping(study_name, planned.id, planned.cfg, planned.role, naming)
 
 
+# -- where a run executes: here, in a worker of the local pool, or in a submitit job --------------------------
+
+
+def run_one(
+    study_dir: str,
+    run_id: str,
+    config: dict[str, Any],
+    analyze: bool,
+    logger: Sequence[Sink] = (),
+    grouping: Grouping | None = None,
+    threads: int = 0,
+) -> dict[str, Any]:
+    """Train (or resume) one run of a study, analyse it if asked, and record a failure instead of raising.
+
+    A run to be analysed keeps log-spaced checkpoints (`train`'s keep_checkpoints="log", which changes
+    neither its results nor its id) and is analysed over them (`analyze_run`'s over_time), so the report
+    can show when its heads form. Runs in a worker process (or a Slurm job): everything it needs comes
+    as plain data, `config` as {"config": the resolved config, "request": the request it was resolved from};
+    `logger` and `grouping` are `train`'s (the study's tracking sinks, and the run's place among them)."""
+    if threads:
+        torch.set_num_threads(threads)
+    _distributed_job()
+    start = time.perf_counter()
+    failed = Path(study_dir) / "failed" / f"{run_id}.json"
+    run = Run(run_dir(Path(study_dir), run_id))
+    main = True  # until the environment says otherwise: a malformed one is this run's failure, recorded
+    try:
+        main = env_world().main
+        load_plugins()  # a fresh worker or Slurm job: the tasks and variants of MIXIT_PLUGINS
+        cfg = RunConfig.from_dict(config["config"])
+        cfg.request = config["request"]
+        got = run.state()
+        if got != "done":
+            keep: KeepCheckpoints = "log" if analyze else "latest"
+            resume = got == "started"
+            train(cfg, run.path, resume=resume, progress=False, keep_checkpoints=keep, logger=logger, grouping=grouping)
+        if analyze and not run.analysed:
+            analyze_run(run.path, batch=32, over_time=True)
+        if main:
+            failed.unlink(missing_ok=True)
+        return {"id": run_id, "state": "done", "seconds": time.perf_counter() - start}
+    except Exception as e:  # a failed run is recorded, and the study goes on
+        if isinstance(e.__cause__, KeyboardInterrupt):  # a plugin's import stopped (`_stop_pool`): not a failure
+            raise e.__cause__ from None
+        message = " ".join(str(e).split()) or type(e).__name__
+        seconds = time.perf_counter() - start
+        if main:
+            failed.parent.mkdir(parents=True, exist_ok=True)
+            error = f"{type(e).__name__}: {message}"
+            write_json(
+                failed, {"id": run_id, "error": error, "traceback": traceback.format_exc()[-4000:], "seconds": seconds}
+            )
+        return {"id": run_id, "state": "failed", "error": message, "seconds": seconds}
+
+
+def _distributed_job() -> None:
+    """In a Slurm job of several tasks (one per GPU, submitit), export what torch.distributed reads
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the run trains on all of them."""
+    try:
+        import submitit
+
+        job = submitit.JobEnvironment()
+    except (ImportError, RuntimeError):  # not a submitit job
+        return
+    if job.num_tasks > 1:
+        submitit.helpers.TorchDistributedEnvironment().export()
+
+
 def _local_pool(jobs: list[tuple[Any, ...]], pool: Pool, finished: Callable[[dict[str, Any]], None]) -> None:
-    """Run `jobs` on a process pool of `pool.workers` workers, each of which ends with this process (`die_with`).
+    """Run `jobs` on a process pool of `pool.workers` spawned workers (`_start_worker`), each running `run_one`.
 
     Interrupted (Ctrl-C, or a SIGINT to this process alone), it stops its workers (`_stop_pool`) and drops
     the runs not started, rather than waiting for them: each run resumes from its last checkpoint next time."""
-    context = multiprocessing.get_context("spawn")
     executor = concurrent.futures.ProcessPoolExecutor(
-        pool.workers, mp_context=context, initializer=_init_worker, initargs=(pool.threads, os.getpid())
+        pool.workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_start_worker,
+        initargs=(pool.threads,),
     )
     try:
-        futures = [executor.submit(run_one, *job) for job in jobs]
+        futures = [executor.submit(_run_in_worker, *job) for job in jobs]
         for future in concurrent.futures.as_completed(futures):
             finished(future.result())
     except BaseException:
@@ -615,10 +558,52 @@ def _local_pool(jobs: list[tuple[Any, ...]], pool: Pool, finished: Callable[[dic
     executor.shutdown(wait=True)
 
 
+def _start_worker(threads: int) -> None:
+    """Set up a worker of the local pool: its torch threads, mixit's warnings on one line (as the CLI's), its
+    SIGINT ignored, and its end with the study.
+
+    A Ctrl-C reaches every process of the terminal's group; a worker ignores it and the study stops it instead
+    (`_stop_pool`), so a SIGINT to the study alone stops its workers too, and no worker is interrupted twice.
+    A worker must never outlive its study (idle, holding its memory, and locking its run directory against the
+    study's resume), however the study ends, a SIGKILL included: a daemon thread waits for the study's process
+    to end (`multiprocessing.parent_process`, whose sentinel is a pipe the kernel closes when the study's process
+    ends) and then ends the worker at once, which is safe at any moment (its run resumes from its checkpoint)."""
+    torch.set_num_threads(threads)
+    warnings.showwarning = functools.partial(show_warning, warnings.showwarning)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    study = multiprocessing.parent_process()
+    if study is not None:  # always, in a spawned worker
+        threading.Thread(target=_end_with, args=(study,), name="mixit-end-with-study", daemon=True).start()
+
+
+def _end_with(study: multiprocessing.process.BaseProcess) -> None:
+    """End this worker once the study's process has ended (`_start_worker`)."""
+    study.join()
+    os._exit(1)
+
+
+def _run_in_worker(*job: Any) -> dict[str, Any]:
+    """`run_one` in a worker of the local pool. A SIGTERM from the study (`_stop_pool`) during the run interrupts
+    it as a Ctrl-C would, so it closes its files (`_interrupt`); outside a run (the worker idle, or handing an
+    outcome back) a SIGTERM ends the worker at once, as by default: it has nothing to close, and an interrupt
+    there would print the pool's traceback."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return run_one(*job)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """A SIGTERM during a worker's run: a KeyboardInterrupt, once (a second SIGTERM ends the worker)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt
+
+
 def _stop_pool(executor: concurrent.futures.ProcessPoolExecutor, grace: float = 30.0) -> None:
-    """Stop `executor`'s workers: SIGTERM, which each turns into a KeyboardInterrupt of its run so it exits
-    as after a Ctrl-C (its files closed, nothing leaked), then SIGKILL for one still there after `grace` s."""
-    workers = list((getattr(executor, "_processes", None) or {}).values())
+    """Stop `executor`'s workers, which are this process's children: SIGTERM, which interrupts each one's run so
+    it exits as after a Ctrl-C (`_run_in_worker`), then SIGKILL for one still there after `grace` s."""
+    workers = multiprocessing.active_children()
     for worker in workers:
         worker.terminate()
     executor.shutdown(wait=False, cancel_futures=True)
@@ -629,7 +614,7 @@ def _stop_pool(executor: concurrent.futures.ProcessPoolExecutor, grace: float = 
             worker.join()
 
 
-# -- the jobs' parameters (--slurm KEY=VALUE) ----------------------------------------------
+# -- the submitit jobs and their parameters (--slurm KEY=VALUE) ---------------------------------------------------
 
 SLURM_DEFAULTS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "timeout_min": (240, ("timeout_min", "time")),
@@ -638,7 +623,7 @@ SLURM_DEFAULTS: dict[str, tuple[Any, tuple[str, ...]]] = {
 """mixit's default for a parameter of the submitit jobs, and the keys that, given, replace it (submitit's own
 defaults are a 5-minute limit, and Slurm's one CPU per task; Slurm refuses cpus_per_task beside cpus_per_gpu)."""
 
-SLURM_MINIMA: dict[str, tuple[float, str]] = {
+SLURM_NUMBERS: dict[str, tuple[int | float, str]] = {
     "timeout_min": (1, "a time limit in minutes"),
     "time": (1, "a time limit in minutes"),
     "signal_delay_s": (0, "seconds between the warning signal and the time limit"),
@@ -652,123 +637,86 @@ SLURM_MINIMA: dict[str, tuple[float, str]] = {
     "array_parallelism": (1, "a number of jobs at once"),
     "mem_gb": (0.001, "memory in GB"),
 }
-"""The smallest value of each number submitit's Slurm executor takes, and what the number is: times and counts
-at least 1, GPUs and the signal's delay at least 0, memory at least 1 MB (submitit writes less as 0 MB, which
-Slurm reads as all of a node's memory). A number below is refused, never passed on: Slurm, or submitit's local
-executor, would refuse it only once the study is written, or run jobs that end at once."""
+"""The parameters that are numbers (integers, but for mem_gb), each with its least value and what it counts. They
+are read and checked here because submitit checks no range: a number below would reach Slurm, or submitit's local
+executor, which would refuse it only once the study is written, or run jobs that end at once (submitit writes
+under 1 MB as ``--mem=0MB``, which Slurm reads as all of a node's memory)."""
 
-SLURM_RENAMED = {"num_gpus": "gpus_per_node"}
-"""Names submitit still reads but has deprecated, and their successors; refused, since the one task per GPU of
-`slurm_parameters` reads gpus_per_node."""
+SLURM_SHAPES: dict[str, type] = {"setup": list, "teardown": list, "srun_args": list, "additional_parameters": dict}
+"""The parameters that take more than one value: a list of lines or arguments, one ``--slurm KEY=ITEM`` per item
+(submitit takes a list, even of one), or sbatch options, one ``--slurm KEY.NAME=VALUE`` each."""
 
-
-SLURM_TYPES: dict[str, Any] = {
-    **dict.fromkeys(("name", "job_name", "partition", "qos", "account", "constraint", "exclude", "nodelist"), str),
-    **dict.fromkeys(("mem", "mem_per_gpu", "mem_per_cpu", "gres", "comment", "mail_type", "mail_user"), str),
-    **dict.fromkeys(("dependency", "wckey"), str),
-    **dict.fromkeys(("timeout_min", "time", "signal_delay_s", "nodes", "tasks_per_node", "ntasks_per_node"), int),
-    **dict.fromkeys(("cpus_per_task", "cpus_per_gpu", "gpus_per_node", "gpus_per_task", "array_parallelism"), int),
-    "mem_gb": float,
-    **dict.fromkeys(("stderr_to_stdout", "use_srun"), bool),
-    "exclusive": bool | str,
-    **dict.fromkeys(("setup", "teardown", "srun_args"), list[str]),
-    "additional_parameters": dict[str, Any],
-}
-"""Every --slurm key and the type of its value: the parameters of submitit's Slurm executor (the keyword arguments
-of the function that writes its sbatch script: account, qos, mem, constraint, array_parallelism, ...) and
-AutoExecutor's generic ones (`SLURM_GENERIC`). submitit publishes no list of them; tests/test_slurm.py checks this
-one against the installed submitit's, so a parameter a release adds or retypes fails a test, not a study."""
-
-SLURM_GENERIC = (
-    "name",
-    "timeout_min",
-    "mem_gb",
-    "nodes",
-    "cpus_per_task",
-    "gpus_per_node",
-    "tasks_per_node",
-    "stderr_to_stdout",
-)
-"""AutoExecutor's parameters, which every cluster reads, passed as they are (the others with a ``slurm_`` prefix)."""
-
-SLURM_SAME = {"name": "job_name", "timeout_min": "time", "mem_gb": "mem", "tasks_per_node": "ntasks_per_node"}
-"""A generic parameter and the Slurm executor's that sets the same sbatch option."""
+SLURM_SHARED = "name timeout_min mem_gb nodes cpus_per_task gpus_per_node tasks_per_node stderr_to_stdout".split()
+"""The parameters AutoExecutor shares between its clusters (as its update_parameters documents), passed as they are;
+the others are the Slurm executor's own, which AutoExecutor takes with a ``slurm_`` prefix and the local one ignores.
+tests/test_slurm.py checks this list, and the two above, against the installed submitit."""
 
 
-def slurm_parameters(executor: str, given: Mapping[str, Any]) -> dict[str, Any]:
+def slurm_parameters(given: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword arguments of submitit's AutoExecutor.update_parameters for a study's jobs, from `given`
-    (``--slurm KEY=VALUE`` items, or a dict from Python); a bad key or value raises UsageError naming it.
+    (``--slurm KEY=VALUE`` items, or a dict from Python), dashes read as underscores (as sbatch spells them).
 
-    Each key is one submitit's Slurm executor accepts (`SLURM_TYPES`; dashes read as underscores, as sbatch spells
-    them), each value of submitit's type for it (`_typed`), a number at least its `SLURM_MINIMA`. Where `given`
-    does not say: `SLURM_DEFAULTS`, and one task per GPU (tasks_per_node = gpus_per_node, or 1), so that each GPU
-    trains one rank of the run (docs/scaling.md, "Slurm"). The generic names go as they are, Slurm's own with
-    submitit's ``slurm_`` prefix, which the local executor ignores."""
+    Each value is read as `_slurm_value` says, which refuses one of the wrong shape, a number that is not one or is
+    out of range; whether a key exists, and the type of the rest, are submitit's to judge (`_submitit_executor`).
+    Where `given` does not say: `SLURM_DEFAULTS`, and one task per GPU (tasks_per_node = gpus_per_node, or 1), so
+    that each GPU trains one rank of the run (docs/scaling.md, "Slurm")."""
     params: dict[str, Any] = {}
     for raw, value in given.items():
         key = str(raw).replace("-", "_")
-        if key in SLURM_RENAMED:
-            raise UsageError(f"--slurm {key} is submitit's deprecated name for {SLURM_RENAMED[key]}; give that")
-        if key not in SLURM_TYPES:
-            near = difflib.get_close_matches(key, SLURM_TYPES, n=1)
-            raise UsageError(
-                f"unknown --slurm key {key!r}{f' (did you mean {near[0]}?)' if near else ''}; "
-                f"submitit's Slurm executor accepts: {', '.join(sorted(SLURM_TYPES))}"
-            )
         check(key not in params, f"--slurm {key} is given twice (once as {raw!r})")
-        params[key] = _typed(key, value, SLURM_TYPES[key])
-        if key in SLURM_MINIMA:
-            minimum, what = SLURM_MINIMA[key]
-            check(params[key] >= minimum, f"--slurm {key}={value} is out of range: {what}, at least {minimum}")
-    for generic, own in SLURM_SAME.items():
-        check(
-            not {generic, own} <= params.keys(),
-            f"--slurm {generic} and {own} set the same sbatch option; give one of them",
-        )
-    nodes = params.get("nodes", 1)
-    check(executor != "submitit-local" or nodes == 1, f"--executor submitit-local runs on 1 node; got nodes={nodes}")
+        params[key] = _slurm_value(key, value)
     for key, (default, given_by) in SLURM_DEFAULTS.items():
         if not params.keys() & set(given_by):
             params[key] = default
     if not params.keys() & {"tasks_per_node", "ntasks_per_node"}:
         params["tasks_per_node"] = params.get("gpus_per_node") or 1
-    return {key if key in SLURM_GENERIC else f"slurm_{key}": value for key, value in params.items()}
+    return {key if key in SLURM_SHARED else f"slurm_{key}": value for key, value in params.items()}
 
 
-def _typed(key: str, value: Any, hint: Any) -> Any:
-    """`value` of --slurm `key` as its type `hint` (`SLURM_TYPES`) says, checked by `mixit.config.coerce`: a string
-    is read as true/false or a number first where the hint allows one (true/false before a string, for
-    ``exclusive``), else taken as it is. A list parameter (setup, srun_args) takes one item per --slurm KEY=..., and
-    a dict one (additional_parameters) one --slurm KEY.NAME=VALUE per sbatch option NAME, true for the option
-    alone."""
-    if get_origin(hint) is list:
+def _slurm_value(key: str, value: Any) -> Any:
+    """The value of --slurm `key` for submitit: a list or a mapping where `SLURM_SHAPES` says so (from Python, or
+    from repeated items), a number where `SLURM_NUMBERS` says so (from a string, or from Python), checked against its
+    least value; otherwise one value, true or false (any case) read as a bool, anything else passed as given."""
+    shape = SLURM_SHAPES.get(key)
+    if shape is list:
         items = value if isinstance(value, list) else [value]
         check(all(isinstance(v, str) for v in items), f"--slurm {key} takes strings, one per --slurm {key}=...")
         return items
-    if get_origin(hint) is dict:
+    if shape is dict:
         ok = isinstance(value, Mapping) and not any(isinstance(v, (list, Mapping)) for v in value.values())
         check(ok, f"--slurm {key} takes one --slurm {key}.NAME=VALUE per sbatch option NAME, got {value!r}")
         return {str(name): True if v == "true" else v for name, v in value.items()}
     check(not isinstance(value, (list, Mapping)), f"--slurm {key} takes one value, got {value!r}")
-    for candidate in _readings(value):
-        ok, typed = coerce(hint, candidate)
-        if ok:
-            return typed
-    raise UsageError(f"--slurm {key}: expected {type_name(hint)}, got {value!r}")
+    if key not in SLURM_NUMBERS:
+        return value.lower() == "true" if isinstance(value, str) and value.lower() in ("true", "false") else value
+    least, what = SLURM_NUMBERS[key]
+    whole = isinstance(least, int)
+    number = value
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            number = int(value) if whole else float(value)
+    ok = isinstance(number, int if whole else (int, float)) and not isinstance(number, bool) and math.isfinite(number)
+    check(ok, f"--slurm {key}: expected {'an integer' if whole else 'a number'}, got {value!r}")
+    check(number >= least, f"--slurm {key}={value} is out of range: {what}, at least {least}")
+    return number
 
 
-def _readings(value: Any) -> list[Any]:
-    """What a --slurm value may stand for, in order: given from Python, itself; given as a string, true or false
-    (any case), then an integer, then a number, then the string itself."""
-    if not isinstance(value, str):
-        return [value]
-    readings: list[Any] = [{"true": True, "false": False}[value.lower()]] if value.lower() in ("true", "false") else []
-    for number in (int, float):
-        try:
-            readings.append(number(value))
-        except ValueError:
-            pass
-    return [*readings, value]
+def _submitit_executor(executor: str, folder: Path, slurm: Mapping[str, Any]) -> Any:
+    """submitit's executor for a study's jobs, writing into `folder`, its parameters set from `slurm`
+    (`slurm_parameters`). What submitit refuses in them, or warns of (an unknown key, a value of the wrong type,
+    nodes above 1 on this machine, the deprecated num_gpus), raises UsageError with submitit's own first line."""
+    import submitit  # there: `Pool.check_available`
+
+    # The cluster is named, never detected: AutoExecutor's own choice falls back to this machine silently. The
+    # local one takes the same parameters, and ignores those only Slurm has.
+    ex = submitit.AutoExecutor(folder, cluster="local" if executor == "submitit-local" else "slurm")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ex.update_parameters(**slurm_parameters(slurm))
+    except (NameError, AssertionError, ValueError, TypeError, Warning) as e:  # how submitit says no
+        raise UsageError(f"--slurm: {(str(e).strip() or type(e).__name__).splitlines()[0]}") from None
+    return ex
 
 
 def _submitit(
@@ -779,13 +727,7 @@ def _submitit(
     finished: Callable[[dict[str, Any]], None],
 ) -> None:
     """Run `jobs` as one submitit array job: on Slurm, or with submitit's local executor."""
-    import submitit  # there: `Pool.check_available`
-
-    folder = study_dir / "slurm"
-    # The cluster is named, never detected: AutoExecutor's own choice falls back to this machine silently. The
-    # local one takes the same parameters, and ignores those only Slurm has.
-    ex: Any = submitit.AutoExecutor(folder, cluster="local" if executor == "submitit-local" else "slurm")
-    ex.update_parameters(**slurm_parameters(executor, slurm))
+    ex = _submitit_executor(executor, study_dir / "slurm", slurm)
     if not jobs:
         return
     pending = list(ex.map_array(run_one, *zip(*jobs)))
