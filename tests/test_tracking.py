@@ -346,6 +346,15 @@ def wandb_points(records):
     return dict(got)
 
 
+def wandb_summary(records):
+    """The run's summary, as the summary records among W&B `records` leave it."""
+    summary = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "summary":
+            summary.update({"/".join(u.nested_key) or u.key: json.loads(u.value_json) for u in record.summary.update})
+    return summary
+
+
 @pytest.fixture
 def wandb_offline(tmp_path, monkeypatch):
     """W&B offline and quiet, with nothing in the home directory."""
@@ -364,12 +373,8 @@ def test_wandb_offline_holds_every_point_once_after_a_resume(tmp_path, monkeypat
     assert runs[0].project == "mixit" and runs[0].display_name == "run"
     assert set(runs[0].tags) == {"task=addition", "variant=standard", "seed=0"}
     assert_same_points(wandb_points(records), expected(tmp_path / "run"), resumed_in_place=True)
-    summary = {}
-    for record in records:
-        if record.WhichOneof("record_type") == "summary":
-            summary.update({"/".join(u.nested_key) or u.key: json.loads(u.value_json) for u in record.summary.update})
     want = summary_points(Run.open(tmp_path / "run").summary())
-    assert {k: summary[k] for k in want} == pytest.approx(want)
+    assert {k: wandb_summary(records)[k] for k in want} == pytest.approx(want)
 
 
 def test_several_sinks_at_once_each_hold_every_point(tmp_path, mlflow_uri, wandb_offline):
@@ -387,6 +392,66 @@ def test_several_sinks_at_once_each_hold_every_point(tmp_path, mlflow_uri, wandb
     assert_same_points(wandb_points(wandb_records(tmp_path / "run")), want, resumed_in_place=True)
     client = MlflowClient(mlflow_uri)
     assert_same_points(mlflow_points(client, client.get_run(held["mlflow"]["run_id"])), want, resumed_in_place=True)
+
+
+KILLED_SCRIPT = """
+import json, os, signal, sys
+import accelerate.tracking, mlflow, tensorboard, wandb  # imported once: each session is a fork of this process
+from mixit import run_config, train
+run_dir, sessions = sys.argv[1], json.loads(sys.argv[2])
+cfg = run_config("addition", "standard", {"n_digits": 2}, **json.loads(sys.argv[3]))
+for kill_at, logger, resume in sessions:
+    pid = os.fork()
+    if pid == 0:
+        def on_step(step, loss):
+            if step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        train(cfg, run_dir, resume=resume, progress=False, on_step=on_step, logger=logger)
+        os._exit(0)
+    status = os.waitpid(pid, 0)[1]
+    print(os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+KILLED = dict(TINY, steps=12, log_every=1, eval_every=3, checkpoint_every=4)
+"""Events: freeze and eval at 0, train at every step, eval every 3 steps; checkpoints at 4, 8 and 12."""
+
+
+def sessions(run_dir, *plan):
+    """Sessions of a run, each `(kill_at, logger, resume)`: a process of its own (a fork of one that has imported
+    the sinks' libraries, which takes seconds), killed outright (SIGKILL) after step `kill_at` (0: never)."""
+    argv = [str(run_dir), json.dumps(plan), json.dumps(KILLED)]
+    result = subprocess.run([sys.executable, "-c", KILLED_SCRIPT, *argv], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert [int(line) for line in result.stdout.split()] == [-9 if kill_at else 0 for kill_at, _, _ in plan]
+    assert "logger failed" not in result.stderr, result.stderr
+
+
+def test_every_sink_holds_every_point_once_across_kills(tmp_path, mlflow_uri, wandb_offline):
+    """The acceptance test of "nothing lost across a kill": three live sinks, the run killed with SIGKILL before
+    its first checkpoint and mid-way after one, resumed each time (once without --logger, as the README and the
+    Ctrl-C message say): TensorBoard, MLflow and W&B (offline) each hold every point of metrics.jsonl once, and
+    the summary; `export-logs` to them afterwards sends nothing twice."""
+    from mlflow.tracking import MlflowClient
+
+    run_dir, sinks = tmp_path / "run", ["tensorboard", "mlflow", "wandb"]
+    # Killed before the first checkpoint (4); after it, mid-way, resumed without --logger (the run remembers its
+    # sinks): steps 5 and 6 run again; then resumed with --logger, to the end.
+    sessions(run_dir, (3, sinks, False), (6, [], True), (0, sinks, True))
+    assert main(["export-logs", str(run_dir), "--to", ",".join(sinks)]) == 0
+    run = Run.open(run_dir)
+    want, summary = expected(run_dir), summary_points(run.summary())
+    assert [e["step"] for e in run.metrics() if e["event"] == "train"] == list(range(1, 13))
+    assert sorted(tracking_state(run)) == sorted(sinks)
+    scalars, held_summary = split_summary(tensorboard_scalars(run_dir))
+    assert_same_points(scalars, want)
+    assert_close({k: v[0][1] for k, v in held_summary.items()}, summary, dtype=torch.float32)
+    client = MlflowClient(mlflow_uri)
+    mlflow_run = client.get_run(tracking_state(run)["mlflow"]["run_id"])
+    assert_same_points(mlflow_points(client, mlflow_run), want, resumed_in_place=True)
+    assert {k: len(client.get_metric_history(mlflow_run.info.run_id, k)) for k in summary} == dict.fromkeys(summary, 1)
+    records = wandb_records(run_dir)
+    assert_same_points(wandb_points(records), want, resumed_in_place=True)
+    assert {k: wandb_summary(records)[k] for k in summary} == pytest.approx(summary)
 
 
 TRACKIO_SCRIPT = """
