@@ -559,8 +559,10 @@ class Trackio(SinkKind):
         return lambda name, step: (name, step) in held
 
     def finish(self, completed: bool) -> None:
+        """trackio's own finish, not accelerate's (the run's): that one leaves the run trackio's current run, which
+        trackio finishes again as the process exits, printing on stdout."""
         with contextlib.redirect_stdout(sys.stderr):
-            self.tracker.finish()
+            importlib.import_module("trackio").finish()
 
 
 KINDS: dict[str, type[SinkKind]] = {kind.name: kind for kind in (TensorBoard, Wandb, Mlflow, Trackio)}
