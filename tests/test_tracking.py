@@ -149,7 +149,7 @@ def test_tensorboard_reads_back_equal_to_metrics_jsonl(tmp_path):
 
 def test_a_resumed_run_sends_each_point_once(tmp_path):
     interrupted_then_resumed(tmp_path / "run", ["tensorboard"])
-    assert len(tensorboard_events(Run.open(tmp_path / "run"))) == 2  # one file per session, the second purging
+    assert len(tensorboard_events(Run.open(tmp_path / "run"))) == 1  # rewritten whole by each session
     assert_same_points(split_summary(tensorboard_scalars(tmp_path / "run"))[0], expected(tmp_path / "run"))
 
 
@@ -182,14 +182,14 @@ def test_a_failing_sink_is_warned_about_once_and_training_goes_on(tmp_path, monk
     warnings = [line for line in capsys.readouterr().err.splitlines() if "logger failed" in line]
     assert warnings == [
         "mixit: warning: the tensorboard logger failed (OSError: [Errno 28] No space left on device); nothing more "
-        "goes to it in this session (metrics.jsonl holds every event)"
+        "goes to it in this session (metrics.jsonl holds every event; the next session sends it what it lacks)"
     ]
     assert calls == [0, 0, 2, 4]  # freeze and eval at 0, train at 2, then the failure: never called again
     assert [e["step"] for e in Run.open(tmp_path / "run").metrics() if e["event"] == "train"] == [2, 4, 6]
-    assert tracking_state(Run.open(tmp_path / "run"))["tensorboard"]["events"] == 3
-    # The next session sends it what it missed.
+    assert tracking_state(Run.open(tmp_path / "run")) == {"tensorboard": {}}  # the run remembers its sink
+    # The next session sends it what it missed, though not named again.
     monkeypatch.setattr(TensorBoard, "log", log)
-    train(tiny_cfg(), tmp_path / "run", resume=True, progress=False, logger=["tensorboard"])
+    train(tiny_cfg(), tmp_path / "run", resume=True, progress=False)
     assert_same_points(split_summary(tensorboard_scalars(tmp_path / "run"))[0], expected(tmp_path / "run"))
 
 
@@ -225,11 +225,11 @@ def test_export_logs_sends_a_run_trained_without_a_sink_once(tmp_path, capsys):
     scalars, summary = split_summary(tensorboard_scalars(tmp_path / "run"))
     assert_same_points(scalars, expected(tmp_path / "run"))
     assert set(summary) == set(summary_points(Run.open(tmp_path / "run").summary()))
-    files = tensorboard_events(Run.open(tmp_path / "run"))
-    assert main(["export-logs", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "already holds event files; export-logs never overwrites them" in err
-    assert tensorboard_events(Run.open(tmp_path / "run")) == files
+    # Again: the event files are written again, each point still once.
+    assert main(["export-logs", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert len(tensorboard_events(Run.open(tmp_path / "run"))) == 1
+    assert_same_points(split_summary(tensorboard_scalars(tmp_path / "run"))[0], expected(tmp_path / "run"))
     assert main(["export-logs", str(tmp_path)]) == 2
     assert "holds no mixit run and no study" in capsys.readouterr().err
 
@@ -346,6 +346,15 @@ def wandb_points(records):
     return dict(got)
 
 
+def wandb_summary(records):
+    """The run's summary, as the summary records among W&B `records` leave it."""
+    summary = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "summary":
+            summary.update({"/".join(u.nested_key) or u.key: json.loads(u.value_json) for u in record.summary.update})
+    return summary
+
+
 @pytest.fixture
 def wandb_offline(tmp_path, monkeypatch):
     """W&B offline and quiet, with nothing in the home directory."""
@@ -364,12 +373,8 @@ def test_wandb_offline_holds_every_point_once_after_a_resume(tmp_path, monkeypat
     assert runs[0].project == "mixit" and runs[0].display_name == "run"
     assert set(runs[0].tags) == {"task=addition", "variant=standard", "seed=0"}
     assert_same_points(wandb_points(records), expected(tmp_path / "run"), resumed_in_place=True)
-    summary = {}
-    for record in records:
-        if record.WhichOneof("record_type") == "summary":
-            summary.update({"/".join(u.nested_key) or u.key: json.loads(u.value_json) for u in record.summary.update})
     want = summary_points(Run.open(tmp_path / "run").summary())
-    assert {k: summary[k] for k in want} == pytest.approx(want)
+    assert {k: wandb_summary(records)[k] for k in want} == pytest.approx(want)
 
 
 def test_several_sinks_at_once_each_hold_every_point(tmp_path, mlflow_uri, wandb_offline):
@@ -380,13 +385,71 @@ def test_several_sinks_at_once_each_hold_every_point(tmp_path, mlflow_uri, wandb
     interrupted_then_resumed(tmp_path / "run", ["tensorboard", "wandb", "mlflow"])
     want = expected(tmp_path / "run")
     held = tracking_state(Run.open(tmp_path / "run"))
-    assert {name: held[name]["events"] for name in held} == dict.fromkeys(
-        held, len(Run.open(tmp_path / "run").metrics())
-    )
     assert_same_points(split_summary(tensorboard_scalars(tmp_path / "run"))[0], want)
     assert_same_points(wandb_points(wandb_records(tmp_path / "run")), want, resumed_in_place=True)
     client = MlflowClient(mlflow_uri)
     assert_same_points(mlflow_points(client, client.get_run(held["mlflow"]["run_id"])), want, resumed_in_place=True)
+
+
+KILLED_SCRIPT = """
+import json, os, signal, sys
+import accelerate.tracking, mlflow, tensorboard, wandb  # imported once: each session is a fork of this process
+from mixit import run_config, train
+run_dir, sessions = sys.argv[1], json.loads(sys.argv[2])
+cfg = run_config("addition", "standard", {"n_digits": 2}, **json.loads(sys.argv[3]))
+for kill_at, logger, resume in sessions:
+    pid = os.fork()
+    if pid == 0:
+        def on_step(step, loss):
+            if step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        train(cfg, run_dir, resume=resume, progress=False, on_step=on_step, logger=logger)
+        os._exit(0)
+    status = os.waitpid(pid, 0)[1]
+    print(os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+KILLED = dict(TINY, steps=12, log_every=1, eval_every=3, checkpoint_every=4)
+"""Events: freeze and eval at 0, train at every step, eval every 3 steps; checkpoints at 4, 8 and 12."""
+
+
+def sessions(run_dir, *plan):
+    """Sessions of a run, each `(kill_at, logger, resume)`: a process of its own (a fork of one that has imported
+    the sinks' libraries, which takes seconds), killed outright (SIGKILL) after step `kill_at` (0: never)."""
+    argv = [str(run_dir), json.dumps(plan), json.dumps(KILLED)]
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}  # not this process's W&B service
+    result = subprocess.run([sys.executable, "-c", KILLED_SCRIPT, *argv], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert [int(line) for line in result.stdout.split()] == [-9 if kill_at else 0 for kill_at, _, _ in plan]
+    assert "logger failed" not in result.stderr, result.stderr
+
+
+def test_every_sink_holds_every_point_once_across_kills(tmp_path, mlflow_uri, wandb_offline):
+    """The acceptance test of "nothing lost across a kill": three live sinks, the run killed with SIGKILL before
+    its first checkpoint and mid-way after one, resumed each time (once without --logger, as the README and the
+    Ctrl-C message say): TensorBoard, MLflow and W&B (offline) each hold every point of metrics.jsonl once, and
+    the summary; `export-logs` to them afterwards sends nothing twice."""
+    from mlflow.tracking import MlflowClient
+
+    run_dir, sinks = tmp_path / "run", ["tensorboard", "mlflow", "wandb"]
+    # Killed before the first checkpoint (4); after it, mid-way, resumed without --logger (the run remembers its
+    # sinks): steps 5 and 6 run again; then resumed with --logger, to the end.
+    sessions(run_dir, (3, sinks, False), (6, [], True), (0, sinks, True))
+    assert main(["export-logs", str(run_dir), "--to", ",".join(sinks)]) == 0
+    run = Run.open(run_dir)
+    want, summary = expected(run_dir), summary_points(run.summary())
+    assert [e["step"] for e in run.metrics() if e["event"] == "train"] == list(range(1, 13))
+    assert sorted(tracking_state(run)) == sorted(sinks)
+    scalars, held_summary = split_summary(tensorboard_scalars(run_dir))
+    assert_same_points(scalars, want)
+    assert_close({k: v[0][1] for k, v in held_summary.items()}, summary, dtype=torch.float32)
+    client = MlflowClient(mlflow_uri)
+    mlflow_run = client.get_run(tracking_state(run)["mlflow"]["run_id"])
+    assert_same_points(mlflow_points(client, mlflow_run), want, resumed_in_place=True)
+    assert {k: len(client.get_metric_history(mlflow_run.info.run_id, k)) for k in summary} == dict.fromkeys(summary, 1)
+    records = wandb_records(run_dir)
+    assert_same_points(wandb_points(records), want, resumed_in_place=True)
+    assert {k: wandb_summary(records)[k] for k in summary} == pytest.approx(summary)
 
 
 TRACKIO_SCRIPT = """
@@ -442,7 +505,8 @@ def test_the_options_name_the_project_and_the_run_and_the_environment_names_the_
     for out, project, name in ((tmp_path / "plain", "from-env", "plain"), (tmp_path / "named", "proj", "first try")):
         held = tracking_state(Run.open(out))
         run = client.get_run(held["mlflow"]["run_id"])
-        assert (client.get_experiment(run.info.experiment_id).name, run.info.run_name) == (project, name)
+        # MLFLOW_EXPERIMENT_NAME has the last word in MLflow (accelerate's MLflowTracker)
+        assert (client.get_experiment(run.info.experiment_id).name, run.info.run_name) == ("from-env", name)
         (started,) = [r.run for r in wandb_records(out) if r.WhichOneof("record_type") == "run"]
         assert (started.project, started.display_name, held["wandb"]["project"]) == (project, name, project)
         about = "name=first try, project=proj, " if name == "first try" else "name=plain, "
@@ -472,11 +536,7 @@ def test_trackio_takes_the_project_and_the_name(tmp_path):
     assert result.returncode == 0, result.stderr
     in_project, in_default = json.loads(result.stdout.splitlines()[-1])
     assert in_project == len(Run.open(tmp_path / "run").metrics()) + 1 and in_default == 0  # every event, the summary
-    assert tracking_state(Run.open(tmp_path / "run"))["trackio"] | {"events": 0} == {
-        "project": "proj",
-        "name": "named",
-        "events": 0,
-    }
+    assert tracking_state(Run.open(tmp_path / "run"))["trackio"] == {"project": "proj", "name": "named"}
 
 
 def test_a_study_in_worker_processes_names_its_runs_readably_under_the_project_and_prefix(tmp_path, mlflow_uri):

@@ -17,8 +17,8 @@
           retrieval_by_pairs.json     retrieval runs only: test accuracy by the number of stored pairs
           over_time.json / .png       with --over-time: head scores and test metrics at every checkpoint
           summary.md                  the findings in words; written last, so it marks a complete analysis
-      tracking.json        with --logger (or after `mixit export-logs`): per tracking sink, what identifies the run
-                           there and how many events of metrics.jsonl it holds (read and written by `mixit.tracking`)
+      tracking.json        with --logger (or after `mixit export-logs`): the tracking sinks the run remembers, and
+                           what identifies the run in each (read and written by `mixit.tracking`)
       tensorboard/         --logger tensorboard: the run's TensorBoard event files (`mixit.tracking`)
       wandb/               --logger wandb: W&B's local files (W&B names this directory itself)
 

@@ -1,34 +1,35 @@
-"""Tracking sinks: a run's metrics.jsonl and summary, sent to TensorBoard, W&B, MLflow or trackio as well.
+"""Tracking sinks: a run's metrics.jsonl and summary, projected onto TensorBoard, W&B, MLflow or trackio.
 
     mixit train --logger tensorboard,wandb ...     # any subset of `SINKS`; docs/tracking.md
     mixit reproduce --logger mlflow ...            # every run of the study, grouped under its name
-    mixit export-logs RUN_OR_STUDY --to tensorboard  # the logs of runs trained without a sink
+    mixit export-logs RUN_OR_STUDY --to tensorboard  # a run trained without a sink, or a sink left short
 
-metrics.jsonl stays the record; a sink receives the same events, from rank 0 only, as points named
-(`points`): the freeze report's numbers as freeze/<key> at step 0, each train event as train/loss,
-train/lr and train/elapsed_s, each evaluation as test/<metric> and val/<metric>; and once the run is
-done its summary (`summary_points`) as summary/test/<metric>, summary/val/<metric>, summary/n_params,
-summary/n_trainable, summary/steps_trained, summary/converged and summary/stopped_early. The resolved
-config goes with the run (W&B and trackio config, MLflow params, TensorBoard text and hparams), and so do its
-name, project, group and tags (`Grouping`; the project and name a user chose, --tracking-project and
---tracking-name, are a `Naming`). Which sinks a session uses, and how it names the runs, changes no result: it
-is no part of config.json or of a run id.
+metrics.jsonl is the run's record; a sink is a projection of it, written through accelerate's trackers
+(`accelerate.tracking`: one class per sink behind start, store_init_configuration, log and finish). A sink is sent
+the same events, from rank 0 only, as points named by `points`: the freeze report's numbers as freeze/<key> at
+step 0, each train event as train/loss, train/lr and train/elapsed_s, each evaluation as test/<metric> and
+val/<metric>; and once the run is done its summary (`summary_points`) as summary/test/<metric>, summary/val/<metric>,
+summary/n_params, summary/n_trainable, summary/steps_trained, summary/converged and summary/stopped_early. The
+resolved config goes with the run, and so do its name, project, group and tags (`Grouping`; the project and name a
+user chose, --tracking-project and --tracking-name, are a `Naming`). Which sinks a session uses, and how it names
+the runs, changes no result: it is no part of config.json or of a run id.
 
-What a sink holds of a run is recorded in the run's tracking.json (`tracking_state`): for each sink, what
-identifies the run there (W&B's id, MLflow's run id and tracking URI, trackio's project and name) and how
-many of metrics.jsonl's events it has been sent, in order. A session sends each sink the events from that
-count on, so that a resumed run sends no point twice: a sink the run is new to first gets every event
-metrics.jsonl holds (as does `export_run`), and the events a resumed session computes again (those after
-its checkpoint that the killed session had sent) are skipped, except by TensorBoard, which drops them
-(SummaryWriter's purge_step) and takes them again. TensorBoard's writer is flushed after every event, so
-that what it was sent is on disk.
+Every point exactly once, across kills: the run's tracking.json (`tracking_state`) remembers its sinks and what
+identifies the run in each (W&B's id and project, MLflow's run id and tracking URI, trackio's project and name),
+written before the sink is sent a point. A session opens every sink the run remembers and those it is given
+(`run_sinks`), asks each what it holds already (`SinkKind.holds`: read back from the sink itself, never counted by
+mixit), and sends it the points of metrics.jsonl it lacks, then the new ones as metrics.jsonl gets them
+(`Feed`). metrics.jsonl, cut back to the checkpoint a resumed session starts from, is the source; a point the sink
+holds from a killed session's steps after that checkpoint is kept and not sent again (resumption is exact: the same
+numbers, but for the wall time train/elapsed_s). TensorBoard's event files are a projection mixit rewrites whole
+at each session's start.
 
-Before any work, `check_sinks` refuses a sink that cannot work, in one line: its package missing, or its
-settings (each writer's `check`): MLflow's tracking URI of a scheme MLflow does not know, or an http(s) server that
-does not answer; W&B's WANDB_MODE not one of its modes; a local directory a sink writes (trackio's store, MLflow's
-file or sqlite store, RUN/tensorboard/, RUN/wandb/) not writable. A sink that fails later (a network, a full disk)
-is warned about once on stderr and sent nothing more in this session; training goes on, and the next session
-sends it what it missed.
+Before any work, `check_sinks` refuses a sink that cannot work, in one line: its package missing, or its settings
+(each kind's `check`): MLflow's tracking URI of a scheme MLflow does not know, or an http(s) server that does not
+answer; W&B's WANDB_MODE not one of its modes; a local directory a sink writes (trackio's store, MLflow's file or
+sqlite store, RUN/tensorboard/, RUN/wandb/) not writable. A sink that fails later (a network, a full disk) is warned
+about once on stderr and sent nothing more in this session; training goes on, and the next session (or
+`mixit export-logs`) sends it what it lacks.
 """
 
 from __future__ import annotations
@@ -40,17 +41,15 @@ import json
 import os
 import secrets
 import socket
+import struct
 import sys
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast, get_args, get_origin
+from typing import Any, Literal, cast, get_args, get_origin
 
-from mixit.checkpoint import is_count
 from mixit.config import flatten
 from mixit.errors import UsageError, require
 from mixit.experiment import RunConfig
@@ -64,7 +63,7 @@ Sink = Literal["tensorboard", "wandb", "mlflow", "trackio"]
 SINKS: tuple[str, ...] = get_args(Sink)
 
 DEFAULT_PROJECT = "mixit"
-"""W&B's and trackio's project, and MLflow's experiment, where nothing names one (each writer says what may)."""
+"""W&B's and trackio's project, and MLflow's experiment, where nothing names one (each kind says what may)."""
 
 NAME_MAX = 128
 """The longest project or run name a user may give: W&B's limit for a project."""
@@ -72,7 +71,6 @@ NAME_MAX = 128
 PROJECT_FORBIDDEN = "/\\#?%:"
 """What a project's name may not hold: the characters W&B refuses in one (trackio makes a file of it, which
 takes no / either)."""
-
 
 REACH_TIMEOUT_S = 2.5
 """How long an http(s) tracking server has to accept a connection before it is refused as unreachable."""
@@ -86,15 +84,14 @@ def tracking_path(run: Run) -> Path:
     return run.path / "tracking.json"
 
 
-def tracking_state(run: Run) -> dict[str, Any]:
-    """tracking.json: per tracking sink, what identifies the run there and how many events it holds ({} if the run
-    has been sent to none)."""
+def tracking_state(run: Run) -> dict[str, dict[str, Any]]:
+    """tracking.json: per sink the run remembers, what identifies the run there ({} if it has none)."""
     path = tracking_path(run)
     if not path.exists():
         return {}
     data = read_json(path, path.name)
-    if not isinstance(data, dict) or not all(isinstance(v, dict) and is_count(v.get("events")) for v in data.values()):
-        raise UsageError(f"{path} is corrupt: not an object of sinks, each with its count of events")
+    if not isinstance(data, dict) or not all(k in SINKS and isinstance(v, dict) for k, v in data.items()):
+        raise UsageError(f"{path} is corrupt: not an object of sinks ({', '.join(SINKS)}), each an object")
     return data
 
 
@@ -109,11 +106,21 @@ def tensorboard_events(run: Run) -> list[Path]:
     return sorted(directory.glob("events.out.tfevents.*")) if directory.is_dir() else []  # TensorBoard's names
 
 
+# -- checks before any work -----------------------------------------------------------------------
+
+
+def run_sinks(names: Iterable[str], run_dir: str | Path) -> list[str]:
+    """The sinks a resumed run goes to: those its tracking.json remembers, then `names`."""
+    run = Run(run_dir)
+    return [*(tracking_state(run) if run.state() != "absent" else {}), *names]
+
+
 def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | Path | None = None) -> tuple[Sink, ...]:
     """`names` (or one name) as sinks, each once, in order; refused before any work if one is unknown, its
-    package is not installed (naming the command that installs it), or its settings cannot work (each writer's
-    `check`: module docstring). `option` is the flag that named them, for the message; `run_dir`, the run they
-    will write, whose own directories and tracking.json are checked too if it exists already."""
+    package (or accelerate, which drives it) is not installed (naming the command that installs it), or its
+    settings cannot work (each kind's `check`: module docstring). `option` is the flag that named them, for the
+    message; `run_dir`, the run they will write, whose own directories and tracking.json are checked too if it
+    exists already."""
     chosen: list[Sink] = []
     for name in [names] if isinstance(names, str) else names:
         if name not in SINKS:
@@ -121,6 +128,7 @@ def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | P
         if name in chosen:
             continue
         require(name, f"{option} {name} needs the {name} package: {install_hint(name)}")
+        require("accelerate", f"{option} {name} needs the accelerate package: {install_hint(name)}")
         chosen.append(cast(Sink, name))
     run = Run(run_dir) if run_dir is not None else None
     if run is not None and run.state() == "absent":
@@ -128,7 +136,7 @@ def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | P
     held = tracking_state(run) if run is not None and chosen else {}
     for name in chosen:
         try:
-            WRITERS[name]().check(run, held.get(name))
+            KINDS[name].check(run, held.get(name))
         except UsageError as e:
             raise UsageError(f"{option} {name}: {e}") from None
     return tuple(chosen)
@@ -263,104 +271,114 @@ def summary_points(summary: Mapping[str, Any]) -> dict[str, float]:
     return named
 
 
-# -- the sinks ----------------------------------------------------------------------------
+# -- the sinks, on accelerate's trackers ------------------------------------------------------------
 
 
 Held = Mapping[str, Any] | None
-"""tracking.json's record of a run in a sink; None where the sink holds none of it."""
+"""tracking.json's record of a run in a sink; None where the run is new to the sink."""
+
+Holds = Callable[[str, int], bool]
+"""Whether a sink holds the point (name, step) already (`SinkKind.holds`)."""
 
 
-class SinkWriter(Protocol):
-    """What the tracker asks of a sink (one class per sink, in `WRITERS`, each deriving from this one)."""
+class SinkKind:
+    """One sink in one session: the accelerate tracker that writes it (`start`), and what mixit adds around it:
+    its checks, what identifies the run there, and reading back what it holds. One subclass per sink, in `KINDS`."""
 
     name: str
-    purges: bool = False
-    """It can drop the points it holds from a step on (`open`'s purge_step): TensorBoard."""
 
-    def check(self, run: Run | None, held: Held) -> None:
+    @staticmethod
+    def check(run: Run | None, held: Held) -> None:
         """Refuse (UsageError, one line naming the setting to change), before any work, settings with which the
         sink cannot work. `run`: the run it will write, if it exists already."""
-        ...
 
-    def open(self, run: Run, held: Held, grouping: Grouping, purge_step: int | None) -> dict[str, Any]:
-        """Start the run in the sink, with its config, or continue it (`held`); with `purge_step`, drop the points
-        it holds from that step on. Returns what identifies the run there, which tracking.json keeps for the next
-        session."""
-        ...
+    def identify(self, held: Held, grouping: Grouping) -> dict[str, Any]:
+        """What identifies the run in the sink, as far as it is known before the sink is started: tracking.json
+        records it first, so that a session killed at once continues the same run."""
+        return dict(held or {})
+
+    def start(self, run: Run, ids: Mapping[str, Any], grouping: Grouping, resumed: bool) -> dict[str, Any]:
+        """Start the run in the sink (`resumed`: continue the one `ids` names), with its config; returns `ids`
+        completed (MLflow's run id is known once the run exists)."""
+        raise NotImplementedError
+
+    def holds(self) -> Holds:
+        """What the started sink holds of the run already, read back from it."""
+        return lambda name, step: False
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         """Points at `step`."""
-        ...
+        self.tracker.log(dict(values), step=step)
 
     def summary(self, step: int, values: Mapping[str, float]) -> None:
         """The run's summary; `step`: the steps trained. Unless the sink has a place of its own for it, points."""
         self.log(step, values)
 
-    def close(self, completed: bool) -> None:
+    def finish(self, completed: bool) -> None:
         """End this session of the run: `completed`, or stopped (interrupted, failed) to be resumed."""
-        ...
+        self.tracker.finish()
+
+    def _started(self, tracker: Any) -> None:
+        # mixit calls sinks on rank 0 only, so accelerate is told not to look up its own process state.
+        tracker.main_process_only = False
+        tracker.start()
+        self.tracker = tracker
 
 
-class TensorBoard(SinkWriter):
-    """Event files in RUN/tensorboard/ (`tensorboard_dir`): ``tensorboard --logdir runs/`` shows every run,
-    named by its directory (TensorBoard has no run names and no projects: the name and project are noted in the
-    tags text). The config and tags are text at step 0; the summary, scalars at the last step, beside the run's
-    hparams (`hparams`) for the HParams tab."""
+class TensorBoard(SinkKind):
+    """Event files in RUN/tensorboard/ (`tensorboard_dir`), rewritten whole at each session's start, so that they
+    hold what metrics.jsonl holds: ``tensorboard --logdir runs/`` shows every run, named by its directory
+    (TensorBoard has no run names and no projects: the name and project are noted in the tags text). The config
+    and tags are text at step 0; the summary, scalars at the last step, beside the run's hparams (`hparams`)."""
 
     name = "tensorboard"
-    purges = True
 
-    def check(self, run: Run | None, held: Held) -> None:
+    @staticmethod
+    def check(run: Run | None, held: Held) -> None:
         if run is not None:  # a new run's directory is checked by the run itself
             check_writable(tensorboard_dir(run), "TensorBoard writes its event files there")
 
-    def open(self, run: Run, held: Held, grouping: Grouping, purge_step: int | None) -> dict[str, Any]:
-        from torch.utils.tensorboard import SummaryWriter
+    def start(self, run: Run, ids: Mapping[str, Any], grouping: Grouping, resumed: bool) -> dict[str, Any]:
+        from accelerate.tracking import TensorBoardTracker
 
-        if held is None and tensorboard_events(run):  # files of a session that died before it was recorded
-            purge_step = 0
-        self.writer = SummaryWriter(str(tensorboard_dir(run)), purge_step=purge_step)
+        for path in tensorboard_events(run):  # an earlier session's projection: written again from metrics.jsonl
+            path.unlink()
+        self._started(TensorBoardTracker(tensorboard_dir(run).name, run.path))
         self.hparams = hparams(run.config.to_dict(), grouping)
-        if held is None:
-            config = json.dumps(run.config.to_dict(), indent=2).splitlines()
-            self.writer.add_text("config", "\n".join("    " + line for line in config), 0)  # markdown: a code block
-            named = {"name": grouping.name, "project": grouping.project, "group": grouping.group}
-            about = {**{k: v for k, v in named.items() if v}, **grouping.tags}
-            self.writer.add_text("tags", ", ".join(f"{k}={v}" for k, v in about.items()), 0)
+        config = json.dumps(run.config.to_dict(), indent=2).splitlines()
+        named = {"name": grouping.name, "project": grouping.project, "group": grouping.group}
+        about = {**{k: v for k, v in named.items() if v}, **grouping.tags}
+        texts = {"config": "\n".join("    " + line for line in config)}  # markdown: a code block
+        self.tracker.log({**texts, "tags": ", ".join(f"{k}={v}" for k, v in about.items())}, step=0)
         return {}
 
-    def log(self, step: int, values: Mapping[str, float]) -> None:
-        for key, value in values.items():
-            self.writer.add_scalar(key, value, step)
-        self.writer.flush()
-
     def summary(self, step: int, values: Mapping[str, float]) -> None:
-        """The summary as scalars, then the run's hparams: TensorBoard's HParams tab shows each run's config
-        beside the last value of each of its scalars (summary/...: its final metrics). The experiment summary
-        that torch's `add_hparams` writes too is left out: TensorBoard takes one run's for every run, whose
-        config keys may differ (another task's parameters); without it, it takes the union of every run's."""
+        """The summary as scalars, then the run's hparams as a session of TensorBoard's hparams plugin, in the
+        run's own event file: the HParams tab shows each run's config beside the last value of each of its scalars
+        (summary/...: its final metrics). accelerate's store_init_configuration (torch's add_hparams) is not used:
+        it writes a second event file in a directory of its own, which TensorBoard shows as a run of its own,
+        and an experiment summary, which makes TensorBoard take one run's config keys for every run."""
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         self.log(step, values)
-        events = self.writer.file_writer  # the run's event file, which `log` has just written to
-        assert events is not None
+        events = self.tracker.writer.file_writer
         _, start, end = hparams_summaries(self.hparams, {})  # its metrics: the run's scalars
         for part in (start, end):
             events.add_summary(part, step)
-        self.writer.flush()
-
-    def close(self, completed: bool) -> None:
-        self.writer.close()
+        self.tracker.writer.flush()
 
 
-class Wandb(SinkWriter):
+class Wandb(SinkKind):
     """A W&B run whose local files are in RUN/wandb/, resumed by its id (resume="allow"). Mode, entity and the
     rest come from W&B's own environment variables (WANDB_MODE=offline, WANDB_ENTITY, ...); the project from
-    --tracking-project, else WANDB_PROJECT, else "mixit". Tags are key=value."""
+    --tracking-project, else WANDB_PROJECT, else "mixit". Tags are key=value. W&B takes a run's history in order of
+    step, so what it holds is every point before a step: online, the step the server resumes the run at; offline,
+    the step after the last row of the run's offline files in RUN/wandb/ (`wandb_rows`)."""
 
     name = "wandb"
 
-    def check(self, run: Run | None, held: Held) -> None:
+    @staticmethod
+    def check(run: Run | None, held: Held) -> None:
         """WANDB_MODE, if set, one of the modes the installed W&B accepts; RUN/wandb/ writable (WANDB_DIR is not
         used: the run directory is given to `wandb.init`)."""
         mode = os.environ.get("WANDB_MODE")
@@ -372,52 +390,85 @@ class Wandb(SinkWriter):
         if run is not None:
             check_writable(run.path / "wandb", "W&B keeps its local files there")
 
-    def open(self, run: Run, held: Held, grouping: Grouping, purge_step: int | None) -> dict[str, Any]:
-        wandb = importlib.import_module("wandb")
-        run_id = held["id"] if held else secrets.token_hex(6)
-        project = held["project"] if held else grouping.project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
-        self.run = wandb.init(
-            id=run_id,
-            project=project,
-            dir=str(run.path),
-            name=grouping.name,
-            group=grouping.group,
-            tags=[f"{k}={v}" for k, v in grouping.tags.items()],
-            config=run.config.to_dict(),
-            resume="allow",
-            reinit="create_new",
-        )
-        return {"id": run_id, "project": project}
+    def identify(self, held: Held, grouping: Grouping) -> dict[str, Any]:
+        project = grouping.project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
+        return dict(held) if held else {"id": secrets.token_hex(6), "project": project}
 
-    def log(self, step: int, values: Mapping[str, float]) -> None:
-        self.run.log(dict(values), step=step)
+    def start(self, run: Run, ids: Mapping[str, Any], grouping: Grouping, resumed: bool) -> dict[str, Any]:
+        from accelerate.tracking import WandBTracker
+
+        self.files = run.path / "wandb"
+        tags = [f"{k}={v}" for k, v in grouping.tags.items()]
+        config = run.config.to_dict()
+        tracker = WandBTracker(
+            ids["project"], id=ids["id"], dir=str(run.path), name=grouping.name, group=grouping.group, tags=tags,
+            config=config, resume="allow", reinit="create_new",
+        )  # fmt: skip
+        self._started(tracker)
+        return dict(ids)
+
+    def holds(self) -> Holds:
+        run = self.tracker.run
+        if run.offline:
+            files = self.files.glob(f"offline-run-*-{run.id}/run-{run.id}.wandb")  # every session's
+            following = max((step + 1 for path in files for step in wandb_rows(path)), default=0)
+        else:
+            following = run.starting_step  # the server's: the step after its last row
+        return lambda name, step: step < following
 
     def summary(self, step: int, values: Mapping[str, float]) -> None:
-        self.run.summary.update(dict(values))
+        self.tracker.run.summary.update(dict(values))
 
-    def close(self, completed: bool) -> None:
-        self.run.finish(exit_code=0 if completed else 1)
+    def finish(self, completed: bool) -> None:
+        self.tracker.run.finish(exit_code=0 if completed else 1)  # accelerate's finish() marks every run a success
 
 
-class Mlflow(SinkWriter):
-    """An MLflow run, through MlflowClient (no active run is set): the tracking URI from MLFLOW_TRACKING_URI or
-    MLflow's default (recorded, so that a resumed run goes on in the same store), the experiment
-    --tracking-project, else the study's name, else MLFLOW_EXPERIMENT_NAME, else "mixit"; the config as params
-    (dotted paths), the tags as tags (and a study's run tagged study=NAME)."""
+WANDB_BLOCK = 32768
+"""The block size of W&B's .wandb file (the LevelDB log format, after a 7-byte header of its own)."""
+
+
+def wandb_rows(path: Path) -> list[int]:
+    """The step of every history row of a W&B .wandb file, in order, up to the first record torn by a kill. Written
+    here because wandb (0.31) ships no Python reader of its files: wandb-core reads them, in Go. Each record is
+    one or more chunks, each with a 7-byte header (crc32c, length, type: 1 whole, 2 first, 3 middle, 4 last);
+    a block's tail too short for a header is padding."""
+    records = importlib.import_module("wandb.proto.wandb_internal_pb2")
+    data, pos, chunk, steps = path.read_bytes(), 7, b"", []
+    while pos + 7 <= len(data):
+        if WANDB_BLOCK - pos % WANDB_BLOCK < 7:
+            pos += WANDB_BLOCK - pos % WANDB_BLOCK
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 or pos + 7 + length > len(data):  # unwritten, or torn
+            break
+        chunk, pos = chunk + data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):
+            record = records.Record.FromString(chunk)
+            if record.WhichOneof("record_type") == "history":
+                steps.append(record.history.step.num)
+            chunk = b""
+    return steps
+
+
+class Mlflow(SinkKind):
+    """An MLflow run, through accelerate's MLflowTracker (the run is MLflow's active run for the session): the
+    tracking URI from MLFLOW_TRACKING_URI or MLflow's default (recorded, so that a resumed run goes on in the same
+    store), the experiment MLFLOW_EXPERIMENT_NAME (accelerate gives it the last word), else --tracking-project,
+    else the study's name, else "mixit"; the config as params (dotted paths), the tags as tags (and a study's run
+    tagged study=NAME). What it holds: its metrics' histories (MlflowClient.get_metric_history)."""
 
     name = "mlflow"
-    MAX_BATCH = 100
-    """The most params MLflow takes in one log_batch."""
 
-    def check(self, run: Run | None, held: Held) -> None:
+    @staticmethod
+    def check(run: Run | None, held: Held) -> None:
         """The tracking URI of a scheme MLflow knows; an http(s) server answering; a local store's directory
         writable. The URI is MLFLOW_TRACKING_URI's (or MLflow's default), or for a run MLflow holds already, the
-        one tracking.json records (`open` continues the run there)."""
+        one tracking.json records (the run goes on there)."""
         uri = importlib.import_module("mlflow").get_tracking_uri()
         recorded = None
         if held and run is not None and "tracking_uri" in held:
             uri = held["tracking_uri"]
-            recorded = f"{tracking_path(run)} records it for the MLflow run this run continues; or leave out mlflow"
+            recorded = f"{tracking_path(run)} records it for the MLflow run this run continues"
         scheme, known = _mlflow_scheme(uri)
         if scheme not in known:
             allowed = "a path or a URI of " + ", ".join(f"{s}:" for s in known if s)
@@ -429,86 +480,92 @@ class Mlflow(SinkWriter):
             fix = recorded or "set MLFLOW_TRACKING_URI to a writable place"
             check_writable(_mlflow_store_dir(uri, scheme), f"MLflow keeps its store there: {fix}")
 
-    def open(self, run: Run, held: Held, grouping: Grouping, purge_step: int | None) -> dict[str, Any]:
+    def identify(self, held: Held, grouping: Grouping) -> dict[str, Any]:
+        return dict(held) if held else {"tracking_uri": importlib.import_module("mlflow").get_tracking_uri()}
+
+    def start(self, run: Run, ids: Mapping[str, Any], grouping: Grouping, resumed: bool) -> dict[str, Any]:
+        from accelerate.tracking import MLflowTracker
+
         mlflow = importlib.import_module("mlflow")
-        uri = held["tracking_uri"] if held else mlflow.get_tracking_uri()
-        self.client = mlflow.tracking.MlflowClient(uri)
-        if held:
-            self.run_id = held["run_id"]
-            self.client.update_run(self.run_id, status="RUNNING")
-        else:
-            name = grouping.project or grouping.group or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
-            tags = {**grouping.tags, **({"study": grouping.group} if grouping.group else {})}
-            self.run_id = self.client.create_run(self._experiment(name), run_name=grouping.name, tags=tags).info.run_id
-            flat = flatten(run.config.to_dict(), keep_empty=True).items()  # a string as it is, any other value as JSON
-            params = [mlflow.entities.Param(k, v if isinstance(v, str) else json.dumps(v)) for k, v in flat]
-            for i in range(0, len(params), self.MAX_BATCH):
-                self.client.log_batch(self.run_id, params=params[i : i + self.MAX_BATCH])
-        return {"run_id": self.run_id, "tracking_uri": uri}
+        mlflow.set_tracking_uri(ids["tracking_uri"])
+        self.client = mlflow.tracking.MlflowClient(ids["tracking_uri"])
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or grouping.project or grouping.group or DEFAULT_PROJECT
+        _experiment(self.client, name)
+        tags = {**grouping.tags, **({"study": grouping.group} if grouping.group else {})}
+        self._started(MLflowTracker(name, run_id=ids.get("run_id"), tags=tags, run_name=grouping.name))
+        if "run_id" not in ids:  # a string as it is, any other value as JSON
+            flat = flatten(run.config.to_dict(), keep_empty=True).items()
+            self.tracker.store_init_configuration({k: v if isinstance(v, str) else json.dumps(v) for k, v in flat})
+        self.run_id = self.tracker.active_run.info.run_id
+        return {**ids, "run_id": self.run_id}
 
-    def _experiment(self, name: str) -> str:
-        """The id of the experiment `name`, made if there is none. Two runs of a study, in two workers, may both
-        find none and make it: the second to make it takes the first's."""
-        refused = importlib.import_module("mlflow").exceptions.MlflowException
-        found = self.client.get_experiment_by_name(name)
-        if found is None:
-            try:
-                return cast(str, self.client.create_experiment(name))
-            except refused:
-                found = self.client.get_experiment_by_name(name)
-                if found is None:
-                    raise
-        return cast(str, found.experiment_id)
+    def holds(self) -> Holds:
+        names = self.client.get_run(self.run_id).data.metrics
+        held = {(k, m.step) for k in names for m in self.client.get_metric_history(self.run_id, k)}
+        return lambda name, step: (name, step) in held
 
-    def log(self, step: int, values: Mapping[str, float]) -> None:
-        metric = importlib.import_module("mlflow").entities.Metric
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[metric(k, v, now, step) for k, v in values.items()])
-
-    def close(self, completed: bool) -> None:
-        self.client.set_terminated(self.run_id, status="FINISHED" if completed else "KILLED")
+    def finish(self, completed: bool) -> None:
+        importlib.import_module("mlflow").end_run("FINISHED" if completed else "KILLED")  # accelerate's: FINISHED
 
 
-class Trackio(SinkWriter):
+def _experiment(client: Any, name: str) -> None:
+    """Make MLflow's experiment `name` unless it exists. Kept beside accelerate's MLflowTracker, which makes it too:
+    two runs of a study, in two workers, may both find none and make it, and there the second to make it takes
+    the first's, where accelerate's start fails."""
+    refused = importlib.import_module("mlflow").exceptions.MlflowException
+    if client.get_experiment_by_name(name) is None:
+        try:
+            client.create_experiment(name)
+        except refused:
+            if client.get_experiment_by_name(name) is None:
+                raise
+
+
+class Trackio(SinkKind):
     """A trackio run in trackio's local store (TRACKIO_DIR, by default ~/.cache/huggingface/trackio; `trackio show`
     opens it), project --tracking-project, else "mixit", grouped by study; continued by its name (resume="allow").
-    trackio has no tags; its config holds the task, variant and seed. What trackio prints goes to stderr."""
+    trackio has no tags; its config holds the task, variant and seed. What trackio prints goes to stderr. What it
+    holds: its store's rows of the run (trackio's SQLiteStorage.get_logs, which its dashboard reads)."""
 
     name = "trackio"
 
-    def check(self, run: Run | None, held: Held) -> None:
+    @staticmethod
+    def check(run: Run | None, held: Held) -> None:
         """trackio's store writable: where the imported trackio keeps it (it reads TRACKIO_DIR when imported)."""
         store = getattr(importlib.import_module("trackio.utils"), "TRACKIO_DIR", None)
         if store is not None:
             check_writable(Path(store), "trackio keeps its store there; set TRACKIO_DIR to a writable directory")
 
-    def open(self, run: Run, held: Held, grouping: Grouping, purge_step: int | None) -> dict[str, Any]:
-        trackio = importlib.import_module("trackio")
-        project, name = (
-            (held["project"], held["name"]) if held else (grouping.project or DEFAULT_PROJECT, grouping.name)
+    def identify(self, held: Held, grouping: Grouping) -> dict[str, Any]:
+        return dict(held) if held else {"project": grouping.project or DEFAULT_PROJECT, "name": grouping.name}
+
+    def start(self, run: Run, ids: Mapping[str, Any], grouping: Grouping, resumed: bool) -> dict[str, Any]:
+        from accelerate.tracking import TrackioTracker
+
+        self.ids = dict(ids)
+        tracker = TrackioTracker(
+            ids["project"], name=ids["name"], group=grouping.group, config=run.config.to_dict(),
+            resume="allow" if resumed else "never", embed=False, auto_log_cpu=False, auto_log_gpu=False,
+        )  # fmt: skip
+        with contextlib.redirect_stdout(sys.stderr):
+            self._started(tracker)
+        return self.ids
+
+    def holds(self) -> Holds:
+        rows = importlib.import_module("trackio.sqlite_storage").SQLiteStorage.get_logs(
+            self.ids["project"], self.ids["name"]
         )
+        held = {(k, row["step"]) for row in rows for k in row if k not in ("step", "timestamp")}
+        return lambda name, step: (name, step) in held
+
+    def finish(self, completed: bool) -> None:
+        """trackio's own finish, not accelerate's (the run's): that one leaves the run trackio's current run, which
+        trackio finishes again as the process exits, printing on stdout."""
         with contextlib.redirect_stdout(sys.stderr):
-            self.run = trackio.init(
-                project=project,
-                name=name,
-                group=grouping.group,
-                config=run.config.to_dict(),
-                resume="allow" if held else "never",
-                embed=False,
-                auto_log_cpu=False,
-                auto_log_gpu=False,
-            )
-        return {"project": project, "name": name}
-
-    def log(self, step: int, values: Mapping[str, float]) -> None:
-        self.run.log(dict(values), step=step)
-
-    def close(self, completed: bool) -> None:
-        with contextlib.redirect_stdout(sys.stderr):
-            importlib.import_module("trackio").finish()  # the current run, ours (`trackio.init` made it so)
+            importlib.import_module("trackio").finish()
 
 
-WRITERS: dict[str, Callable[[], SinkWriter]] = {writer.name: writer for writer in (TensorBoard, Wandb, Mlflow, Trackio)}
+KINDS: dict[str, type[SinkKind]] = {kind.name: kind for kind in (TensorBoard, Wandb, Mlflow, Trackio)}
 
 
 def _mlflow_scheme(uri: str) -> tuple[str, list[str]]:
@@ -545,114 +602,110 @@ def hparams(config: Mapping[str, Any], grouping: Grouping) -> dict[str, Any]:
     return {k: v for k, v in {**values, **study}.items() if v is not None}
 
 
-# -- the tracker ----------------------------------------------------------------------------
+# -- the feed: metrics.jsonl's records, projected onto the sinks --------------------------------------
 
 
-class Tracker:
-    """A run's sinks in one session: each sent, in order, the events of metrics.jsonl it does not hold yet
+class Feed:
+    """A run's sinks in one session, fed from metrics.jsonl's records: each is sent every point it does not hold
     (module docstring), then the summary. A failing sink is warned about once and dropped (`_guard`).
 
-        tracker = Tracker.open(run, ("tensorboard",), grouping, run.metrics())
-        tracker.write(event)          # after metrics.jsonl got it
-        tracker.close(summary)        # the summary (None: the run stopped before it) and the end of the session
+        feed = Feed.open(run, ("tensorboard",), grouping, run.metrics())
+        feed.write(event)          # after metrics.jsonl got it
+        feed.close(summary)        # the summary (None: the run stopped before it) and the end of the session
     """
 
-    def __init__(self, run: Run, state: dict[str, Any], events: int):
-        self.run = run
-        self.state = state
-        """tracking.json: per sink, what identifies the run there and the number of events it holds."""
-        self.events = events
-        """The number of events of metrics.jsonl."""
-        self.writers: dict[str, SinkWriter] = {}
+    def __init__(self) -> None:
+        self.sinks: dict[str, tuple[SinkKind, Holds]] = {}
         self.failed: list[str] = []
 
     @classmethod
-    def open(cls, run: Run, sinks: Sequence[Sink], grouping: Grouping, kept: Sequence[dict[str, Any]]) -> Tracker:
+    def open(cls, run: Run, sinks: Sequence[Sink], grouping: Grouping, kept: Sequence[Mapping[str, Any]]) -> Feed:
         """Open `sinks` for `run`, whose metrics.jsonl holds the events `kept`, and send each what it lacks of them.
         The caller holds the run's lock."""
-        tracker = cls(run, tracking_state(run), len(kept))
+        importlib.import_module("accelerate").PartialState()  # accelerate's trackers log through its process state
+        feed, state = cls(), tracking_state(run)
         for name in sinks:
-            tracker._open(WRITERS[name](), grouping, kept)
-        write_json(tracking_path(run), tracker.state)
-        return tracker
+            kind, held = KINDS[name](), state.get(name)
+            state[name] = kind.identify(held, grouping)
+            write_json(tracking_path(run), state)  # before the sink holds anything of the run
+            ids = feed._guard(name, kind.start, run, state[name], grouping, held is not None)
+            if ids is None:
+                continue
+            if ids != state[name]:
+                state[name] = ids
+                write_json(tracking_path(run), state)
+            holds = feed._guard(name, kind.holds)
+            if holds is not None:
+                feed.sinks[name] = (kind, holds)
+        for event in kept:
+            feed.write(event)
+        return feed
 
-    def _open(self, writer: SinkWriter, grouping: Grouping, kept: Sequence[dict[str, Any]]) -> None:
-        name, held = writer.name, self.state.get(writer.name)
-        count = min(held["events"], len(kept)) if held else 0
-        purge_step = None
-        if held and writer.purges and held["events"] > len(kept):  # points of steps after the resumed checkpoint
-            purge_step = kept[-1]["step"] + 1 if kept else 0
-        ids = self._guard(name, partial(writer.open, self.run, held, grouping, purge_step))
-        if ids is None:
-            return
-        self.writers[name] = writer
-        # A sink that holds events beyond those kept (and cannot drop them) skips them when they come again.
-        self.state[name] = {**ids, "events": held["events"] if held and purge_step is None else count}
-        for i in range(count, len(kept)):
-            self._send(name, i, kept[i])
-
-    def write(self, event: dict[str, Any]) -> None:
-        """Send metrics.jsonl's next event (already written there) to every sink that does not hold it."""
-        index = self.events
-        self.events += 1
-        sent = [self._send(name, index, event) for name in list(self.writers)]  # to every sink: no short circuit
-        if any(sent):
-            write_json(tracking_path(self.run), self.state)
-
-    def _send(self, name: str, index: int, event: Mapping[str, Any]) -> bool:
-        """Send event number `index` to sink `name` unless it holds it; whether it was sent."""
-        if index < self.state[name]["events"]:
-            return False
-        if self._guard(name, partial(self.writers[name].log, int(event["step"]), points(event))) is None:
-            return False
-        self.state[name]["events"] = index + 1
-        return True
+    def write(self, event: Mapping[str, Any]) -> None:
+        """Send the points of `event` (metrics.jsonl has it) that each sink does not hold."""
+        step = int(event["step"])
+        for name, (kind, holds) in list(self.sinks.items()):
+            values = {k: v for k, v in points(event).items() if not holds(k, step)}
+            if values:
+                self._guard(name, kind.log, step, values)
 
     def close(self, summary: Mapping[str, Any] | None) -> None:
         """Send `summary` (None: the session stopped before the run was done) and end the session in every sink."""
-        for name, writer in list(self.writers.items()):
+        for name, (kind, holds) in list(self.sinks.items()):
             if summary is not None:
                 step = int(summary.get("convergence", {}).get("steps_trained") or summary.get("steps") or 0)
-                self._guard(name, partial(writer.summary, step, summary_points(summary)))
-            if name in self.writers:  # not dropped by a failure just now
-                self._guard(name, partial(writer.close, summary is not None))
-        self.writers.clear()
+                values = {k: v for k, v in summary_points(summary).items() if not holds(k, step)}
+                self._guard(name, kind.summary, step, values)
+            if name in self.sinks:  # not dropped by a failure just now
+                self._guard(name, kind.finish, summary is not None)
+        self.sinks.clear()
 
-    def _guard(self, name: str, call: Callable[[], Any]) -> Any:
-        """`call`'s result (True for None), or None if it raised: then warn once on stderr and drop sink `name`."""
+    def _guard(self, name: str, call: Callable[..., Any], *args: Any) -> Any:
+        """`call(*args)`'s result (True for None), or None if it raised: then warn once on stderr and drop sink
+        `name`."""
         try:
-            result = call()
+            result = call(*args)
         except Exception as e:  # any failure of a sink's library (network, disk, its own bugs) is the sink's
             message = " ".join(str(e).split()) or type(e).__name__
             print(
                 f"mixit: warning: the {name} logger failed ({type(e).__name__}: {message[:300]}); nothing more goes "
-                f"to it in this session (metrics.jsonl holds every event)",
+                f"to it in this session (metrics.jsonl holds every event; the next session sends it what it lacks)",
                 file=sys.stderr,
                 flush=True,
             )
-            self.writers.pop(name, None)
+            self.sinks.pop(name, None)
             self.failed.append(name)
             return None
         return True if result is None else result
+
+
+def feeder(
+    run_dir: str | Path,
+    cfg: RunConfig,
+    logger: Sequence[str],
+    resume: bool,
+    naming: Naming,
+    grouping: Grouping | None,
+) -> Callable[[Run, Sequence[Mapping[str, Any]]], Feed] | None:
+    """What `train` asks of tracking, checked before any work: the sinks of the session (`logger`, and on resume
+    those the run remembers), refused in one line if one cannot work or if `naming` names runs no sink receives;
+    None if there are none, else how to open the feed of the locked run once metrics.jsonl holds the events
+    kept. `grouping`: how the sinks name the run (default `run_grouping`)."""
+    sinks = check_sinks(run_sinks(logger, run_dir) if resume else logger, run_dir=run_dir if resume else None)
+    naming.check_sent(sinks)
+    if not sinks:
+        return None
+    grouped = grouping or run_grouping(run_dir, cfg, naming)
+    return lambda run, kept: Feed.open(run, sinks, grouped, kept)
 
 
 # -- export-logs ----------------------------------------------------------------------------
 
 
 def check_export(run: Run, sinks: Sequence[Sink]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """Refuse to export `run` to `sinks` before anything is written: if a sink already holds its logs
-    (tracking.json records it, or RUN/tensorboard holds event files: they are never overwritten), if a sink cannot
-    write the run (`check_sinks`), if its metrics.jsonl or summary.json is damaged, or if another process holds
+    """Refuse to export `run` to `sinks` before anything is written: if a sink cannot write the run
+    (`check_sinks`), if its metrics.jsonl, summary.json or tracking.json is damaged, or if another process holds
     the run. Returns its events and summary, as read here."""
-    state = tracking_state(run)
-    for name in sinks:
-        if name == "tensorboard" and tensorboard_events(run):
-            raise UsageError(
-                f"{tensorboard_dir(run)} already holds event files; export-logs never overwrites them "
-                f"(remove the directory to export again)"
-            )
-        if name in state:
-            raise UsageError(f"{run.path} has been sent to {name} already ({tracking_path(run)}); it is sent once")
     check_sinks(sinks, "--to", run.path)
     logs = run.metrics(), run.summary()
     if (run.path / LOCK).exists():  # no lock file: no process holds the run (and none is made here)
@@ -668,12 +721,13 @@ def export_run(
     events: Sequence[dict[str, Any]],
     summary: Mapping[str, Any] | None,
 ) -> list[str]:
-    """Send `run`'s `events` and `summary` (as `check_export` read them) to `sinks`, as training with them would
-    have: for runs trained without. Returns the sinks that failed (each warned about on stderr)."""
+    """Send `run`'s `events` and `summary` (as `check_export` read them) to `sinks`, each what it lacks of them, as
+    training with them would have: for runs trained without, or a sink left short. Returns the sinks that failed
+    (each warned about on stderr)."""
     run.acquire()
     try:
-        tracker = Tracker.open(run, sinks, grouping, events)
-        tracker.close(summary)
+        feed = Feed.open(run, sinks, grouping, events)
+        feed.close(summary)
     finally:
         run.release()
-    return tracker.failed
+    return feed.failed

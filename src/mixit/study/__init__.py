@@ -271,8 +271,8 @@ def export_logs(
     """Send the logs of a run trained without a tracking sink, or of every run of a study, to tracking sinks.
 
     Each run's metrics.jsonl and summary go to the sinks as `mixit train --logger` would have sent them (a study's
-    runs grouped as `mixit reproduce --logger` groups them); a run a sink already holds is refused, before anything
-    is sent (docs/tracking.md).
+    runs grouped as `mixit reproduce --logger` groups them); a sink that holds some of a run already is sent what
+    it lacks, and TensorBoard's files are written again (docs/tracking.md).
 
     Args:
         directory: A run directory, or a study directory (every run it has started).

@@ -29,8 +29,8 @@ checkpoint its number calls for), then the summary. What it uses is built once a
 (`Training`, `Curve`, `Logs`); what changes from step to step is its own local state.
 
 Where the metrics go besides metrics.jsonl is a choice of the session too: `logger`, any of the
-tracking sinks of `mixit.tracking` (docs/tracking.md), each fed every event of metrics.jsonl and the
-summary, from rank 0.
+tracking sinks of `mixit.tracking` (docs/tracking.md). The loop knows them only as a `Feed`, which rank 0
+hands each record after metrics.jsonl has it: what the sinks hold is derived from those records.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, Protocol, get_args
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -59,7 +59,7 @@ from mixit.resources import check_memory, training_parts
 from mixit.run import MetricsLog, Run
 from mixit.runtime import fast_bf16, resolve_device
 from mixit.tasks import IGNORE, Batch, Task
-from mixit.tracking import Grouping, Naming, Sink, Tracker, check_sinks, run_grouping
+from mixit.tracking import Grouping, Naming, Sink, feeder
 from mixit.training.convergence import Convergence, Selection
 from mixit.training.evaluate import evaluate
 from mixit.training.optim import build_optimizer
@@ -122,7 +122,8 @@ def train(
             every checkpoint_every steps), or log (also about 20 log-spaced steps, for `mixit analyze
             --over-time`).
         logger: Tracking sinks that receive every event of metrics.jsonl and the summary as well, any of
-            tensorboard, wandb, mlflow and trackio (docs/tracking.md); a resumed run continues its runs there.
+            tensorboard, wandb, mlflow and trackio (docs/tracking.md); a resumed run goes on in those it has been
+            sent to before as well (its tracking.json remembers them), each sent what it lacks.
         tracking_project: The W&B project, MLflow experiment and trackio project of the run (TensorBoard has
             none); null means WANDB_PROJECT for W&B and MLFLOW_EXPERIMENT_NAME for MLflow if set, else mixit.
         tracking_name: The run's name in the tracking sinks (TensorBoard names a run by its directory); null
@@ -132,10 +133,7 @@ def train(
     """
     if keep_checkpoints not in KEEP_CHECKPOINTS:
         raise UsageError(f"keep_checkpoints must be one of {', '.join(KEEP_CHECKPOINTS)}, got {keep_checkpoints!r}")
-    naming = Naming(tracking_project, tracking_name)
-    grouping = grouping or run_grouping(run_dir, cfg, naming)
-    sinks = check_sinks(logger, run_dir=run_dir if resume else None)
-    naming.check_sent(sinks)
+    feed = feeder(run_dir, cfg, logger, resume, Naming(tracking_project, tracking_name), grouping)
     dev = resolve_device(device)
     # Checks that need no other process come first, so that a bad option never waits for the others.
     if cfg.train.dtype == "bf16" and dev.type == "cpu" and not allow_slow_dtype and not fast_bf16():
@@ -146,9 +144,7 @@ def train(
     split(cfg.train.batch_size, env_world(), cfg.train.grad_accum)
     dist, dev = setup(dev)
     try:
-        launch = Launch(
-            Path(run_dir), resume, progress and dist.main, compile, on_step, keep_checkpoints, sinks, grouping
-        )
+        launch = Launch(Path(run_dir), resume, progress and dist.main, compile, on_step, keep_checkpoints, feed)
         summary = _train(cfg, launch, dist, dev)
         barrier(dist)  # only a finished job: after an error another rank may never arrive
         return summary
@@ -171,10 +167,8 @@ class Launch:
     """Called as on_step(step, loss) after each optimizer step, on rank 0."""
     keep_checkpoints: KeepCheckpoints = "latest"
     """Which checkpoints to keep (module docstring)."""
-    logger: tuple[Sink, ...] = ()
-    """The tracking sinks that receive the metrics too (`mixit.tracking`), on rank 0."""
-    grouping: Grouping | None = None
-    """How the sinks name, group and tag the run (`train` sets it: `mixit.tracking.run_grouping` by default)."""
+    feed: Callable[[Run, Sequence[dict[str, Any]]], Feed] | None = None
+    """Opens the tracking sinks of the locked run, given the events metrics.jsonl keeps (None: no sink)."""
 
     def checkpoint_at(self, step: int, steps: int, every: int, last: bool) -> tuple[bool, bool]:
         """Whether to write a checkpoint after step `step` of `steps` (checkpoint_every `every`; `last`: the
@@ -359,27 +353,35 @@ def stops(tr: Training, curve: Curve) -> bool:
     return bool(broadcast(tr.cfg.train.early_stop and curve.conv.should_stop, tr.dist))
 
 
+class Feed(Protocol):
+    """The tracking sinks, as the loop sees them: fed each record of metrics.jsonl, then the summary."""
+
+    def write(self, event: dict[str, Any]) -> None: ...
+
+    def close(self, summary: dict[str, Any] | None) -> None: ...
+
+
 @dataclass(frozen=True)
 class Logs:
-    """Where the session's events go: metrics.jsonl, then the tracking sinks (`mixit.tracking`); rank 0 holds
-    them, the other ranks neither."""
+    """Where the session's events go: metrics.jsonl, then the tracking sinks' `Feed`; rank 0 holds them, the other
+    ranks neither."""
 
     metrics: MetricsLog | None = None
-    tracker: Tracker | None = None
+    feed: Feed | None = None
 
     def write(self, event: dict[str, Any]) -> None:
-        """Append `event` to metrics.jsonl, then send it to the tracking sinks."""
+        """Append `event` to metrics.jsonl, then feed the record to the tracking sinks."""
         if self.metrics is not None:
             self.metrics.write(event)
-        if self.tracker is not None:
-            self.tracker.write(event)
+        if self.feed is not None:
+            self.feed.write(event)
 
     def close(self, summary: dict[str, Any] | None) -> None:
         """Close metrics.jsonl and end the session in the tracking sinks, with the run's summary if it has one."""
         if self.metrics is not None:
             self.metrics.close()
-        if self.tracker is not None:
-            self.tracker.close(summary)
+        if self.feed is not None:
+            self.feed.close(summary)
 
 
 def open_logs(tr: Training, launch: Launch, run: Run | None, start: int) -> Logs:
@@ -392,11 +394,7 @@ def open_logs(tr: Training, launch: Launch, run: Run | None, start: int) -> Logs
         run.begin()
     metrics = run.open_metrics(resume_step=start if launch.resume else None)
     kept = run.metrics()
-    tracker = None
-    if launch.logger:
-        grouping = launch.grouping or run_grouping(run.path, tr.cfg)
-        tracker = Tracker.open(run, launch.logger, grouping, kept)
-    logs = Logs(metrics, tracker)
+    logs = Logs(metrics, launch.feed(run, kept) if launch.feed is not None else None)
     if not any(e.get("event") == "freeze" for e in kept):
         logs.write({"step": 0, "event": "freeze", **tr.report.to_dict()})
     return logs
