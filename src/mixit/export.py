@@ -20,8 +20,10 @@ place when complete; an ``--out`` that exists and is not empty is refused before
 Every export carries its run in its config.json, under ``mixit_export`` (`mixit.run.EXPORTED`): the format,
 task and its parameters, variant, model config, test metrics and the run's whole config record, so that
 `load` rebuilds the model with its task from the directory alone (or from a Hub repo id). A ``--to hub``
-directory also ships the code of `mixit.remote_code` (``model_type`` mixit, ``auto_map``), which
-``transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True)`` runs without mixit.
+directory also ships mixit's own model modules with the transformers classes of `mixit.remote_code` (`remote_code`;
+``model_type`` mixit, ``auto_map`` by head), which ``transformers.AutoModelForCausalLM.from_pretrained(DIR,
+trust_remote_code=True)`` (or ``...ForSequenceClassification``) runs without mixit; both formats need transformers to
+be written.
 ``--push-to-hub REPO`` uploads the written directory with huggingface_hub (``HfApi.upload_folder``), once
 `check_push` has found, before any work, that the Hub answers the token in time and lets it create or write the
 repo. An export says nothing but mixit's own lines: the libraries' progress bars and log lines are off meanwhile
