@@ -1,8 +1,10 @@
 """`mixit export`: a softmax run as a transformers LlamaForCausalLM with the same logits, loadable
 without mixit; any run (MixiT included) through the Hub mixin and back; refusals in one line."""
 
+import ast
 import dataclasses
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 
 import mixit
@@ -49,6 +52,10 @@ def runs(tmp_path_factory):
     for variant in SOFTMAX:
         out["lm", variant] = root / f"lm-{variant}"
         train(run_config("lm", variant, lm, **TINY), out["lm", variant], progress=False)
+    for variant in ("standard", "mixit"):  # a classifier: causal softmax, and MixiT reading the whole text
+        out["sentiment", variant] = root / f"sentiment-{variant}"
+        params = {"dataset": "movies", "length": 16, "vocab": 300}
+        train(run_config("sentiment", variant, params, **TINY), out["sentiment", variant], progress=False)
     return out
 
 
@@ -78,15 +85,23 @@ def test_llama_export_gives_the_mixit_logits(runs, tmp_path, task, variant):
     assert frozen in card.partition("(never trained):")[2].splitlines()[0]
 
 
-LOAD_WITHOUT_MIXIT = """
-import json, sys
-sys.modules["mixit"] = None  # `import mixit` now fails: the directory must not need it
+WITHOUT_MIXIT = """
+import sys
+# `import mixit` now fails, and so does importing what mixit needs beyond transformers: the directory must not need it
+for name in ("mixit", "docstring_parser", "jsonargparse", "scipy", "matplotlib"):
+    sys.modules[name] = None
 try:
     import mixit
 except ImportError:
     pass
 else:
     raise SystemExit("mixit was importable")
+"""
+
+LOAD_WITHOUT_MIXIT = (
+    WITHOUT_MIXIT
+    + """
+import json
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 directory, tokens = sys.argv[1], json.loads(sys.argv[2])
@@ -98,22 +113,31 @@ print(json.dumps({"class": type(model).__name__, "logits": logits.tolist(),
                   "ids": tokenizer("the cat sat <|pad|> on a mat")["input_ids"],
                   "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id}))
 """
+)
 
 
-def without_mixit(script: str, out: Path, tokens: torch.Tensor, tmp_path: Path) -> dict:
-    """What `script` prints last (JSON), run on the export `out` and `tokens` by this Python with no mixit on
-    its path (no PYTHONPATH, HOME in `tmp_path`)."""
+def python_without_mixit(script: str, args: list[str], tmp_path: Path) -> str:
+    """The output of `script` run with `args` by this Python with no mixit on its path (no PYTHONPATH, HOME in
+    `tmp_path`, nothing on stdin: a question transformers asks is answered no)."""
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-c", script, str(out), json.dumps(tokens.tolist())],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
         cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return done.stdout
+
+
+def without_mixit(script: str, out: Path, tokens: torch.Tensor, tmp_path: Path) -> dict:
+    """What `script` prints last (JSON), run on the export `out` and `tokens` by this Python with no mixit on
+    its path (`python_without_mixit`)."""
+    said = python_without_mixit(script, [str(out), json.dumps(tokens.tolist())], tmp_path)
+    return json.loads(said.strip().splitlines()[-1])
 
 
 def test_the_llama_directory_loads_without_mixit(runs, tmp_path):
@@ -297,27 +321,160 @@ def test_the_card_says_what_was_frozen_and_how_to_load(runs, tmp_path, variant, 
     assert "test metrics: loss" in card and "mixit.load(" in card and "trust_remote_code=True" in card
 
 
-AUTOMODEL_WITHOUT_MIXIT = """
-import json, sys
-sys.modules["mixit"] = None  # the shipped code must not need mixit
+CONVENTIONS_WITHOUT_MIXIT = (
+    WITHOUT_MIXIT
+    + """
+import json, os
 import torch
-from transformers import AutoModel
-directory, tokens = sys.argv[1], json.loads(sys.argv[2])
-model = AutoModel.from_pretrained(directory, trust_remote_code=True).eval()
+from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+directory, tokens = sys.argv[1], torch.tensor(json.loads(sys.argv[2]))
+cfg = json.load(open(os.path.join(directory, "config.json")))["cfg"]
+auto = AutoModelForCausalLM if cfg["head"] == "lm" else AutoModelForSequenceClassification
+model = auto.from_pretrained(directory, trust_remote_code=True).eval()
+labels = tokens if cfg["head"] == "lm" else torch.arange(len(tokens)) % cfg["n_classes"]
+mask = torch.ones_like(tokens)
+mask[0, 3:] = 0  # the first row right-padded after 3 tokens
+said = {"class": type(model).__name__, "type": model.config.model_type}
+said["auto"] = type(AutoModel.from_pretrained(directory, trust_remote_code=True)).__name__
 with torch.no_grad():
-    logits = model(input_ids=torch.tensor(tokens)).logits
-print(json.dumps({"class": type(model).__name__, "type": model.config.model_type, "logits": logits.tolist()}))
+    out = model(input_ids=tokens, labels=labels, output_hidden_states=True)
+    said.update(logits=out.logits.tolist(), loss=out.loss.item(), hidden=[h.tolist() for h in out.hidden_states])
+    said["masked"] = model(input_ids=tokens, attention_mask=mask).logits.tolist()
+    try:
+        model(input_ids=tokens, attention_mask=mask.flip(1))
+    except ValueError as e:
+        said["left"] = str(e)
+    if cfg["head"] == "lm":
+        said["generated"] = model.generate(tokens[:1, :3], do_sample=False, max_new_tokens=3).tolist()
+if os.path.exists(os.path.join(directory, "tokenizer_config.json")):
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    batch = tokenizer(["the cat", "a dog sat on the mat"], padding=True, return_tensors="pt")
+    said.update(ids=batch["input_ids"].tolist(), mask=batch["attention_mask"].tolist())
+    said.update(pad=tokenizer.pad_token_id, eos=tokenizer.eos_token_id, bos=tokenizer.bos_token_id)
+    with torch.no_grad():
+        said["batch_logits"] = model(**batch).logits.tolist()
+print("\\n" + json.dumps(said))  # a line of its own, after any question transformers asked
 """
+)
+
+HIDDEN = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+"""The hidden states transformers' ``output_hidden_states`` returns, as mixit's hook points (TINY has 2 layers)."""
+
+CLASSES = {"lm": "MixitForCausalLM", "classifier": "MixitForSequenceClassification"}
 
 
-@pytest.mark.parametrize("task, variant", [("addition", "mixit"), ("addition", "frozen_qk"), ("lm", "standard")])
-def test_automodel_runs_the_shipped_code_without_mixit(runs, tmp_path, task, variant):
-    out = export_run(runs[task, variant], "hub", tmp_path / "hub")
-    tokens = probe(runs[task, variant], batch=2)
-    got = without_mixit(AUTOMODEL_WITHOUT_MIXIT, out, tokens, tmp_path)
-    assert (got["class"], got["type"]) == ("MixitModel", "mixit")
-    terms = forward_terms(Run.open(runs[task, variant]).config.model)
-    assert_close(torch.tensor(got["logits"]), mixit_logits(runs[task, variant], tokens), terms=terms)
+@pytest.mark.parametrize(
+    "task, variant",
+    [
+        ("addition", "mixit"),
+        ("addition", "frozen_qk"),
+        ("lm", "standard"),
+        ("sentiment", "mixit"),
+        ("sentiment", "standard"),
+    ],
+)
+def test_the_hub_export_keeps_transformers_conventions_without_mixit(runs, tmp_path, task, variant):
+    """Loaded by transformers' Auto classes with mixit (and what only mixit needs) impossible to import: the class
+    of its head, mixit's logits, the loss of `labels`, the hidden states at mixit's hook points, right padding
+    read as mixit reads it and left padding refused, greedy generation, a tokenizer that pads."""
+    run = Run.open(runs[task, variant])
+    model, cfg = run.load("cpu").model.eval(), run.config.model
+    out = export_run(run.path, "hub", tmp_path / "hub")
+    tokens = probe(run.path)
+    got = without_mixit(CONVENTIONS_WITHOUT_MIXIT, out, tokens, tmp_path)
+    assert (got["class"], got["auto"], got["type"]) == (CLASSES[cfg.head], CLASSES[cfg.head], "mixit")
+    terms = forward_terms(cfg)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens, HIDDEN)
+    assert_close(torch.tensor(got["logits"]), logits, terms=terms)
+    for name, state in zip(HIDDEN, got["hidden"], strict=True):
+        assert_close(torch.tensor(state), cache[name], terms=terms, msg=name)
+    if cfg.head == "lm":
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, cfg.vocab_size), tokens[:, 1:].reshape(-1))
+    else:
+        loss = F.cross_entropy(logits, torch.arange(len(tokens)) % cfg.n_classes)
+    assert_close(
+        torch.tensor(got["loss"]), loss, dtype=torch.float32, terms=terms + cfg.vocab_size, scale=logits.abs().max()
+    )
+    with torch.no_grad():
+        if cfg.head == "lm":  # causal: the real positions of a right-padded row are read as without the pads
+            masked, real = torch.tensor(got["masked"])[0, :3], logits[0, :3]
+        else:  # a classifier reads the pads as mixit's own padding
+            padded = tokens.clone()
+            padded[0, 3:] = cfg.pad_id
+            masked, real = torch.tensor(got["masked"]), model(padded)
+    assert_close(masked, real, terms=terms)
+    assert "attention_mask must be right padding" in got["left"]
+    if cfg.head == "lm":
+        greedy = tokens[:1, :3]
+        with torch.no_grad():
+            for _ in range(3):
+                greedy = torch.cat([greedy, model(greedy)[:, -1:].argmax(-1)], dim=1)
+        assert got["generated"] == greedy.tolist()
+    assert ("ids" in got) == (task != "addition")
+    if "ids" in got:
+        tokenizer = run.load("cpu").task.tokenizer
+        short, long = tokenizer.encode("the cat"), tokenizer.encode("a dog sat on the mat")
+        assert got["ids"] == [short + [tokenizer.pad_id] * (len(long) - len(short)), long]
+        assert got["mask"] == [[1] * len(short) + [0] * (len(long) - len(short)), [1] * len(long)]
+        assert (got["pad"], got["eos"], got["bos"]) == (tokenizer.pad_id, tokenizer.eos_id, None)
+        with torch.no_grad():
+            alone = model(torch.tensor([short]))
+        batch_logits = torch.tensor(got["batch_logits"])
+        assert_close(batch_logits[0, : len(short)] if cfg.head == "lm" else batch_logits[0], alone[0], terms=terms)
+
+
+def test_the_hub_export_ships_mixits_own_model_code_importing_no_mixit(runs, tmp_path):
+    """The shipped files are mixit's modules line for line but for their mixit imports, which are relative; when
+    imported they import nothing beyond the standard library and what transformers itself requires (an import inside
+    a function runs only if it is called: the export never calls config.py's --help readers)."""
+    out = export_run(runs["addition", "mixit"], "hub", tmp_path / "hub")
+    source = Path(mixit.__file__).parent
+    shipped = {p.name for p in out.glob("*.py")}
+    assert {"modeling_mixit.py", "transformer.py", "attention.py", "config.py"} <= shipped
+    allowed = set(sys.stdlib_module_names) | {"torch", "numpy", "transformers", "huggingface_hub", "safetensors"}
+    for name in shipped:
+        tree = ast.parse((out / name).read_text())
+        imported = [a.name for node in tree.body if isinstance(node, ast.Import) for a in node.names]
+        imported += [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 0]
+        assert {module.split(".")[0] for module in imported if module} <= allowed, name
+        original = next(source.rglob(name)).read_text().splitlines()
+        for ours, theirs in zip((out / name).read_text().splitlines(), original, strict=True):
+            assert ours == theirs or (theirs.startswith("from mixit.") and ours.startswith("from .")), (name, ours)
+
+
+def card_blocks(out: Path) -> list[str]:
+    """The Python blocks of the export's model card, with THIS_DIRECTORY made `out`."""
+    card = (out / "README.md").read_text()
+    return [block.replace("THIS_DIRECTORY", str(out)) for block in re.findall(r"```python\n(.*?)```", card, re.S)]
+
+
+@pytest.mark.parametrize(
+    "task, variant, to",
+    [
+        ("addition", "mixit", "hub"),
+        ("lm", "standard", "hub"),
+        ("sentiment", "mixit", "hub"),
+        ("addition", "standard", "hf"),
+    ],
+)
+def test_the_cards_code_runs_as_written(runs, tmp_path, task, variant, to):
+    """The card's first block without mixit (it imports no tokenizer the export does not ship), its second
+    with mixit."""
+    out = export_run(runs[task, variant], to, tmp_path / to)
+    with_transformers, with_mixit = card_blocks(out)
+    assert ("AutoTokenizer" in with_transformers) == (task != "addition")
+    python_without_mixit(WITHOUT_MIXIT + with_transformers, [], tmp_path)
+    scope: dict = {}
+    exec(with_mixit, scope)
+    assert scope["logits"].shape[0] == 1
+
+
+def test_from_pretrained_refuses_a_llama_export_in_one_line(exported):
+    with pytest.raises(UsageError) as refused:
+        Transformer.from_pretrained(exported["hf"])
+    message = str(refused.value)
+    assert "`mixit export --to hf` Llama" in message and "mixit.load()" in message and "\n" not in message
 
 
 def test_push_is_refused_offline_before_anything_is_written(runs, tmp_path, capsys):

@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self, TypeVar, get_args, get_origin
 
-import docstring_parser
-
 from mixit.errors import UsageError
 from mixit.registry import Registry
 
@@ -151,6 +149,8 @@ def field_hints(cls: type) -> dict[str, Any]:
 
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring written under each field of `cls` (and its bases), on one line; not a class variable's."""
+    import docstring_parser  # here, not above: the model code a --to hub export ships imports this module
+
     if cls not in _DOCS:
         docs: dict[str, str] = {}
         fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
@@ -165,6 +165,8 @@ def field_docs(cls: type) -> dict[str, str]:
 
 def short_doc(obj: object) -> str:
     """The first sentence-line of an object's docstring."""
+    import docstring_parser
+
     return (docstring_parser.parse_from_object(obj).short_description or "").strip()
 
 

@@ -20,8 +20,10 @@ place when complete; an ``--out`` that exists and is not empty is refused before
 Every export carries its run in its config.json, under ``mixit_export`` (`mixit.run.EXPORTED`): the format,
 task and its parameters, variant, model config, test metrics and the run's whole config record, so that
 `load` rebuilds the model with its task from the directory alone (or from a Hub repo id). A ``--to hub``
-directory also ships the code of `mixit.remote_code` (``model_type`` mixit, ``auto_map``), which
-``transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True)`` runs without mixit.
+directory also ships mixit's own model modules with the transformers classes of `mixit.remote_code` (`remote_code`;
+``model_type`` mixit, ``auto_map`` by head), which ``transformers.AutoModelForCausalLM.from_pretrained(DIR,
+trust_remote_code=True)`` (or ``...ForSequenceClassification``) runs without mixit; both formats need transformers to
+be written.
 ``--push-to-hub REPO`` uploads the written directory with huggingface_hub (``HfApi.upload_folder``), once
 `check_push` has found, before any work, that the Hub answers the token in time and lets it create or write the
 repo. An export says nothing but mixit's own lines: the libraries' progress bars and log lines are off meanwhile
@@ -30,6 +32,7 @@ repo. An export says nothing but mixit's own lines: the libraries' progress bars
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import importlib.resources
@@ -54,7 +57,7 @@ from mixit.freezing import VARIANTS, query_key
 from mixit.models import Transformer
 from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export
 from mixit.runtime import resolve_device
-from mixit.text.tokenizer import EOS, PAD, TOKENIZER_FILE
+from mixit.text.tokenizer import EOS, PAD
 from mixit.version import __version__, git_commit, install_hint
 
 Target = Literal["hf", "hub"]
@@ -105,15 +108,23 @@ LLAMA_NAMES = {
 }
 """Each block's modules in mixit -> in a Llama decoder layer (weights and biases alike)."""
 
-REMOTE_CODE = ("configuration_mixit.py", "modeling_mixit.py")
-"""The files of `mixit.remote_code` a --to hub export ships for transformers' trust_remote_code."""
+REMOTE_CODE = ("mixit.remote_code.configuration_mixit", "mixit.remote_code.modeling_mixit")
+"""The modules a --to hub export ships for transformers' trust_remote_code, with every mixit module they import
+(`remote_code`)."""
 
-AUTO_MAP = {
-    "AutoConfig": "configuration_mixit.MixitConfig",
-    "AutoModel": "modeling_mixit.MixitModel",
-    "AutoModelForCausalLM": "modeling_mixit.MixitModel",
+AUTO_MAPS = {
+    "lm": {
+        "AutoConfig": "configuration_mixit.MixitConfig",
+        "AutoModel": "modeling_mixit.MixitForCausalLM",
+        "AutoModelForCausalLM": "modeling_mixit.MixitForCausalLM",
+    },
+    "classifier": {
+        "AutoConfig": "configuration_mixit.MixitConfig",
+        "AutoModel": "modeling_mixit.MixitForSequenceClassification",
+        "AutoModelForSequenceClassification": "modeling_mixit.MixitForSequenceClassification",
+    },
 }
-"""config.json's ``auto_map``: the shipped classes transformers' Auto classes load."""
+"""config.json's ``auto_map`` for each head: the shipped classes transformers' Auto classes load."""
 
 WEIGHTS = "model.safetensors"
 
@@ -144,7 +155,7 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
     out = Path(out) if out is not None else run.path.with_name(f"{run.path.name}-{to}")
     if to == "hf":
         llama_refusal(run.config.model)
-        require("transformers", f"--to hf needs the transformers package: {install_hint('bench')}")
+    require("transformers", f"--to {to} needs the transformers package: {install_hint('bench')}")
     check_output_dir(out)
     if out.is_dir() and any(out.iterdir()):
         raise UsageError(f"output directory {out} is not empty; choose a new or empty directory")
@@ -319,9 +330,10 @@ def write_llama(loaded: Loaded, out: Path) -> None:
     llama.save_pretrained(out)
 
 
-def generation_config(eos_id: int, pad_id: int, n_ctx: int) -> Any:
+def generation_config(eos_id: int, pad_id: int, n_ctx: int, use_cache: bool = True) -> Any:
     """`mixit sample`'s defaults (temperature 0.8, top 50, a document starts after EOS and ends at the
-    next), within the context the model was trained on."""
+    next), within the context the model was trained on; `use_cache` false for a model that keeps no cache of
+    keys and values (a --to hub export's)."""
     from transformers import GenerationConfig
 
     return GenerationConfig(
@@ -329,6 +341,7 @@ def generation_config(eos_id: int, pad_id: int, n_ctx: int) -> Any:
         temperature=0.8,
         top_k=50,
         max_length=n_ctx,
+        use_cache=use_cache,
         bos_token_id=eos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
@@ -355,16 +368,68 @@ def hf_tokenizer(tokenizer_json: str, n_ctx: int) -> Any:
 
 
 def write_hub(loaded: Loaded, out: Path) -> None:
-    """The Hub directory of `Transformer.save_pretrained`, the code of `mixit.remote_code` with the config
-    entries that point transformers at it, and the run's tokenizer for a text task."""
+    """The Hub directory of `Transformer.save_pretrained`, the model's code for transformers' trust_remote_code
+    (`remote_code`) with the config entries that point transformers at it, and a generation config (language
+    models) and the run's tokenizer (text tasks) as transformers reads them."""
+    cfg = loaded.cfg.model
     loaded.model.save_pretrained(out)
-    code = importlib.resources.files("mixit.remote_code")
-    for name in REMOTE_CODE:
-        write_text(out / name, code.joinpath(name).read_text())
-    add_to_config(out, {"model_type": "mixit", "architectures": ["MixitModel"], "auto_map": AUTO_MAP})
+    for name, source in remote_code().items():
+        write_text(out / name, source)
     tokenizer = getattr(loaded.task, "tokenizer", None)
+    head_class = AUTO_MAPS[cfg.head]["AutoModel"].partition(".")[2]
+    entries: dict[str, Any] = {"model_type": "mixit", "architectures": [head_class], "auto_map": AUTO_MAPS[cfg.head]}
+    if cfg.head == "classifier":
+        entries["num_labels"] = cfg.n_classes
     if tokenizer is not None:
-        tokenizer.save(out / TOKENIZER_FILE)
+        entries.update(eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+        hf_tokenizer(tokenizer.to_str(), cfg.n_ctx).save_pretrained(out)
+    add_to_config(out, entries)
+    if cfg.head == "lm" and tokenizer is not None:
+        generation_config(tokenizer.eos_id, tokenizer.pad_id, cfg.n_ctx, use_cache=False).save_pretrained(out)
+    elif cfg.head == "lm":  # a synthetic task: greedy, within n_ctx
+        from transformers import GenerationConfig
+
+        GenerationConfig(max_length=cfg.n_ctx, use_cache=False).save_pretrained(out)
+
+
+def remote_code() -> dict[str, str]:
+    """The files a --to hub export ships for trust_remote_code: file name -> source of each module of `REMOTE_CODE`
+    and of every mixit module it imports, transitively, with each ``from mixit.PACKAGE.MODULE import`` rewritten
+    ``from .MODULE import`` (transformers copies a remote module's relative imports beside it, from one folder).
+
+    The model is mixit's own (`mixit.models`), so no second copy of it can drift. A mixit import this cannot rewrite
+    (``import mixit...``, a relative one, or one of a package, which would ship nothing) is a bug of the shipped
+    modules, raised here."""
+    files: dict[str, str] = {}
+    todo, seen = list(REMOTE_CODE), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = Path(importlib.import_module(name).__file__ or "")
+        lines = path.read_text().splitlines(keepends=True)
+        for node in ast.walk(ast.parse("".join(lines))):
+            imported = node.module if isinstance(node, ast.ImportFrom) else None
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "mixit" for a in node.names):
+                raise RuntimeError(f"{path}:{node.lineno}: `import mixit...` cannot ship; use `from mixit.X.Y import`")
+            if imported is None or imported.split(".")[0] != "mixit" or not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level or path.name == "__init__.py" or imported.count(".") < 1 or is_package(imported):
+                raise RuntimeError(f"{path}:{node.lineno}: only `from mixit.X.MODULE import` of a module can ship")
+            todo.append(imported)
+            local = imported.rpartition(".")[2]
+            lines[node.lineno - 1] = lines[node.lineno - 1].replace(f"from {imported} import", f"from .{local} import")
+        file = f"{name.rpartition('.')[2]}.py"
+        if file in files:
+            raise RuntimeError(f"two shipped modules would both be {file}")
+        files[file] = "".join(lines)
+    return files
+
+
+def is_package(module: str) -> bool:
+    """Whether the mixit module `module` is a package (its ``__init__``)."""
+    return hasattr(importlib.import_module(module), "__path__")
 
 
 # -- loading back and pushing -----------------------------------------------------------------
@@ -493,7 +558,7 @@ def model_card(run: Run, loaded: Loaded, to: Target) -> str:
         f"- trained by mixit {record.get('mixit_version')} (commit {record.get('git_commit') or 'unknown'}); "
         f"exported by mixit {__version__} (commit {git_commit() or 'unknown'})\n",
         "## Loading\n",
-        usage(to, getattr(loaded.task, "tokenizer", None) is not None),
+        usage(to, loaded),
         "\nThe full run configuration:\n",
         f"```json\n{json.dumps(cfg.to_dict(), indent=2)}\n```\n",
     ]
@@ -535,27 +600,40 @@ def llama_name(module: str) -> str:
     return f"model.layers.{layer}" + (f".{LLAMA_NAMES[rest]}" if rest else "")
 
 
-def usage(to: Target, text: bool) -> str:
-    """The loading snippet of the card (`text`: the directory holds the run's tokenizer)."""
-    mixit = (
-        f"import mixit  # {install_hint()}\n\n"
-        'loaded = mixit.load("THIS_DIRECTORY")  # or its Hub repo id: the model, its task, variant and config\n'
-        "logits = loaded.model(tokens)"
-    )
-    if to == "hf":
-        snippet = (
-            "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-            'model = AutoModelForCausalLM.from_pretrained("THIS_DIRECTORY")  # a LlamaForCausalLM; no mixit needed'
-        )
-        if text:
-            snippet += '\ntokenizer = AutoTokenizer.from_pretrained("THIS_DIRECTORY")'
+def usage(to: Target, loaded: Loaded) -> str:
+    """The loading snippets of the card, each a Python block that runs as written once THIS_DIRECTORY is the
+    directory (or its Hub repo id): one with transformers alone, one with mixit. A text task's snippets read the
+    shipped tokenizer; another task's feed a test example's token ids (it has no tokenizer)."""
+    cfg = loaded.cfg.model
+    auto = "AutoModelForCausalLM" if cfg.head == "lm" else "AutoModelForSequenceClassification"
+    trust = "" if to == "hf" else ", trust_remote_code=True"
+    said = "a LlamaForCausalLM" if to == "hf" else "runs the model code shipped here"
+    shape = "(B, T, vocab_size)" if cfg.head == "lm" else "(B, n_classes)"
+    tokenizer = getattr(loaded.task, "tokenizer", None)
+    if tokenizer is not None:
+        hf_lines = [
+            f"from transformers import {auto}, AutoTokenizer\n",
+            f'model = {auto}.from_pretrained("THIS_DIRECTORY"{trust})  # no mixit needed: {said}',
+            f'tokenizer = AutoTokenizer.from_pretrained("THIS_DIRECTORY"{trust})',
+            'batch = tokenizer(["The cat sat on", "A dog"], padding=True, return_tensors="pt")  # padded on the right',
+            f"logits = model(**batch).logits  # {shape}",
+        ]
+        if cfg.head == "lm":
+            hf_lines.append('print(tokenizer.decode(model.generate(**tokenizer("The", return_tensors="pt"))[0]))')
+        tokens = 'torch.tensor([loaded.task.tokenizer.encode("The cat sat on")])'
     else:
-        snippet = (
-            "from transformers import AutoModel\n\n"
-            "# no mixit needed: runs the modeling_mixit.py shipped here\n"
-            'model = AutoModel.from_pretrained("THIS_DIRECTORY", trust_remote_code=True)\n'
-            "logits = model(input_ids=tokens).logits"
-        )
-        if text:
-            snippet += '\n# the run\'s tokenizer: tokenizers.Tokenizer.from_file("THIS_DIRECTORY/tokenizer.json")'
-    return f"```python\n{snippet}\n```\n\nWith mixit installed:\n\n```python\n{mixit}\n```"
+        example = loaded.task.test_batch().inputs[0].tolist()
+        hf_lines = [
+            f"import torch\nfrom transformers import {auto}\n",
+            f'model = {auto}.from_pretrained("THIS_DIRECTORY"{trust})  # no mixit needed: {said}',
+            f"tokens = torch.tensor([{example}])  # a test example of the task, as token ids",
+            f"logits = model(input_ids=tokens).logits  # {shape}",
+        ]
+        tokens = f"torch.tensor([{example}])  # a test example of the task"
+    mixit_lines = [
+        f"import torch\n\nimport mixit  # {install_hint()}\n",
+        'loaded = mixit.load("THIS_DIRECTORY")  # or its Hub repo id: the model, its task, variant and config',
+        f"tokens = {tokens}",
+        f"logits = loaded.model(tokens)  # {shape}",
+    ]
+    return "\n".join(["```python", *hf_lines, "```\n\nWith mixit installed:\n\n```python", *mixit_lines, "```"])

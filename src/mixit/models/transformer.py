@@ -25,6 +25,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from mixit.config import ModelConfig
+from mixit.errors import UsageError
 from mixit.models.attention import ATTENTION, Attention
 from mixit.models.hooks import HookFn, HookPoint, NamesFilter, attach, capture, name_hook_points
 from mixit.models.layers import Linear, scaled_linear
@@ -223,8 +224,19 @@ class Transformer(nn.Module, PyTorchModelHubMixin, library_name="mixit", tags=["
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
     @classmethod
-    def _from_pretrained(cls, *, cfg: Any, strict: bool = True, **kwargs: Any) -> Transformer:  # type: ignore[override]
+    def _from_pretrained(
+        cls, *, model_id: str, config: dict[str, Any] | None = None, strict: bool = True, **kwargs: Any
+    ) -> Transformer:
         """The mixin's loader, with the saved config validated as every ModelConfig is (unknown keys
-        refused) and every tensor required (`strict`); the Hub's arguments pass through `kwargs`."""
+        refused) and every tensor required (`strict`); the Hub's arguments pass through `kwargs`.
+
+        A directory whose config.json holds no mixit model config (``cfg``), such as a ``mixit export --to hf``
+        Llama, is refused in one line saying what reads it."""
+        cfg = kwargs.pop("cfg", None)
+        if cfg is None:
+            exported = (config or {}).get("mixit_export", {}).get("format")
+            reader = "mixit.load() or transformers' AutoModelForCausalLM" if exported == "hf" else "its own library"
+            what = "a `mixit export --to hf` Llama" if exported == "hf" else "not a mixit model"
+            raise UsageError(f"{model_id} is {what} (its config.json has no `cfg`): read it with {reader}")
         cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_dict(cfg)
-        return super()._from_pretrained(cfg=cfg, strict=strict, **kwargs)
+        return super()._from_pretrained(model_id=model_id, cfg=cfg, strict=strict, **kwargs)

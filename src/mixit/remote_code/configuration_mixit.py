@@ -1,4 +1,4 @@
-"""The transformers config of an exported mixit model (shipped with it; imports no mixit).
+"""The transformers config of an exported mixit model (shipped with it, as `mixit.remote_code.modeling_mixit`).
 
 ``cfg`` is the model's own config, as mixit's ``ModelConfig.to_dict()`` wrote it; ``mixit_export`` (task,
 variant, the run's record) is kept as an attribute for anyone who reads it.
@@ -10,6 +10,8 @@ from transformers import PretrainedConfig
 
 
 class MixitConfig(PretrainedConfig):
+    """``cfg``: the mixit ``ModelConfig`` as a mapping; the rest is transformers' own (token ids, ``auto_map``)."""
+
     model_type = "mixit"
 
     def __init__(self, cfg: dict[str, Any] | None = None, **kwargs: Any):

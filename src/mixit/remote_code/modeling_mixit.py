@@ -1,180 +1,142 @@
-"""A mixit model for transformers' ``trust_remote_code`` (shipped with an export; imports no mixit).
+"""transformers classes around mixit's own `Transformer`, for ``trust_remote_code`` (shipped with a ``--to hub``
+export; docs/interop.md, "AutoModel, without mixit").
 
-The forward pass of ``mixit.models.Transformer`` (docs/model.md), written compactly with the same module
-names, so the exported ``model.safetensors`` loads as it is:
+There is no second model here: each class holds a `mixit.models.Transformer` as ``model`` and adds what
+transformers' conventions ask of a model class. `mixit.export` ships this file together with the mixit modules it
+imports (the model, its config, their registry and errors), each import ``from mixit.PACKAGE.MODULE import``
+rewritten ``from .MODULE import``, so the export loads with transformers and torch alone.
 
-    h = skip_scale * h + branch_scale * attn(norm1(h))
-    h = skip_scale * h + branch_scale * mlp(norm2(h))
-    logits = lm_head(norm_f(h))      (or classifier(pool(norm_f(h))))
+- ``MixitForCausalLM`` (language-model head): a ``GenerationMixin``, so ``generate()`` works; ``labels=`` gives
+  the next-token loss (transformers' own ``ForCausalLM`` loss: shifted, ``-100`` ignored).
+- ``MixitForSequenceClassification`` (classifier head): ``labels=`` gives the cross-entropy loss.
 
-Softmax attention applies RoPE (rotate-half) to q and k; MixiT attention multiplies v by its saved fixed
-mixing matrices (``mixing``, causal only). mixit's tests check that this model's logits equal mixit's.
+Both take ``attention_mask`` with right padding only (1 for a real token, then 0 for every pad; transformers'
+tokenizers pad so when ``padding_side="right"``, the default of an exported tokenizer) and refuse any other mask.
+Causal attention never lets a real position read a pad after it, softmax and MixiT alike (MixiT's fixed mixing
+matrices are lower-triangular), so the mask changes no real position's output there; the outputs at the padded
+positions are computed and mean nothing, as in any causal model. A model that reads padding (a classifier's
+pooling, non-causal attention) is given the pad token (``pad_id``) at the masked positions, which it masks
+itself. ``output_hidden_states=True`` returns n_layers + 1 tensors (B, T, d_model): the input to the first block
+(embeddings, plus MixiT's learned positions) and each block's output, before the final norm.
 """
 
-import math
+from __future__ import annotations
+
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput, SequenceClassifierOutput
 
-from .configuration_mixit import MixitConfig
+from mixit.config import ModelConfig
+from mixit.models.hooks import HookPoint
+from mixit.models.transformer import Transformer
+from mixit.remote_code.configuration_mixit import MixitConfig
 
 
-class Linear(nn.Linear):
-    """nn.Linear times a fixed multiplier (sqrt(base / fan_in) under width scaling, else 1)."""
-
-    def __init__(self, fan_in: int, fan_out: int, bias: bool, cfg: dict[str, Any], base: int | None = None):
-        super().__init__(fan_in, fan_out, bias=bias)
-        base = cfg["base_width"] if base is None else base
-        self.multiplier = math.sqrt(base / fan_in) if cfg["width_scaling"] else 1.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
-        return y if self.multiplier == 1.0 else y * self.multiplier
-
-
-def rope(x: torch.Tensor, base: float) -> torch.Tensor:
-    """x (B, H, T, d_head) rotated by position, rotate-half (mixit's `rope_tables`, in float64 then float)."""
-    T, d_head = x.shape[-2], x.shape[-1]
-    inv_freq = 1.0 / base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (d_head/2,)
-    angles = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)  # (T, d_head/2)
-    angles = torch.cat([angles, angles], dim=-1).to(x.device)  # (T, d_head)
-    cos, sin = angles.cos().float().to(x.dtype), angles.sin().float().to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
-class SoftmaxAttention(nn.Module):
-    def __init__(self, cfg: dict[str, Any]):
-        super().__init__()
-        d = cfg["d_model"]
-        self.n_heads, self.causal, self.base = cfg["n_heads"], cfg["causal"], cfg["rope_base"]
-        self.q, self.k, self.v, self.o = (Linear(d, d, cfg["bias"], cfg) for _ in range(4))
-
-    def forward(self, x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-        B, T, D = x.shape
-        q, k, v = (
-            p(x).view(B, T, self.n_heads, -1).transpose(1, 2) for p in (self.q, self.k, self.v)
-        )  # (B, H, T, d_head)
-        mask = None if self.causal or valid is None else valid[:, None, None, :]  # (B, 1, 1, T)
-        y = F.scaled_dot_product_attention(
-            rope(q, self.base), rope(k, self.base), v, attn_mask=mask, is_causal=self.causal
-        )
-        return self.o(y.transpose(1, 2).reshape(B, T, D))
-
-
-class MixingAttention(nn.Module):
-    """MixiT: y_h = A_h V_h with the saved fixed random A_h (H, n_ctx, n_ctx); no queries or keys."""
-
-    mixing: torch.Tensor  # (H, n_ctx, n_ctx) buffer
-
-    def __init__(self, cfg: dict[str, Any]):
-        super().__init__()
-        if not cfg["causal"]:
-            raise ValueError("this exported code runs causal MixiT only; load a non-causal one with mixit.load")
-        d, H, n = cfg["d_model"], cfg["n_heads"], cfg["n_ctx"]
-        self.n_heads = H
-        self.v, self.o = Linear(d, d, cfg["bias"], cfg), Linear(d, d, cfg["bias"], cfg)
-        self.register_buffer("mixing", torch.zeros(H, n, n))  # (H, n_ctx, n_ctx), read from the weights
-
-    def forward(self, x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-        B, T, D = x.shape
-        v = self.v(x).view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, d_head)
-        y = self.mixing[:, :T, :T] @ v  # (B, H, T, d_head)
-        return self.o(y.transpose(1, 2).reshape(B, T, D))
-
-
-class GatedMLP(nn.Module):
-    def __init__(self, cfg: dict[str, Any]):
-        super().__init__()
-        d, d_mlp = cfg["d_model"], cfg["d_mlp"]
-        self.gate, self.up = Linear(d, d_mlp, cfg["bias"], cfg), Linear(d, d_mlp, cfg["bias"], cfg)
-        self.down = Linear(d_mlp, d, cfg["bias"], cfg, base=cfg["down_base_width"])
-        if cfg["activation"] == "silu":
-            self.slope, self.gain = None, 1.0
-        else:  # shaped_leaky_relu: slope 1 + c/sqrt(d_model), gain sqrt(2 / (1 + slope^2))
-            self.slope = 1.0 + cfg["leaky_c"] / math.sqrt(d)
-            self.gain = math.sqrt(2.0 / (1.0 + self.slope**2))
-
-    def act(self, x: torch.Tensor) -> torch.Tensor:
-        return F.silu(x) if self.slope is None else F.leaky_relu(x, self.slope) * self.gain
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.gate(x)) * self.up(x))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: dict[str, Any]):
-        super().__init__()
-        self.norm1 = nn.RMSNorm(cfg["d_model"], eps=1e-6)
-        self.attn = SoftmaxAttention(cfg) if cfg["attention"] == "softmax" else MixingAttention(cfg)
-        self.norm2 = nn.RMSNorm(cfg["d_model"], eps=1e-6)
-        self.mlp = GatedMLP(cfg)
-        self.skip_scale, self.branch_scale = cfg["skip_scale"], cfg["branch_scale"]
-
-    def residual(self, h: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-        if self.skip_scale == 1.0 and self.branch_scale == 1.0:
-            return h + branch
-        return self.skip_scale * h + self.branch_scale * branch
-
-    def forward(self, h: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-        h = self.residual(h, self.attn(self.norm1(h), valid))
-        return self.residual(h, self.mlp(self.norm2(h)))
-
-
-class MixitModel(PreTrainedModel):
-    """mixit's Transformer: ``model(input_ids).logits`` is (B, T, vocab_size), or (B, n_classes) for a
-    classifier."""
+class MixitPreTrainedModel(PreTrainedModel):
+    """The transformers face of a mixit `Transformer` (``self.model``), whose state dict is the export's
+    ``model.safetensors`` as `Transformer.save_pretrained` wrote it (transformers adds the ``model.`` prefix)."""
 
     config_class = MixitConfig
-    base_model_prefix = "mixit"
+    base_model_prefix = "model"
 
     def __init__(self, config: MixitConfig):
         super().__init__(config)
-        cfg = self.cfg = config.cfg
-        if cfg["attention"] not in ("softmax", "mixing"):
-            raise ValueError(f"this exported code knows softmax and mixing attention, not {cfg['attention']!r}")
-        d = cfg["d_model"]
-        self.embed = nn.Embedding(cfg["vocab_size"], d)
-        self.pos_embed = nn.Embedding(cfg["n_ctx"], d) if cfg["attention"] == "mixing" else None
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg["n_layers"]))
-        self.norm_f = nn.RMSNorm(d, eps=1e-6)
-        head_cfg = cfg if cfg["width_scale_head"] else {**cfg, "width_scaling": False}
-        if cfg["head"] == "lm":
-            self.lm_head = Linear(d, cfg["vocab_size"], False, head_cfg)
-        else:
-            self.classifier = Linear(d, cfg["n_classes"], False, head_cfg)
+        self.model = Transformer(ModelConfig.from_dict(config.cfg))
         self.post_init()
 
-    def _init_weights(self, module: nn.Module) -> None:
-        """Nothing: every tensor is read from the exported weights."""
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        """Rebuild an attention layer's buffers that mixit derives from the config and does not save (softmax
+        attention's RoPE tables): transformers builds the model on the meta device and leaves such buffers empty.
+        The attention kind builds them again itself, in a layer made for the purpose. Every parameter and saved
+        buffer is read from the export's weights, so nothing else is initialised."""
+        saved = set(module.state_dict())
+        derived = [name for name, _ in module.named_buffers(recurse=False) if name not in saved]
+        if not derived:
+            return
+        layer = next((i for i, block in enumerate(self.model.layers) if block.attn is module), None)
+        if layer is None:
+            raise NotImplementedError(f"{type(module).__name__} has unsaved buffers ({derived}) this code cannot build")
+        device = getattr(module, derived[0]).device
+        with torch.random.fork_rng(devices=[]), torch.device(device):  # the layer's own init draws; the caller's kept
+            fresh = type(module)(self.model.cfg, layer)
+        for name in derived:
+            getattr(module, name).copy_(getattr(fresh, name))
 
-    def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> CausalLMOutput | SequenceClassifierOutput:
-        cfg = self.cfg
-        T = input_ids.shape[1]  # input_ids (B, T)
-        if T > cfg["n_ctx"]:
-            raise ValueError(f"sequence length {T} exceeds the model's n_ctx={cfg['n_ctx']}")
-        valid = None  # (B, T) bool: real tokens; read where padding could be
-        if cfg["pad_id"] is not None and (cfg["head"] == "classifier" or not cfg["causal"]):
-            valid = input_ids != cfg["pad_id"]
-        h = self.embed(input_ids)  # (B, T, d_model)
-        if self.pos_embed is not None:
-            h = h + self.pos_embed.weight[:T]
-        for block in self.blocks:
-            h = block(h, valid)
-        h = self.norm_f(h)
-        if cfg["head"] == "lm":
-            return CausalLMOutput(logits=self.lm_head(h))  # (B, T, vocab_size)
-        return SequenceClassifierOutput(logits=self.classifier(self.pool(h, valid)))  # (B, n_classes)
+    def run(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, output_hidden_states: bool | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """The model's output on `input_ids` (B, T) read through `attention_mask`, and its hidden states if asked."""
+        tokens = self.masked(input_ids, attention_mask)
+        if not output_hidden_states:
+            return self.model(tokens), None
+        names = ["blocks.0.hook_resid_pre", *(f"blocks.{i}.hook_resid_post" for i in range(len(self.model.blocks)))]
+        states: dict[str, torch.Tensor] = {}
 
-    def pool(self, h: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-        """(B, T, d_model) -> (B, d_model): the last real token or the mean over real tokens."""
-        if valid is None:
-            return h[:, -1] if self.cfg["pooling"] == "last" else h.mean(dim=1)
-        lengths = valid.sum(dim=1).clamp(min=1)  # (B,)
-        if self.cfg["pooling"] == "last":
-            return h[torch.arange(h.shape[0], device=h.device), lengths - 1]
-        return (h * valid[..., None]).sum(dim=1) / lengths[:, None]
+        def keep(x: torch.Tensor, hook: HookPoint) -> None:
+            states[hook.name] = x  # (B, T, d_model), not detached: gradients flow as through the outputs
+
+        out = self.model.run_with_hooks(tokens, [(names, keep)])
+        return out, tuple(states[name] for name in names)
+
+    def masked(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """`input_ids` (B, T) as the model reads them under `attention_mask` (B, T): right padding only (see the
+        module's docstring); the pad token at masked positions where the model has one."""
+        if attention_mask is None or bool(attention_mask.all()):
+            return input_ids
+        mask = attention_mask.bool()  # (B, T)
+        if attention_mask.shape != input_ids.shape or bool((mask[:, 1:] > mask[:, :-1]).any()):
+            raise ValueError(
+                "attention_mask must be right padding of input_ids' shape (1 for each real token, then 0 for each "
+                "pad): mixit models read right-padded input only; pad with tokenizer.padding_side = 'right'"
+            )
+        cfg = self.model.cfg
+        if cfg.pad_id is not None:
+            return input_ids.masked_fill(~mask, cfg.pad_id)
+        if cfg.causal and cfg.head == "lm":
+            return input_ids
+        raise ValueError("this model has no pad token (pad_id is null), so it cannot read padded input")
+
+
+class MixitForCausalLM(MixitPreTrainedModel, GenerationMixin):
+    """A mixit language model: ``logits`` (B, T, vocab_size); ``generate()`` recomputes the whole sequence at each
+    step (mixit keeps no cache of keys and values), within the model's n_ctx."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> CausalLMOutput | tuple[Any, ...]:
+        """Logits (B, T, vocab_size) and, with `labels` (B, T), the mean next-token loss over labels not -100."""
+        logits, hidden = self.run(input_ids, attention_mask, output_hidden_states)
+        loss = None if labels is None else self.loss_function(logits, labels, vocab_size=self.model.cfg.vocab_size)
+        out = CausalLMOutput(loss=loss, logits=logits, hidden_states=hidden)
+        return out if return_dict is not False else out.to_tuple()
+
+    def prepare_inputs_for_generation(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """The whole sequence so far, at every step (no cache: `kwargs`, transformers' cache settings, are unused)."""
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+class MixitForSequenceClassification(MixitPreTrainedModel):
+    """A mixit classifier: ``logits`` (B, n_classes)."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> SequenceClassifierOutput | tuple[Any, ...]:
+        """Logits (B, n_classes) and, with `labels` (B,), the mean cross-entropy loss."""
+        logits, hidden = self.run(input_ids, attention_mask, output_hidden_states)
+        loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
+        out = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=hidden)
+        return out if return_dict is not False else out.to_tuple()
