@@ -22,7 +22,6 @@ import contextlib
 import errno
 import importlib
 import re
-import resource
 import sys
 from collections.abc import Callable, Iterator
 from os import PathLike
@@ -88,7 +87,10 @@ what to do ({limit}: this process's limit of open files)."""
 
 
 def open_files_limit() -> str:
-    """How many files this process may hold open (its soft RLIMIT_NOFILE, what ``ulimit -n`` says)."""
+    """How many files this process may hold open (its soft RLIMIT_NOFILE, what ``ulimit -n`` says). `resource` is
+    imported here, not at the top: it is Unix-only, and this module travels in every Hub export."""
+    import resource
+
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
 
