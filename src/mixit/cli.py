@@ -35,6 +35,7 @@ from typing import Any
 
 from jsonargparse import ArgumentError
 
+from mixit.analysis.evaluation import evaluate_run
 from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import format_signal, signal_command
 from mixit.bench import bench_command, format_profiles, format_table
@@ -51,7 +52,6 @@ from mixit.run import Run, load_request
 from mixit.runtime import tune_allocator
 from mixit.study import export_logs, report, reproduce
 from mixit.tasks import TASKS
-from mixit.training.evaluate import evaluate_run
 from mixit.training.loop import train
 from mixit.version import __version__
 
@@ -211,7 +211,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "eval": command(
         evaluate_run,
-        "Re-evaluate a run's latest checkpoint on its test set.",
+        "Re-evaluate a run's latest checkpoint, or an exported model, on its test set.",
         lambda result, args: print(json.dumps(result, indent=2)),
     ),
     "sample": command(sample_run, "Sample text from a trained language model (task lm).", show_samples),

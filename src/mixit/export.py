@@ -51,12 +51,13 @@ from safetensors.torch import load_file
 from mixit.checkpoint import mismatch
 from mixit.config import ModelConfig
 from mixit.errors import UsageError, damaged, faults_said, reason_of, require
-from mixit.experiment import build, read_record
-from mixit.files import check_output_dir, give_open_mode, read_json, write_json, write_text
-from mixit.freezing import VARIANTS, query_key
+from mixit.experiment import RunConfig, build, read_record
+from mixit.files import check_names, check_output_dir, give_open_mode, read_json, write_json, write_text
+from mixit.freezing import VARIANTS, Variant, query_key
 from mixit.models import Transformer
 from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export
 from mixit.runtime import resolve_device
+from mixit.tasks import Task
 from mixit.text.tokenizer import EOS, PAD
 from mixit.version import __version__, git_commit, install_hint
 
@@ -219,6 +220,7 @@ def export_record(run: Run, loaded: Loaded, to: Target) -> dict[str, Any]:
         "task": cfg.task,
         "params": cfg.params.to_dict(),
         "variant": cfg.variant,
+        "frozen": [name for name, p in loaded.model.named_parameters() if not p.requires_grad],
         "model": cfg.model.to_dict(),
         "steps": summary.get("steps"),
         "test": summary.get("test"),
@@ -441,19 +443,17 @@ def load(source: str | Path, device: str = "cpu") -> Loaded:
     huggingface_hub's ``snapshot_download``, which reads its cache when offline).
 
     ``Loaded.checkpoint`` is the checkpoint or the exported directory read. An exported file that is missing,
-    truncated or corrupt is refused in one line naming it (`DamagedFile`), as a run's is.
+    truncated or corrupt is refused in one line naming it (`DamagedFile`), as a run's is. An export of a plugin's
+    variant loads without the plugin, unless the model's code or the task is the plugin's (`rebuild`).
     """
-    path = Path(source)
-    if not path.exists():
-        path = hub_snapshot(str(source))
-    if not (path / WEIGHTS).is_file() and not is_export(path):
+    path = locate(source)
+    if not holds_export(path):
         return Run.open(path).load(device)
     config = path / CONFIG
     with damaged(config, EXPORT_AGAIN):
         meta = read_json(config, "the exported config")[EXPORTED]
-        record, to = meta["run"], meta["format"]
-    cfg = read_record(record, str(config))
-    task, model, _ = build(cfg, path)  # the task reads the tokenizer shipped beside the weights
+        to = meta["format"]
+    cfg, task, model = rebuild(meta, path)
     views = llama_state_dict(model) if to == "hf" else model.state_dict()  # tensors sharing the model's storage
     with damaged(path / WEIGHTS, EXPORT_AGAIN):
         weights = load_file(path / WEIGHTS)
@@ -466,6 +466,46 @@ def load(source: str | Path, device: str = "cpu") -> Loaded:
     return Loaded(cfg, task, model.to(resolve_device(device)), path)
 
 
+def locate(source: str | Path) -> Path:
+    """The directory that `source` names: a run's or an export's, or the local copy of Hub model `source`
+    (`hub_snapshot`) where no such path exists."""
+    path = Path(source)
+    check_names(path)  # a name too long for its filesystem, which `exists` would raise on
+    return path if path.exists() else hub_snapshot(str(source))
+
+
+def holds_export(path: Path) -> bool:
+    """Whether directory `path` is to be read as an export (its weights file, or its config's record: `is_export`)
+    rather than as a run."""
+    return (path / WEIGHTS).is_file() or is_export(path)
+
+
+def rebuild(meta: Mapping[str, Any], path: Path) -> tuple[RunConfig, Task, Transformer]:
+    """The config, task and model (initialised, its variant's parameters frozen) that the export record `meta` of
+    directory `path` describes; the task reads the tokenizer shipped beside the weights.
+
+    A variant this process lacks (a plugin's, its module not loaded) is not needed: a variant only chooses what
+    trains, and the record names the parameters it froze. Its name stands in for it while the config is read
+    (`Registry.lent`), and those parameters are frozen. What the model's code needs (a plugin's attention kind
+    or activation) or the task does (a plugin's task) is still needed, and refused as unknown where absent, as is
+    a plugin's variant in an export recorded before the frozen parameters were."""
+    config = path / CONFIG
+    with damaged(config, EXPORT_AGAIN):
+        variant, attention, frozen = meta["variant"], meta["model"]["attention"], meta.get("frozen")
+    if variant in VARIANTS or frozen is None:
+        cfg = read_record(meta["run"], str(config))
+        task, model, _ = build(cfg, path)
+        return cfg, task, model
+    with VARIANTS.lent(variant, Variant(variant, attention, None, "as its export recorded it", any_attention=True)):
+        cfg = read_record(meta["run"], str(config))
+        task, model, _ = build(cfg, path)
+    parameters = dict(model.named_parameters())
+    with damaged(config, EXPORT_AGAIN):
+        for name in frozen:
+            parameters[name].requires_grad_(False)  # a KeyError where the record names no parameter of the model
+    return cfg, task, model
+
+
 def hub_snapshot(repo_id: str) -> Path:
     """The local copy of Hub model `repo_id` (downloaded, or from the cache when offline)."""
     from huggingface_hub import snapshot_download
@@ -474,7 +514,7 @@ def hub_snapshot(repo_id: str) -> Path:
         return Path(snapshot_download(repo_id))
     except (ValueError, OSError) as e:  # an invalid id, no such repo, offline with nothing cached
         raise UsageError(
-            f"{repo_id} is neither a directory nor a Hub model that can be read ({reason_of(e)})"
+            f"run directory {repo_id} does not exist, and no Hub model {repo_id} can be read ({reason_of(e)})"
         ) from None
 
 

@@ -9,6 +9,7 @@ work.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -58,6 +59,19 @@ class Registry(Generic[T]):
         return self._items[name]
 
     __getitem__ = get
+
+    @contextlib.contextmanager
+    def lent(self, name: str, item: T) -> Iterator[None]:
+        """Within: `item` registered under `name`, a name nothing holds, and removed again on leaving. For reading
+        back what a definition this process lacks made, from what was recorded of it (an export of a plugin's
+        variant: `mixit.export.load`), without keeping a stand-in that the real definition would then clash with."""
+        if name in self._items:
+            raise ValueError(f"{self.what} {name!r} is registered; it cannot be lent")
+        self._items[name] = item
+        try:
+            yield
+        finally:
+            del self._items[name]
 
     def __contains__(self, name: object) -> bool:
         return name in self._items

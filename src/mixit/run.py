@@ -408,7 +408,7 @@ class Analysis:
         """Create the directory for writing, refusing a file in its place (files already there are rewritten)."""
         if self.path.exists() and not self.path.is_dir():
             raise UsageError(f"{self.path} exists and is not a directory")
-        self.path.mkdir(exist_ok=True)
+        self.path.mkdir(parents=True, exist_ok=True)
 
     @property
     def complete(self) -> bool:

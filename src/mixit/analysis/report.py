@@ -18,6 +18,10 @@
 The files are derived from the run's checkpoints (the latest, and with over_time every one held)
 and are rewritten by each `analyze`; nothing else in the run directory is touched. Every checkpoint is
 read before the first file is written, so a damaged one is refused with analysis/ as it was.
+
+An exported model (a directory of `mixit export`, or its Hub repo id) is analysed the same way, with the task
+its config records, into the directory of --out (the export itself is never written into); over_time needs a
+run's checkpoints, which an export does not hold.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from mixit.analysis.signal import token_similarity
 from mixit.checkpoint import load_model_state
 from mixit.config import ModelConfig, check
 from mixit.errors import UsageError
-from mixit.experiment import build_model
+from mixit.export import holds_export, load, locate
 from mixit.files import check_output_dir
 from mixit.models import Transformer
 from mixit.run import Analysis, Loaded, Run
@@ -61,14 +65,17 @@ def analyze_run(
     batch: int = 64,
     seed: int = 0,
     over_time: bool = False,
+    out: Path | None = None,
 ) -> dict[str, Any]:
-    """Run every analysis on a run's latest checkpoint and write the results to RUN_DIR/analysis/.
+    """Run every analysis on a run's latest checkpoint, or on an exported model, and write the results to
+    RUN_DIR/analysis/ (or --out).
 
     Returns the findings of summary.md as data, with the text itself under
-    "summary" and the directory written (`Run.analysis`) under "out_dir".
+    "summary" and the directory written (`Run.analysis`, or `out`) under "out_dir".
 
     Args:
-        run_dir: The run directory.
+        run_dir: The run directory, a directory written by `mixit export` (--to hf or hub), or the Hub repo id
+            of one. An export is analysed with the task its config records, and is never written into.
         device: Where to run: auto (cuda if available, else cpu), cpu, cuda or cuda:N.
         example: The index of the test example whose attention maps are drawn.
         tokens: Draw the attention maps of these token ids instead of a test example (comma-separated on the
@@ -76,19 +83,21 @@ def analyze_run(
         batch: Repeated random sequences the head scores are measured on.
         seed: Seed of those random sequences.
         over_time: Also score the heads and evaluate the test set at every checkpoint the run holds, into
-            over_time.json and over_time.png (train with --keep-checkpoints log to keep about 20 of them).
+            over_time.json and over_time.png (train with --keep-checkpoints log to keep about 20 of them); a run
+            directory's only, since an export holds its final weights alone.
+        out: The directory to write the files into; null means RUN_DIR/analysis, for a run directory only (an
+            export needs it).
     """
     check(batch > 0, f"batch must be a positive integer, got {batch}")
-    run = Run.open(run_dir)
-    check_output_dir(run.analysis_dir)  # before any computing
-    loaded = run.load(device)
+    path, run, analysis = analysis_target(run_dir, out, over_time)
+    check_output_dir(analysis.path)  # before any computing
+    loaded = load(path, device)
     test_inputs = loaded.task.test_batch().inputs
     x = pattern_input(test_inputs, loaded.cfg.model, example, tokens)
     # Every checkpoint is read (a damaged one refused) before anything is written into analysis/.
-    history = over_time_history(run, loaded, batch, seed) if over_time else None
-    analysis = run.analysis
+    history = over_time_history(run, loaded, batch, seed) if over_time and run is not None else None
     analysis.prepare()
-    name = f"{loaded.cfg.task}/{loaded.cfg.variant} ({run.path.name}, {loaded.checkpoint.name})"
+    name = f"{loaded.cfg.task}/{loaded.cfg.variant} ({Path(run_dir).name}, {loaded.checkpoint.name})"
 
     scores = head_scores(loaded.model, loaded.task.analysis_tokens(), batch=batch, seed=seed)
     analysis.write_head_scores(scores)
@@ -102,12 +111,33 @@ def analyze_run(
 
     findings = summarize(scores, signal)
     if history is not None:
-        draw_over_time(run, loaded, history)
+        draw_over_time(analysis, loaded, history, Path(run_dir).name)
         findings["over_time"] = over_time_line(history)
         files += [analysis.write_over_time(history).name, analysis.figure_path("over_time").name]
     text = render_summary(name, findings, has_fixed, files)
     analysis.write_summary(text)
     return {**findings, "summary": text, "out_dir": str(analysis.path)}
+
+
+def analysis_target(run_dir: Path, out: Path | None, over_time: bool) -> tuple[Path, Run | None, Analysis]:
+    """What `analyze_run` reads and writes: the directory `run_dir` names (a Hub repo id's local copy), its run
+    (None for an export), and the analysis directory, `out` or the run's own. An export is never written into,
+    and holds no checkpoints to analyse over time: either need is refused naming what would do."""
+    path = locate(run_dir)
+    run = None if holds_export(path) else Run.open(path)
+    if run is None and over_time:
+        raise UsageError(
+            f"--over-time needs a run's checkpoints, and {run_dir} is an exported model, which holds its final "
+            "weights alone: analyse the run directory it was exported from"
+        )
+    if out is not None:
+        return path, run, Analysis(Path(out))
+    if run is None:
+        raise UsageError(
+            f"{run_dir} is an exported model, whose directory is left as exported: give --out DIR for the "
+            "analysis, or analyse the run directory it was exported from"
+        )
+    return path, run, run.analysis
 
 
 def pattern_input(
@@ -148,7 +178,7 @@ def write_patterns(
 def write_signal(analysis: Analysis, loaded: Loaded, inputs: torch.Tensor) -> dict[str, Any]:
     """Token similarity after each layer on `inputs` (N, T), trained and at initialisation; written."""
     probe = inputs.to(next(loaded.model.parameters()).device)
-    fresh, _ = build_model(loaded.cfg)
+    fresh = Transformer(loaded.cfg.model)  # as initialised; what the variant froze changes no forward pass
     signal = {
         "trained": token_similarity(loaded.model, probe),
         "init": token_similarity(fresh.to(probe.device), probe),
@@ -184,16 +214,17 @@ def over_time_history(run: Run, loaded: Loaded, batch: int, seed: int) -> dict[s
     }
 
 
-def draw_over_time(run: Run, loaded: Loaded, history: dict[str, Any]) -> None:
-    """Draw over_time.png: the strongest head's score of each kind and the test metric against step."""
-    title = f"{loaded.cfg.task}/{loaded.cfg.variant} ({run.path.name}): strongest head against step"
+def draw_over_time(analysis: Analysis, loaded: Loaded, history: dict[str, Any], name: str) -> None:
+    """Draw over_time.png of run `name`: the strongest head's score of each kind and the test metric against
+    step."""
+    title = f"{loaded.cfg.task}/{loaded.cfg.variant} ({name}): strongest head against step"
     curves = {kind: [h["score"] for h in history["strongest"][kind]] for kind in SCORE_KINDS}
     plot_over_time(
         history["steps"],
         curves,
         {f"test {history['metric']}": [t[history["metric"]] for t in history["test"]]},
         title,
-        run.analysis.figure_path("over_time"),
+        analysis.figure_path("over_time"),
     )
 
 

@@ -1,21 +1,15 @@
-"""Evaluation of a model on its task's fixed test set, and of a run's latest checkpoint (`mixit eval`)."""
+"""Evaluation of a model on its task's fixed test set (`mixit eval` is `mixit.analysis.evaluation`)."""
 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mixit.config import check
 from mixit.distributed import Dist, gather
 from mixit.precision import Precision
-from mixit.resources import check_memory, inference_parts
-from mixit.run import Run
-from mixit.runtime import resolve_device
 from mixit.tasks import IGNORE, Batch, ParamCounts, Task
 from mixit.tasks.base import per_example, ratio_se
 
@@ -73,28 +67,3 @@ def example_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE, reduction="none"
     )  # (N * positions,), 0 where not scored
     return per_example(losses.reshape(len(targets), -1))
-
-
-def evaluate_run(run_dir: Path, device: str = "auto", batch_size: int = 1000) -> dict[str, Any]:
-    """Re-evaluate a run's latest checkpoint on its task's fixed test set.
-
-    Args:
-        run_dir: The run directory.
-        device: Where to run: auto (cuda if available, else cpu), cpu, cuda or cuda:N.
-        batch_size: Test examples per forward pass.
-    """
-    check(batch_size > 0, f"batch_size must be a positive integer, got {batch_size}")
-    run = Run.open(run_dir)
-    model_cfg = run.config.model
-    parts = inference_parts(model_cfg, batch_size, f"a batch of {batch_size}")
-    check_memory("evaluating", parts, resolve_device(device), "lower --batch-size")
-    loaded = run.load(device)
-    # The frozen parts are frozen again, so bits per trainable parameter count what training could change.
-    metrics = evaluate(loaded.model, loaded.task, next(loaded.model.parameters()).device, batch_size)
-    return {
-        "run_dir": str(run_dir),
-        "checkpoint": loaded.checkpoint.name,
-        "task": loaded.task.describe(),
-        "variant": loaded.cfg.variant,
-        "test": metrics,
-    }

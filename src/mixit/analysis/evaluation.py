@@ -1,0 +1,42 @@
+"""`mixit eval SOURCE`: a trained model's metrics on its task's fixed test set, measured again.
+
+SOURCE is whatever `mixit.load` opens: a run directory (its latest checkpoint), a directory written by
+`mixit export` (either format), or the Hub repo id of one. The test set is rebuilt from the config that each
+records; an export holds its run's whole config, so it is the run's own test set, drawn from the same seeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mixit.config import check
+from mixit.export import load
+from mixit.resources import check_memory, inference_parts
+from mixit.runtime import resolve_device
+from mixit.training.evaluate import evaluate
+
+
+def evaluate_run(run_dir: Path, device: str = "auto", batch_size: int = 1000) -> dict[str, Any]:
+    """Re-evaluate a trained model on its task's fixed test set: a run's latest checkpoint, or an exported model.
+
+    Args:
+        run_dir: The run directory, a directory written by `mixit export` (--to hf or hub), or the Hub repo id
+            of one.
+        device: Where to run: auto (cuda if available, else cpu), cpu, cuda or cuda:N.
+        batch_size: Test examples per forward pass.
+    """
+    check(batch_size > 0, f"batch_size must be a positive integer, got {batch_size}")
+    where = resolve_device(device)
+    loaded = load(run_dir, "cpu")  # the weights are read before the memory they need on `where` is checked
+    parts = inference_parts(loaded.cfg.model, batch_size, f"a batch of {batch_size}")
+    check_memory("evaluating", parts, where, "lower --batch-size")
+    # The frozen parts are frozen again, so bits per trainable parameter count what training could change.
+    metrics = evaluate(loaded.model.to(where), loaded.task, where, batch_size)
+    return {
+        "run_dir": str(run_dir),
+        "checkpoint": loaded.checkpoint.name,
+        "task": loaded.task.describe(),
+        "variant": loaded.cfg.variant,
+        "test": metrics,
+    }
