@@ -11,8 +11,8 @@ docs/design.md, "Configuration", for why it was chosen over tyro).
 Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
 stderr naming the problem and what is allowed, and exit status 2; a value of
-the wrong type is said from the option's declared type, in the words of
-mixit's own checks (``train.steps: expected an integer, got 'ten'``). A fault of
+the wrong type is said with the option's type as --help names it
+(``train.steps: expected int, got 'ten'``). A fault of
 the machine (a full disk, no permission, ...: `mixit.errors.machine_fault`) is
 one line too: exit status 2 when a check finds it before any work, 1 once work
 is under way, with what continues the work (docs/reliability.md, "Faults of the

@@ -47,7 +47,7 @@ from typing import Any, ClassVar, Self
 
 import yaml
 
-from mixit.config import Config, DataConfig, ModelConfig, TaskConfig, TrainConfig, check, is_a
+from mixit.config import Config, DataConfig, ModelConfig, TaskConfig, TrainConfig, check, typed
 from mixit.errors import UsageError
 from mixit.freezing import FreezeReport, apply_variant, check_attention, get_variant
 from mixit.models import Transformer
@@ -282,14 +282,11 @@ def coupling(model: Mapping[str, Any]) -> dict[str, Any]:
     take precedence, as in the reference). `model` holds the options chosen so far,
     `attention` among them."""
     out = dict(ATTENTION.get(model["attention"]).coupled)
-    alpha = model.get("depth_alpha", _default("depth_alpha"))
-    check(is_a(float, alpha), f"depth_alpha must be a finite number, got {alpha!r}")
+    alpha = typed("depth_alpha", float, model.get("depth_alpha", _default("depth_alpha")))
     if alpha:
-        base, depth = model.get("base_n_layers", _default("base_n_layers")), model.get("n_layers", _default("n_layers"))
-        check(
-            is_a(int, base) and is_a(int, depth) and base > 0 and depth > 0,
-            f"n_layers and base_n_layers must be positive integers, got {depth!r}, {base!r}",
-        )
+        base = typed("base_n_layers", int, model.get("base_n_layers", _default("base_n_layers")))
+        depth = typed("n_layers", int, model.get("n_layers", _default("n_layers")))
+        check(base > 0 and depth > 0, f"n_layers and base_n_layers must be positive integers, got {depth!r}, {base!r}")
         out.update(skip_scale=1.0, branch_scale=(base / depth) ** alpha)
     return out
 
