@@ -226,7 +226,7 @@ def test_each_least_value_passes_and_a_number_of_the_wrong_kind_is_refused():
     least = {key: minimum for key, (minimum, _) in SLURM_NUMBERS.items() if key not in ("time", "ntasks_per_node")}
     assert slurm_parameters(least)["gpus_per_node"] == 0
     for key, value in {"mem_gb": math.inf, "timeout_min": True, "gpus_per_node": 1.0, "nodes": "1.0"}.items():
-        with pytest.raises(UsageError, match=f"--slurm {key}: expected"):
+        with pytest.raises(UsageError, match=f"^--slurm {key} must be (int|float), got {value!r}$"):
             slurm_parameters({key: value})
 
 
