@@ -39,10 +39,10 @@ from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import format_signal, signal_command
 from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
-from mixit.config import ModelConfig, TrainConfig
+from mixit.config import DataConfig, ModelConfig, TrainConfig
 from mixit.distributed import BadEnvironment, Dist, env_world, fault_said, refusal_said
 from mixit.errors import UsageError, machine_fault, show_warning
-from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
+from mixit.experiment import DATA_OPTIONS, DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
 from mixit.export import export_run, hub_url
 from mixit.flags import Option, Parser, arguments, call, help_default, one_line, task_params
 from mixit.generate import sample_run
@@ -81,7 +81,8 @@ def train_parser() -> Parser:
     )
     p.add_option(Option("config", Path, config, None))
     # The default task is shown in --help; a request without a task gets it from `resolve`.
-    p.add_options(RunConfig, skip=("model", "train"), partial=True, shown={"task": DEFAULT_TASK})
+    p.add_options(RunConfig, skip=("model", "train", *DATA_OPTIONS), partial=True, shown={"task": DEFAULT_TASK})
+    p.add_options(DataConfig, partial=True)
     p.add_options(ModelConfig, "model", skip=TASK_DECIDES, partial=True)
     p.add_options(TrainConfig, "train", partial=True)
     out = "The run directory to write, or with --resume to continue; null means runs/<task>-<variant>-<time>."
