@@ -121,7 +121,7 @@ def test_list_names_every_task_and_variant(capsys):
         (["train", "--warmup-steps", "x"], "train.warmup_steps: expected int or null, got 'x'"),
         (["train", "-p", "n_digits"], "-p expects KEY=VALUE"),
         (["train", "-p", "digits=3"], "unknown parameter 'digits' for task addition; allowed: n_digits=10"),
-        (["train", "-p", "n_digits=many"], "task parameter n_digits: expected int, got 'many'"),
+        (["train", "-p", "n_digits=many"], "task parameter n_digits must be int, got 'many'"),
         (["train", "--variant", "frozen_qk", "--attention", "mixing"], "variant 'frozen_qk' uses softmax attention"),
         (["train", "--device", "tpu"], "unknown device 'tpu'; allowed: auto, cpu, cuda, cuda:N"),
         (["train", "--resume"], "--resume needs --out RUN_DIR"),

@@ -110,7 +110,7 @@ def test_the_examples_on_the_command_line(examples, capsys):
     for args, message in [
         (
             ["-p", "length=twelve"],
-            "task parameter length: expected int, got 'twelve'",
+            "task parameter length must be int, got 'twelve'",
         ),
         (["-p", "length=0"], "length must be an integer >= 1, got 0"),
         (

@@ -33,7 +33,7 @@ them (`call` calls a library function with them). Four generic rules:
   option: the caller of `call` supplies it;
 - ``task`` beside ``task_params`` takes ``-p KEY=VALUE`` (repeatable) for the
   latter, each value read by the type of its field in the task's Config
-  (`task_params`);
+  (`task_params`, with `mixit.config.typed`);
 - a parameter typed as a mapping (`ReproduceOptions.slurm`) takes ``--NAME
   KEY=VALUE``, repeatable, given to the library as a dict of strings for it to
   check and type (`key_values`).
@@ -57,7 +57,7 @@ from typing import Any, Literal, get_args, get_origin
 import docstring_parser
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
-from mixit.config import field_docs, field_hints, help_type, short_doc
+from mixit.config import field_docs, field_hints, help_type, short_doc, typed
 from mixit.errors import UsageError
 from mixit.tasks import TASKS
 
@@ -321,27 +321,22 @@ def arguments(target: Any, args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def task_params(task: Any, items: Sequence[str]) -> dict[str, Any]:
-    """``-p KEY=VALUE`` items, each value parsed by the type of its field in the task's Config."""
+    """``-p KEY=VALUE`` items, each value read by the type of its field in the task's Config (`typed`)."""
     if task is None:
         raise UsageError("-p/--task-param needs --task")
     if not isinstance(task, str):
         raise UsageError(f"task must be a string, got {task!r}")
     config = TASKS.get(task).Config
-    argv = []
+    hints, values = field_hints(config), {}
     for item in items:
         key, sep, value = (part.strip() for part in item.partition("="))
         if not sep or not key:
             raise UsageError(f"-p expects KEY=VALUE (e.g. n_digits=5), got {item!r}")
-        if key not in field_hints(config):
+        if key not in hints:
             allowed = ", ".join(f"{k}={v}" for k, v in config().to_dict().items())
             raise UsageError(f"unknown parameter {key!r} for task {task}; allowed: {allowed}")
-        argv.append(f"--{key}={value}")
-    parser = Parser()
-    parser.add_options(config, partial=True)
-    try:
-        return dict(parser.parse_args(argv, defaults=False).as_dict())
-    except ArgumentError as e:
-        raise UsageError(f"task parameter {e}") from None
+        values[key] = typed(f"task parameter {key}", hints[key], value)
+    return values
 
 
 def one_line(error: BaseException) -> str:
