@@ -66,11 +66,8 @@ def test_repeated_key_value_items_are_strings_in_order():
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--d-model", "ten"],
-        ["--model.d_mlp", "x"],
         ["--kind", "c"],
         ["--bias", "maybe"],
-        ["--depths", "[2,x]"],
         ["--lr", "nan"],  # a float is finite
         ["--d-model"],
         ["--bogus", "1"],
@@ -89,7 +86,7 @@ def test_a_bad_command_line_raises_argument_error(argv):
         (["--depths", "[2,x]"], "depths", "x"),
     ],
 )
-def test_a_refused_value_is_named_with_its_options_key(argv, key, value):
+def test_a_refused_value_raises_argument_error_naming_its_options_key(argv, key, value):
     with pytest.raises(ArgumentError) as error:
         parse(*argv)
     text = str(error.value)
@@ -99,16 +96,8 @@ def test_a_refused_value_is_named_with_its_options_key(argv, key, value):
 def test_a_dict_value_is_read_as_the_command_line_reads_it():
     """`mixit.config.typed`: parse_object reads a value by its type as parse_args reads its text, and takes null
     for an option that is not required."""
-    p = parser()
-    assert p.parse_object({"model": {"d_model": "8", "bias": "false"}, "lr": 2}).as_dict() == {
-        "model": {"d_model": 8, "d_mlp": None, "bias": False},
-        "kind": None,
-        "depths": None,
-        "out": None,
-        "lr": 2.0,
-        "slurm": None,
-    }
-    assert p.parse_object({"lr": None}).lr is None
+    got = parser().parse_object({"model": {"d_model": "8", "bias": "false"}, "lr": 2, "kind": None})
+    assert (got.model.d_model, got.model.bias, got.lr, got.kind) == (8, False, 2.0, None)
 
 
 def test_subcommands_nest_each_commands_options_under_its_name():
