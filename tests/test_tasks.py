@@ -525,8 +525,8 @@ def test_retrieval_train_batches_never_contain_a_test_row():
 
 
 def test_make_task_checks_types_strictly():
-    """Parameters are typed by the task's Config: strings are parsed only on the
-    command line (-p), never in Python or config files."""
+    """Parameters are typed by the task's Config, read as -p reads them wherever they come from: the string "5"
+    is 5 from Python or a config file as on the command line."""
     task = make_task("addition", {"n_digits": 5, "reference_mask": True})
     assert task.params() == {"n_digits": 5, "reference_mask": True}
     task = make_task("modular_addition", {"p": 7, "train_fraction": 0.5})
@@ -534,6 +534,8 @@ def test_make_task_checks_types_strictly():
     # An integer is a float (the value is converted): 1 for a float field gives 1.0.
     assert make_task("memorization", {"n": 4, "fraction": 1}).params()["fraction"] == 1.0
     assert task_parameters("addition") == {"n_digits": 10, "reference_mask": False}
+    read = make_task("addition", {"n_digits": "5", "reference_mask": "true"}).params()
+    assert read == {"n_digits": 5, "reference_mask": True}
 
 
 @pytest.mark.parametrize(

@@ -143,7 +143,7 @@ def short_doc(obj: object) -> str:
 
 
 class Config:
-    """Base of the config dataclasses: strict type checks at construction,
+    """Base of the config dataclasses: each value typed at construction (`typed`),
     `from_dict` that refuses unknown keys, `to_dict` for JSON. A field may
     itself be a config (the model of a run): `from_dict` builds it from its
     mapping, `to_dict` writes it as one."""
