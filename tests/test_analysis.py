@@ -334,7 +334,7 @@ def test_analyze_over_time_scores_every_kept_checkpoint(tmp_path, capsys):
         (["analyze", "nowhere"], "run directory nowhere does not exist"),
         (["analyze", "RUN", "--example", "99999"], "example must be in [0, 40)"),
         (["analyze", "RUN", "--tokens", "1,2,99"], "out-of-range ids [99]"),
-        (["analyze", "RUN", "--tokens", "1,x"], "tokens: expected a list (an integer each)"),
+        (["analyze", "RUN", "--tokens", "1,x"], "tokens: expected comma-separated list of int"),
     ],
 )
 def test_analyze_bad_input(args, message, tmp_path, capsys):

@@ -212,7 +212,7 @@ def test_distributed_settings_are_refused_with_one_line(tmp_path, monkeypatch, c
     assert main([*ARGS, "--grad-accum", "5", "--out", "x"]) == 2
     assert "divisible by the world size 1 x grad_accum 5" in capsys.readouterr().err
     assert main([*ARGS, "--dtype", "fp8", "--out", "x"]) == 2
-    assert "train.dtype: expected one of 'fp32', 'bf16', 'fp16', got 'fp8'" in capsys.readouterr().err
+    assert "train.dtype: expected one of fp32, bf16 or fp16, got 'fp8'" in capsys.readouterr().err
     from mixit.runtime import fast_bf16
 
     if not fast_bf16():

@@ -110,12 +110,12 @@ def test_the_examples_on_the_command_line(examples, capsys):
     for args, message in [
         (
             ["-p", "length=twelve"],
-            "task parameter length: expected an integer, got 'twelve'",
+            "task parameter length must be int, got 'twelve'",
         ),
         (["-p", "length=0"], "length must be an integer >= 1, got 0"),
         (
             ["--schedule", "step"],
-            "train.schedule: expected one of 'cosine', 'linear', 'constant', got 'step'",
+            "train.schedule: expected one of cosine, linear or constant, got 'step'",
         ),
     ]:
         assert main(["train", "--task", "copy", *args, "--out", str(examples / "bad")]) == 2

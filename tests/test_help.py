@@ -86,7 +86,7 @@ def test_types_and_defaults_are_readable(command):
 
 @pytest.mark.parametrize("task", TASKS.names())
 def test_task_parameters_read_well(task):
-    # Their docstrings are the help of -p KEY=VALUE (`task_params` parses with such a parser) and `mixit list`.
+    # Their docstrings are what `mixit list` says of each, and the help of such a parser.
     parser = Parser()
     parser.add_options(TASKS.get(task).Config, partial=True)
     problems = [f"{what}: {why}: {text!r}" for what, text in help_texts(parser) if (why := not_a_sentence(text))]

@@ -159,7 +159,7 @@ def test_wrong_answer_on_a_none_position_costs_token_acc_only():
         ({"k": 0}, "k must be an integer >= 1, got 0"),
         ({"alphabet": 1}, "alphabet must be an integer >= 2, got 1"),
         ({"length": 1}, "length must be an integer >= 2, got 1"),
-        ({"k": "two"}, "k must be an integer, got 'two'"),
+        ({"k": "two"}, "k must be int, got 'two'"),
     ],
 )
 def test_bad_parameters_are_usage_errors(params, message):

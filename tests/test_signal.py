@@ -150,7 +150,7 @@ def test_signal_propagation_shape_determinism_and_json():
         ({"depths": [2, 0]}, "depths must be a non-empty list of positive integers"),
         ({"depths": [2.5]}, "depths must be"),
         ({"depths": []}, "depths must be"),
-        ({"shaped": None}, "shaped must be True or False"),
+        ({"shaped": None}, "shaped must be bool, got None"),
         ({"model_overrides": {"n_layers": 3}}, "may not set n_layers"),
         ({"model_overrides": {"init_sd": 0.1}}, "unknown model option"),
     ],

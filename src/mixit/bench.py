@@ -53,7 +53,7 @@ from torch import nn
 from torch.utils.benchmark import Measurement, Timer
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from mixit.config import ModelConfig, TrainConfig, is_a
+from mixit.config import ModelConfig, TrainConfig, typed
 from mixit.errors import UsageError
 from mixit.experiment import model_config
 from mixit.files import check_output_dir, write_json
@@ -86,7 +86,8 @@ class Shape:
 
     def __post_init__(self) -> None:
         for name, value in dataclasses.asdict(self).items():
-            if not (is_a(int, value) and value > 0):
+            object.__setattr__(self, name, typed(name, int, value))  # frozen: set once, as read
+            if getattr(self, name) <= 0:
                 raise UsageError(f"{name} must be a positive integer, got {value!r}")
         self.model_config("standard")  # refuses what no model could have (heads not dividing the width, odd RoPE)
 
@@ -479,7 +480,7 @@ def _check_options(options: BenchOptions) -> None:
         raise UsageError(f"unknown dtype {options.dtype!r}; allowed: {', '.join(DTYPES)}")
     for name in ("warmup", "steps", "repeats"):
         value = getattr(options, name)
-        if not (is_a(int, value) and value >= 1):
+        if typed(name, int, value) < 1:
             raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
 
 

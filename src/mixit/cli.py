@@ -11,8 +11,8 @@ docs/design.md, "Configuration", for why it was chosen over tyro).
 Bad input (an unknown task, a value out of range, a run directory holding
 another run, a corrupt checkpoint) is refused before any work with one line on
 stderr naming the problem and what is allowed, and exit status 2; a value of
-the wrong type is said from the option's declared type, in the words of
-mixit's own checks (``train.steps: expected an integer, got 'ten'``). A fault of
+the wrong type is said with the option's type as --help names it
+(``train.steps: expected int, got 'ten'``). A fault of
 the machine (a full disk, no permission, ...: `mixit.errors.machine_fault`) is
 one line too: exit status 2 when a check finds it before any work, 1 once work
 is under way, with what continues the work (docs/reliability.md, "Faults of the
@@ -40,10 +40,10 @@ from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import format_signal, signal_command
 from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
-from mixit.config import ModelConfig, TrainConfig
+from mixit.config import DataConfig, ModelConfig, TrainConfig
 from mixit.distributed import BadEnvironment, Dist, env_world, fault_said, refusal_said
 from mixit.errors import UsageError, machine_fault, show_warning
-from mixit.experiment import DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
+from mixit.experiment import DATA_OPTIONS, DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
 from mixit.export import export_run, hub_url
 from mixit.flags import Option, Parser, arguments, call, help_default, one_line, task_params
 from mixit.generate import sample_run
@@ -81,7 +81,8 @@ def train_parser() -> Parser:
     )
     p.add_option(Option("config", Path, config, None))
     # The default task is shown in --help; a request without a task gets it from `resolve`.
-    p.add_options(RunConfig, skip=("model", "train"), partial=True, shown={"task": DEFAULT_TASK})
+    p.add_options(RunConfig, skip=("model", "train", *DATA_OPTIONS), partial=True, shown={"task": DEFAULT_TASK})
+    p.add_options(DataConfig, partial=True)
     p.add_options(ModelConfig, "model", skip=TASK_DECIDES, partial=True)
     p.add_options(TrainConfig, "train", partial=True)
     out = "The run directory to write, or with --resume to continue; null means runs/<task>-<variant>-<time>."

@@ -8,14 +8,13 @@ list``, ``config.json`` and the checks below. Adding an option is one field
 here (docs/extending.md shows it).
 
 Validation happens once, at construction (``__post_init__``): every value
-is checked against its field's type, strictly (``"false"`` is not a bool,
-``1.5`` is not an int, floats must be finite), then against its range. A
-mapping with a key the class does not have is refused by `Config.from_dict`,
-so a config file cannot carry a typo silently. Every failure is a
-`UsageError` naming the key and what is allowed. The same strict check of a
-value against a type (`coerce`, `is_a`) and its description (`type_name` in
-messages, `help_type` in ``--help``) serve the command line, config files and
-``--slurm``: this module is the one place a type is checked or described.
+is read by its field's type as jsonargparse reads it (`typed`), wherever it
+comes from: a flag, a config file, ``--slurm``, a dict from Python (the string
+``"10"`` for an int is 10, as ``--steps 10`` is; a bool is not an int; floats
+must be finite), then checked against its range. A mapping with a key the
+class does not have is refused by `Config.from_dict`, so a config file cannot
+carry a typo silently. Every failure is a `UsageError` naming the key, the
+value and what is allowed, the type named as --help names it (`help_type`).
 
 The run as a whole (task, variant, these, the task's parameters) is
 `mixit.experiment.RunConfig`, a `Config` too.
@@ -27,6 +26,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -47,27 +47,9 @@ def check(ok: bool, message: str) -> None:
         raise UsageError(message)
 
 
-def type_name(hint: Any) -> str:
-    """A type hint in the words of mixit's messages: "an integer", "one of 'a', 'b'", "a list of ..."; `help_type`
-    names it in --help's."""
-    if get_origin(hint) is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(hint))
-    if get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(type_name(a) for a in get_args(hint))
-    if hint is type(None):
-        return "null"
-    if isinstance(hint, type) and issubclass(hint, Config):
-        return f"a {hint.__name__}"
-    if get_origin(hint) in (tuple, list, collections.abc.Sequence):
-        return f"a list ({type_name(get_args(hint)[0])} each)"
-    return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(
-        hint, getattr(hint, "__name__", str(hint))
-    )
-
-
 def help_type(hint: Any) -> str:
-    """A type hint as --help names it, in the words of the command line: "int", "Path", "int or null", "one of a,
-    b or c", "comma-separated list of int", "comma-separated list, each one of a or b"."""
+    """A type hint in the words of the command line, for --help and for messages: "int", "Path", "int or null",
+    "one of a, b or c", "comma-separated list of int", "comma-separated list, each one of a or b"."""
     origin, args = get_origin(hint), get_args(hint)
     if origin is Literal:
         return "one of " + alternatives([str(a) for a in args])
@@ -90,49 +72,49 @@ def alternatives(names: Sequence[str]) -> str:
     return " or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def coerce(hint: Any, value: Any) -> tuple[bool, Any]:
-    """(True, value as `hint`) if `value` is of type `hint` under strict rules, else (False, None).
+@functools.cache
+def _reader(hint: Any) -> Any:
+    # Required unless the type allows null: jsonargparse otherwise takes null for a value of any type.
+    from jsonargparse import ArgumentParser  # here, not above: see `typed`
 
-    Strict: a bool is not an int, an int is a float (converted), a float must
-    be finite, a string is never parsed. Lists of a tuple type become tuples.
-    A config (`Config`) must be an instance of its class: mappings are built
-    into configs by `Config.from_dict`, not here.
-    """
-    origin = get_origin(hint)
-    if origin is Literal:
-        ok = any(value == a and type(value) is type(a) for a in get_args(hint))
-        return ok, value if ok else None
-    if origin in (typing.Union, types.UnionType):
-        for arg in get_args(hint):
-            ok, out = coerce(arg, value)
-            if ok:
-                return True, out
-        return False, None
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            return False, None
-        (item,) = {a for a in get_args(hint) if a is not Ellipsis}
-        parts = [coerce(item, v) for v in value]
-        return (True, tuple(v for _, v in parts)) if all(ok for ok, _ in parts) else (False, None)
-    if hint is type(None):
-        return value is None, None
-    if hint is bool:
-        return isinstance(value, bool), value
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
-    if hint is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        return ok, float(value) if ok else None
-    if hint is str:
-        return isinstance(value, str), value
-    if isinstance(hint, type) and issubclass(hint, Config):
-        return isinstance(value, hint), value
-    raise TypeError(f"config fields of type {hint!r} are not supported")
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--value", type=hint, required=type(None) not in get_args(hint))
+    return parser
 
 
-def is_a(hint: Any, value: Any) -> bool:
-    """Whether `value` is of type `hint` under `coerce`'s strict rules: ``is_a(int, True)`` is False."""
-    return coerce(hint, value)[0]
+@functools.lru_cache(maxsize=2**16)
+def _read(hint: Any, kind: str, value: Any) -> Any:
+    # Remembered, since a parse takes jsonargparse about half a millisecond and a run's configs have some 60
+    # values, mostly the same from run to run; `kind` names type(value), so that 1, 1.0 and True are told apart.
+    return _reader(hint).parse_object({"value": value}).value
+
+
+def typed(name: str, hint: Any, value: Any) -> Any:
+    """`value`, given for `name`, as jsonargparse reads a value of type `hint`, as it reads one from the command
+    line (an int given for a float becomes a float, a list for a tuple a tuple, the string "5" for an int 5);
+    else a `UsageError` naming `name`, the value and the type (`help_type`). A float must be finite, and a field
+    typed as a config must hold one: jsonargparse takes inf and nan, and any object for a dataclass.
+
+    Without jsonargparse, `value` is returned as it is: that is the model code a `--to hub` export ships, loaded
+    where mixit is not installed, and its config's values were typed when its run was written."""
+    try:
+        from jsonargparse import ArgumentError
+    except ImportError:
+        return value
+    allowed = get_args(hint) if get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if any(isinstance(a, type) and issubclass(a, Config) for a in allowed):
+        ok, out = isinstance(value, allowed), value
+    else:
+        try:
+            if isinstance(value, (int, float, str, type(None))):
+                out = _read(hint, type(value).__name__, value)
+            else:
+                out = _reader(hint).parse_object({"value": value}).value
+            ok = not isinstance(out, float) or math.isfinite(out)
+        except ArgumentError:
+            ok = False
+    check(ok, f"{name} must be {help_type(hint)}, got {value!r}")
+    return out
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -171,7 +153,7 @@ def short_doc(obj: object) -> str:
 
 
 class Config:
-    """Base of the config dataclasses: strict type checks at construction,
+    """Base of the config dataclasses: each value typed at construction (`typed`),
     `from_dict` that refuses unknown keys, `to_dict` for JSON. A field may
     itself be a config (the model of a run): `from_dict` builds it from its
     mapping, `to_dict` writes it as one."""
@@ -180,10 +162,7 @@ class Config:
 
     def __post_init__(self) -> None:
         for name, hint in field_hints(type(self)).items():
-            value = getattr(self, name)
-            ok, converted = coerce(hint, value)
-            check(ok, f"{name} must be {type_name(hint)}, got {value!r}")
-            setattr(self, name, converted)
+            setattr(self, name, typed(name, hint, getattr(self, name)))
         self.validate()
 
     def validate(self) -> None:

@@ -47,7 +47,7 @@ from typing import Any, ClassVar, Self
 
 import yaml
 
-from mixit.config import Config, DataConfig, ModelConfig, TaskConfig, TrainConfig, check, is_a
+from mixit.config import DataConfig, ModelConfig, TaskConfig, TrainConfig, check, typed
 from mixit.errors import UsageError
 from mixit.freezing import FreezeReport, apply_variant, check_attention, get_variant
 from mixit.models import Transformer
@@ -62,13 +62,12 @@ DEFAULT_VARIANT = "standard"
 DEFAULT_RECIPE = "laptop"
 
 
-@dataclass
-class RunSetup(Config):
-    """What a run trains: the task, the model, the variant, the recipe, the optimisation, the task's parameters.
+@dataclass(kw_only=True)
+class RunConfig(DataConfig):
+    """Everything that defines a run: task, variant, model, optimisation, the task's parameters, and the data it
+    draws (the fields of `DataConfig`, its base, at the top level). Validated and written like every `Config`."""
 
-    The first fields of `RunConfig`, in a base of their own so that they come before the data options: the
-    fields of a dataclass's bases come first, and this order is the order of the command line's flags and
-    of the keys of a request made from them."""
+    what: ClassVar[str] = "run config key"
 
     task: str
     """Task name (`mixit list`)."""
@@ -82,14 +81,6 @@ class RunSetup(Config):
     """Optimisation and bookkeeping."""
     task_params: TaskConfig | None = None
     """The task's parameters (its Config); None means its defaults."""
-
-
-@dataclass
-class RunConfig(DataConfig, RunSetup):
-    """Everything that defines a run: task, variant, model, optimisation, the task's parameters (`RunSetup`)
-    and the data it draws (`DataConfig`). Validated and written like every `Config`."""
-
-    what: ClassVar[str] = "run config key"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -134,9 +125,10 @@ class RunConfig(DataConfig, RunSetup):
         return DataConfig(**{name: getattr(self, name) for name in DATA_OPTIONS})
 
     def to_dict(self) -> dict[str, Any]:
-        """`Config.to_dict` in config.json's order: the task, variant, recipe and task parameters first."""
+        """`Config.to_dict` in config.json's order: the task, variant, recipe, task parameters, model and
+        optimisation, then the data options."""
         data = super().to_dict()
-        return {**{k: data.pop(k) for k in ("task", "variant", "recipe", "task_params")}, **data}
+        return {**{k: data.pop(k) for k in ("task", "variant", "recipe", "task_params", "model", "train")}, **data}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
@@ -282,14 +274,11 @@ def coupling(model: Mapping[str, Any]) -> dict[str, Any]:
     take precedence, as in the reference). `model` holds the options chosen so far,
     `attention` among them."""
     out = dict(ATTENTION.get(model["attention"]).coupled)
-    alpha = model.get("depth_alpha", _default("depth_alpha"))
-    check(is_a(float, alpha), f"depth_alpha must be a finite number, got {alpha!r}")
+    alpha = typed("depth_alpha", float, model.get("depth_alpha", _default("depth_alpha")))
     if alpha:
-        base, depth = model.get("base_n_layers", _default("base_n_layers")), model.get("n_layers", _default("n_layers"))
-        check(
-            is_a(int, base) and is_a(int, depth) and base > 0 and depth > 0,
-            f"n_layers and base_n_layers must be positive integers, got {depth!r}, {base!r}",
-        )
+        base = typed("base_n_layers", int, model.get("base_n_layers", _default("base_n_layers")))
+        depth = typed("n_layers", int, model.get("n_layers", _default("n_layers")))
+        check(base > 0 and depth > 0, f"n_layers and base_n_layers must be positive integers, got {depth!r}, {base!r}")
         out.update(skip_scale=1.0, branch_scale=(base / depth) ** alpha)
     return out
 

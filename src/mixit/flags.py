@@ -19,9 +19,10 @@ on that same call, through argparse's public options (docs/design.md,
   help text, printed by argparse's RawDescriptionHelpFormatter, descriptions
   filled here (`fill`): jsonargparse's formatter spells them as Python does
   (``Optional[int]``, ``default: False``);
-- a value of the wrong type is refused in one line from the option's declared
-  type, in the words of mixit's own checks (``train.steps: expected an
-  integer, got 'ten'``: `Parser.explain`).
+- a value of the wrong type is refused in one line naming the option, the
+  value and the type as --help names it (``train.steps: expected int, got
+  'ten'``: `Parser.refusal`), from the option and value that jsonargparse's
+  own error names.
 
 What a command's options parse to goes back to the declaration that made
 them (`call` calls a library function with them). Four generic rules:
@@ -32,7 +33,7 @@ them (`call` calls a library function with them). Four generic rules:
   option: the caller of `call` supplies it;
 - ``task`` beside ``task_params`` takes ``-p KEY=VALUE`` (repeatable) for the
   latter, each value read by the type of its field in the task's Config
-  (`task_params`);
+  (`task_params`, with `mixit.config.typed`);
 - a parameter typed as a mapping (`ReproduceOptions.slurm`) takes ``--NAME
   KEY=VALUE``, repeatable, given to the library as a dict of strings for it to
   check and type (`key_values`).
@@ -43,7 +44,6 @@ from __future__ import annotations
 import argparse
 import collections.abc
 import dataclasses
-import functools
 import inspect
 import re
 import shutil
@@ -57,14 +57,12 @@ from typing import Any, Literal, get_args, get_origin
 import docstring_parser
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
-from mixit.config import field_docs, field_hints, help_type, short_doc, type_name
+from mixit.config import field_docs, field_hints, help_type, short_doc, typed
 from mixit.errors import UsageError
 from mixit.tasks import TASKS
 
 REQUIRED: Any = dataclasses.MISSING
 """The default of an option that has none."""
-
-NEGATIVE = r"-\d+|-\d*\.\d+"  # a negative number, which argparse reads as an option's value, not as an option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,22 +182,6 @@ def bracket_lists(argv: Sequence[str], lists: collections.abc.Container[str]) ->
     return out
 
 
-@functools.cache
-def _checker(hint: Any) -> ArgumentParser:
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--value", type=hint)
-    return parser
-
-
-def accepts(hint: Any, text: str) -> bool:
-    """Whether jsonargparse reads `text`, given on the command line, as a value of type `hint`."""
-    try:
-        _checker(hint).parse_args([f"--value={text}"])
-    except ArgumentError:
-        return False
-    return True
-
-
 class Parser(ArgumentParser):
     """jsonargparse's parser, raising on errors (each on one line), with options generated from declarations
     (`add_options`) and the spellings of the module docstring."""
@@ -290,8 +272,8 @@ class Parser(ArgumentParser):
             )
 
     def parse_args(self, args: Sequence[str] | None = None, *more: Any, **kwargs: Any) -> Namespace:  # type: ignore[override]
-        """jsonargparse's parse of `args`, lists read comma-separated (`bracket_lists`); an error is one line, a
-        value of the wrong type said in mixit's words (`explain`)."""
+        """jsonargparse's parse of `args`, lists read comma-separated (`bracket_lists`); an error is one line
+        (`refusal`)."""
         argv = list(sys.argv[1:] if args is None else args)
         at = next((i + 1 for i, word in enumerate(argv) if word in self.commands), 0)
         parser = self.commands[argv[at - 1]] if at else self
@@ -299,24 +281,18 @@ class Parser(ArgumentParser):
         try:
             return super().parse_args([*argv[:at], *bracket_lists(argv[at:], lists)], *more, **kwargs)
         except ArgumentError as error:
-            raise ArgumentError(None, parser.explain(argv[at:]) or one_line(error)) from None
+            raise ArgumentError(None, parser.refusal(error)) from None
 
-    def explain(self, argv: Sequence[str]) -> str | None:
-        """The first value in `argv` that its option's type refuses (as jsonargparse reads it: `accepts`), said
-        from the type declared (``train.steps: expected an integer, got 'ten'``); None if there is none."""
-        for i, word in enumerate(argv):
-            name, eq, value = word.partition("=")
-            option = self.spellings.get(name if eq else word)
-            if option is None:
-                continue
-            if not eq:
-                # argparse reads the next word as the value unless it reads as an option (`NEGATIVE` does not)
-                if i + 1 == len(argv) or (argv[i + 1].startswith("-") and not re.fullmatch(NEGATIVE, argv[i + 1])):
-                    continue
-                value = argv[i + 1]
-            if not accepts(option.hint, comma_list(value) if kind(option.hint) == "list" else value):
-                return f"{option.dest}: expected {type_name(option.hint)}, got {value!r}"
-        return None
+    def refusal(self, error: ArgumentError) -> str:
+        """jsonargparse's `error` on one line; a value that its option's type refuses said with the type as --help
+        names it (``train.steps: expected int, got 'ten'``), since jsonargparse names it as Python does
+        (``<class 'int'>``, and a union's every member on lines of their own)."""
+        text = str(error)
+        key, value = re.match(r'Parser key "([^"]+)"', text), re.findall(r"(?:Got|Given) value: (.*)", text)
+        option = next((o for o in self.spellings.values() if key and o.dest == key[1]), None)
+        if option is None or not value:
+            return one_line(error)
+        return f"{option.dest}: expected {help_type(option.hint)}, got {value[-1]!r}"
 
 
 # -- reading the options back ---------------------------------------------------------------
@@ -345,27 +321,22 @@ def arguments(target: Any, args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def task_params(task: Any, items: Sequence[str]) -> dict[str, Any]:
-    """``-p KEY=VALUE`` items, each value parsed by the type of its field in the task's Config."""
+    """``-p KEY=VALUE`` items, each value read by the type of its field in the task's Config (`typed`)."""
     if task is None:
         raise UsageError("-p/--task-param needs --task")
     if not isinstance(task, str):
         raise UsageError(f"task must be a string, got {task!r}")
     config = TASKS.get(task).Config
-    argv = []
+    hints, values = field_hints(config), {}
     for item in items:
         key, sep, value = (part.strip() for part in item.partition("="))
         if not sep or not key:
             raise UsageError(f"-p expects KEY=VALUE (e.g. n_digits=5), got {item!r}")
-        if key not in field_hints(config):
+        if key not in hints:
             allowed = ", ".join(f"{k}={v}" for k, v in config().to_dict().items())
             raise UsageError(f"unknown parameter {key!r} for task {task}; allowed: {allowed}")
-        argv.append(f"--{key}={value}")
-    parser = Parser()
-    parser.add_options(config, partial=True)
-    try:
-        return dict(parser.parse_args(argv, defaults=False).as_dict())
-    except ArgumentError as e:
-        raise UsageError(f"task parameter {e}") from None
+        values[key] = typed(f"task parameter {key}", hints[key], value)
+    return values
 
 
 def one_line(error: BaseException) -> str:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from mixit.config import ModelConfig, is_a
+from mixit.config import ModelConfig, typed
 from mixit.errors import UsageError
 from mixit.experiment import model_config
 from mixit.files import check_output_dir, write_json
@@ -153,17 +153,17 @@ def _check_inputs(variants: Sequence[str], depths: Sequence[int], probe: Probe) 
         VARIANTS.get(v)
     if len(set(variants)) != len(variants):
         raise UsageError(f"variants must not repeat, got {list(variants)}")
-    if not depths or not all(is_a(int, d) and d > 0 for d in depths):
+    if not depths or not all(typed("depths", int, d) > 0 for d in depths):
         raise UsageError(f"depths must be a non-empty list of positive integers, got {list(depths)!r}")
     seeds, batch, n_ctx = probe.seeds, probe.batch, probe.n_ctx
-    if not seeds or not all(is_a(int, s) for s in seeds):
+    if not seeds:
         raise UsageError(f"seeds must be a non-empty list of integers, got {list(seeds)!r}")
-    if not (is_a(int, batch) and batch > 0):
+    typed("seeds", tuple[int, ...], seeds)
+    if typed("batch", int, batch) <= 0:
         raise UsageError(f"batch must be a positive integer, got {batch!r}")
-    if not (is_a(int, n_ctx) and n_ctx >= 2):
+    if typed("n_ctx", int, n_ctx) < 2:
         raise UsageError(f"n_ctx must be an integer >= 2 (similarity needs two tokens), got {n_ctx!r}")
-    if not is_a(bool, probe.shaped):
-        raise UsageError(f"shaped must be True or False, got {probe.shaped!r}")
+    typed("shaped", bool, probe.shaped)
     taken = sorted(set(probe.model_overrides or {}) & set(_OWN_KEYS))
     if taken:
         raise UsageError(f"model_overrides may not set {', '.join(taken)}: the sweep sets them itself")

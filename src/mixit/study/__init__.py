@@ -30,7 +30,7 @@ from typing import Any, Literal
 import torch
 
 from mixit.bench import matmul_contender, time_interleaved
-from mixit.config import check, is_a
+from mixit.config import check, typed
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig
 from mixit.resources import model_numel
@@ -215,22 +215,17 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
     From Python: ``reproduce(ReproduceOptions(preset="smoke", out=Path("runs/smoke")))``."""
     if options.list:
         return {"listing": list_studies(options.seeds)}
-    seeds = options.seeds
-    check(seeds is None or (is_a(int, seeds) and seeds >= 1), f"seeds must be a positive integer or null, got {seeds}")
-    check(
-        options.test_seed is None or (is_a(int, options.test_seed) and options.test_seed >= 0),
-        f"test_seed must be a non-negative integer or null, got {options.test_seed}",
-    )
-    check(
-        is_a(int, options.max_runs) and options.max_runs >= 1,
-        f"max_runs must be a positive integer, got {options.max_runs!r}",
-    )
+    seeds, test_seed = typed("seeds", int | None, options.seeds), typed("test_seed", int | None, options.test_seed)
+    check(seeds is None or seeds >= 1, f"seeds must be a positive integer or null, got {seeds}")
+    check(test_seed is None or test_seed >= 0, f"test_seed must be a non-negative integer or null, got {test_seed}")
+    max_runs = typed("max_runs", int, options.max_runs)
+    check(max_runs >= 1, f"max_runs must be a positive integer, got {max_runs!r}")
     naming = Naming(options.tracking_project, options.tracking_name)
     if options.study is not None:  # the file's own seeds unless --seeds says otherwise
         check(options.test_seed is None, "--test-seed applies to a preset; a study file sets test_seed in its base")
-        chosen = load_study_file(options.study, seeds, options.first_seed, options.max_runs)
+        chosen = load_study_file(options.study, seeds, options.first_seed, max_runs)
     else:
-        chosen = paper_study(options.preset, seeds, options.first_seed, options.test_seed, options.max_runs)
+        chosen = paper_study(options.preset, seeds, options.first_seed, test_seed, max_runs)
     out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
 
     def announce() -> None:  # with the progress bar: the bar counts runs as they are planned, stage by stage

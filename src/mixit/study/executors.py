@@ -38,7 +38,6 @@ What the study directory may hold before a study starts is
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import functools
 import json
 import math
@@ -61,7 +60,7 @@ from tqdm.auto import tqdm
 
 from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import SignalOptions, signal_command
-from mixit.config import check
+from mixit.config import check, typed
 from mixit.distributed import env_world
 from mixit.errors import UsageError, require, show_warning
 from mixit.experiment import RunConfig, merge
@@ -675,7 +674,7 @@ def slurm_parameters(given: Mapping[str, Any]) -> dict[str, Any]:
 
 def _slurm_value(key: str, value: Any) -> Any:
     """The value of --slurm `key` for submitit: a list or a mapping where `SLURM_SHAPES` says so (from Python, or
-    from repeated items), a number where `SLURM_NUMBERS` says so (from a string, or from Python), checked against its
+    from repeated items), a number where `SLURM_NUMBERS` says so (read as its type by `typed`), checked against its
     least value; otherwise one value, true or false (any case) read as a bool, anything else passed as given."""
     shape = SLURM_SHAPES.get(key)
     if shape is list:
@@ -690,13 +689,7 @@ def _slurm_value(key: str, value: Any) -> Any:
     if key not in SLURM_NUMBERS:
         return value.lower() == "true" if isinstance(value, str) and value.lower() in ("true", "false") else value
     least, what = SLURM_NUMBERS[key]
-    whole = isinstance(least, int)
-    number = value
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            number = int(value) if whole else float(value)
-    ok = isinstance(number, int if whole else (int, float)) and not isinstance(number, bool) and math.isfinite(number)
-    check(ok, f"--slurm {key}: expected {'an integer' if whole else 'a number'}, got {value!r}")
+    number = typed(f"--slurm {key}", type(least), value)
     check(number >= least, f"--slurm {key}={value} is out of range: {what}, at least {least}")
     return number
 

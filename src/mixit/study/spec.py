@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from mixit.config import check, is_a
+from mixit.config import check, typed
 from mixit.errors import UsageError
 from mixit.experiment import RunConfig, merge, resolve
 
@@ -188,8 +188,9 @@ Seeds = int | range
 def seed_range(seeds: int, first: int = 0) -> range:
     """Seeds first..first+seeds-1, refused in one line unless both are integers, `seeds` positive and `first`
     not negative."""
+    seeds, first = typed("seeds", int, seeds), typed("first_seed", int, first)
     for name, value, least in (("seeds", seeds, 1), ("first_seed", first, 0)):
-        check(is_a(int, value) and value >= least, f"{name} must be an integer >= {least}, got {value!r}")
+        check(value >= least, f"{name} must be an integer >= {least}, got {value!r}")
     return range(first, first + seeds)
 
 
@@ -279,13 +280,17 @@ def budget(labels: Mapping[str, Any]) -> int:
 def budget_multiples(value: Any, where: str = "") -> tuple[int, ...]:
     """`value` as `Study.extend`: integers of at least 2, in increasing order; refused in one line (beginning
     with `where`) otherwise."""
-    ok = isinstance(value, (list, tuple)) and all(is_a(int, m) and m >= 2 for m in value)
+    try:
+        multiples = typed("extend", tuple[int, ...], value)
+        ok = all(m >= 2 for m in multiples) and list(multiples) == sorted(set(multiples))
+    except UsageError:
+        ok = False
     check(
-        ok and list(value) == sorted(set(value)),
+        ok,
         f"{where}extend must list multiples of the step cap, integers >= 2 in increasing order (e.g. [2, 4]), "
         f"got {value!r}",
     )
-    return tuple(value)
+    return multiples
 
 
 SEARCH_PROCEDURE = 3
@@ -419,17 +424,14 @@ def _parse_error(error: Exception) -> str:
 
 def _screening(data: Mapping[str, Any], path: Path) -> tuple[float, dict[str, int]]:
     """A study file's screen_fraction and screen_min_steps, checked."""
-    fraction = data.get("screen_fraction", 0.25)
+    fraction = typed(f"study file {path}: screen_fraction", float, data.get("screen_fraction", 0.25))
+    check(0 < fraction <= 1, f"study file {path}: screen_fraction must be a number in (0, 1], got {fraction!r}")
+    least = typed(f"study file {path}: screen_min_steps", dict[str, int], data.get("screen_min_steps", {}))
     check(
-        is_a(float, fraction) and 0 < fraction <= 1,
-        f"study file {path}: screen_fraction must be a number in (0, 1], got {fraction!r}",
-    )
-    least = data.get("screen_min_steps", {})
-    check(
-        isinstance(least, dict) and all(is_a(int, v) and v >= 1 for v in least.values()),
+        all(v >= 1 for v in least.values()),
         f"study file {path}: screen_min_steps must be a table of task names to positive integers, got {least!r}",
     )
-    return float(fraction), dict(least)
+    return fraction, least
 
 
 def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, max_runs: int = MAX_RUNS) -> Study:
