@@ -119,54 +119,73 @@ VARIANTS.add("frozen_vo", Variant("frozen_vo", "softmax", lambda m: block_parts(
                                   "v and o frozen, from a plugin"))
 """
 
-LOAD = """
-import json, sys
+PLUGGED = """
+import contextlib, io, json, sys
+from mixit.cli import main
+
+exports = [["export", "run", "--to", to, "--out", to] for to in ("hub", "hf")]
+for argv in (sys.argv[1:], *exports):
+    assert main(argv) == 0, argv
+said = io.StringIO()
+with contextlib.redirect_stdout(said):
+    assert main(["eval", "run", "--device", "cpu"]) == 0
+print("\\n" + json.dumps(json.loads(said.getvalue())["test"]))
+"""
+
+UNPLUGGED = """
+import contextlib, io, json
 import mixit
-loaded = mixit.load(sys.argv[1])
-frozen = [n for n, p in loaded.model.named_parameters() if not p.requires_grad]
-print(json.dumps({"variant": loaded.cfg.variant, "frozen": frozen, "registered": "frozen_vo" in mixit.VARIANTS}))
+from mixit.cli import main
+
+got = {}
+refusal = io.StringIO()
+with contextlib.redirect_stderr(refusal):
+    got["run"] = (main(["eval", "run"]), refusal.getvalue())
+for to in ("hub", "hf"):
+    loaded = mixit.load(to)
+    frozen = [n for n, p in loaded.model.named_parameters() if not p.requires_grad]
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        code = main(["eval", to, "--device", "cpu"])
+    got[to] = {"variant": loaded.cfg.variant, "frozen": frozen, "registered": "frozen_vo" in mixit.VARIANTS,
+               "code": code, "test": json.loads(said.getvalue())["test"]}
+print("\\n" + json.dumps(got))
 """
 
 
-def mixit_process(args, cwd, **env):
-    """`python ARGS` in a fresh process in `cwd` running this mixit, offline, with `env` added and no plugin unless
-    `env` names one."""
+def mixit_process(script, args, cwd, **env):
+    """`script` run with `args` by a fresh Python in `cwd` running this mixit, offline, with `env` added and no
+    plugin unless `env` names one: what it printed last (JSON)."""
     environment = {k: v for k, v in os.environ.items() if k != ENV}
     source = str(Path(mixit.__file__).parents[1])  # the mixit under test, wherever the process starts
     paths = [source, *filter(None, environment.get("PYTHONPATH", "").split(os.pathsep))]
     environment.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=os.pathsep.join(paths), **env)
-    done = subprocess.run([sys.executable, *args], cwd=cwd, env=environment, capture_output=True, text=True)
-    return done
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=cwd, env=environment, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_an_export_of_a_plugin_variant_needs_no_plugin(tmp_path):
+    """Trained, exported both ways and evaluated in a process with the plugin; then, in one without it, the run is
+    refused but its exports load and evaluate. Two processes, each doing its part through `mixit.cli.main`."""
     (tmp_path / "my_variant.py").write_text(PLUGIN)
     tiny = ["--task", "addition", "-p", "n_digits=2", "--d-model", "16", "--n-heads", "2", "--n-layers", "1"]
     tiny += ["--steps", "3", "--batch-size", "8", "--test-size", "20", "--no-progress"]
-    plugged = {ENV: "my_variant.py"}
-    train_args = ["-m", "mixit", "train", "--variant", "frozen_vo", *tiny, "--out", "run"]
-    trained = mixit_process(train_args, tmp_path, **plugged)
-    assert trained.returncode == 0, trained.stderr[-2000:]
-    for to in ("hub", "hf"):
-        done = mixit_process(["-m", "mixit", "export", "run", "--to", to, "--out", to], tmp_path, **plugged)
-        assert done.returncode == 0, done.stderr[-2000:]
-    of_run = mixit_process(["-m", "mixit", "eval", "run", "--device", "cpu"], tmp_path, **plugged)
-    assert of_run.returncode == 0, of_run.stderr[-2000:]
-    # Without the plugin the run itself is refused: the variant is truly unknown in these processes...
-    refused = mixit_process(["-m", "mixit", "eval", "run"], tmp_path)
-    assert refused.returncode == 2 and "unknown variant 'frozen_vo'" in refused.stderr
+    train = ["train", "--variant", "frozen_vo", *tiny, "--out", "run"]
+    expected = mixit_process(PLUGGED, train, tmp_path, **{ENV: "my_variant.py"})
+    got = mixit_process(UNPLUGGED, [], tmp_path)
+    # Without the plugin the run itself is refused: the variant is truly unknown in this process...
+    code, err = got["run"]
+    assert code == 2 and "unknown variant 'frozen_vo'" in err
     for to in ("hub", "hf"):
         # ... but its exports load, with exactly what the variant froze frozen, and the name lent back.
-        loaded = mixit_process(["-c", LOAD, to], tmp_path)
-        assert loaded.returncode == 0, loaded.stderr[-2000:]
-        report = json.loads(loaded.stdout)
-        assert report["variant"] == "frozen_vo" and not report["registered"]
+        report = got[to]
+        assert report["variant"] == "frozen_vo" and not report["registered"] and report["code"] == 0
         assert set(report["frozen"]) == {f"blocks.0.attn.{m}.{w}" for m in ("v", "o") for w in ("weight", "bias")}
-        of_export = mixit_process(["-m", "mixit", "eval", to, "--device", "cpu"], tmp_path)
-        assert of_export.returncode == 0, of_export.stderr[-2000:]
         # The same weights through the same arithmetic: a rounding of float32 apart at most.
-        test, expected = json.loads(of_export.stdout)["test"], json.loads(of_run.stdout)["test"]
-        assert_close(test, expected, dtype=torch.float32, terms=1)
+        assert_close(report["test"], expected, dtype=torch.float32, terms=1)
 
 
 def test_a_lent_variant_is_gone_once_read(exported):

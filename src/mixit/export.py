@@ -491,13 +491,13 @@ def rebuild(meta: Mapping[str, Any], path: Path) -> tuple[RunConfig, Task, Trans
     a plugin's variant in an export recorded before the frozen parameters were."""
     config = path / CONFIG
     with damaged(config, EXPORT_AGAIN):
-        variant, attention, frozen = meta["variant"], meta["model"]["attention"], meta.get("frozen")
+        run, variant, attention, frozen = meta["run"], meta["variant"], meta["model"]["attention"], meta.get("frozen")
     if variant in VARIANTS or frozen is None:
-        cfg = read_record(meta["run"], str(config))
+        cfg = read_record(run, str(config))
         task, model, _ = build(cfg, path)
         return cfg, task, model
     with VARIANTS.lent(variant, Variant(variant, attention, None, "as its export recorded it", any_attention=True)):
-        cfg = read_record(meta["run"], str(config))
+        cfg = read_record(run, str(config))
         task, model, _ = build(cfg, path)
     parameters = dict(model.named_parameters())
     with damaged(config, EXPORT_AGAIN):
