@@ -325,32 +325,35 @@ CONVENTIONS_WITHOUT_MIXIT = (
 import json, os
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
-directory, tokens = sys.argv[1], torch.tensor(json.loads(sys.argv[2]))
-cfg = json.load(open(os.path.join(directory, "config.json")))["cfg"]
-auto = AutoModelForCausalLM if cfg["head"] == "lm" else AutoModelForSequenceClassification
-model = auto.from_pretrained(directory, trust_remote_code=True).eval()
-labels = tokens if cfg["head"] == "lm" else torch.arange(len(tokens)) % cfg["n_classes"]
-mask = torch.ones_like(tokens)
-mask[0, 3:] = 0  # the first row right-padded after 3 tokens
-said = {"class": type(model).__name__, "type": model.config.model_type}
-said["auto"] = type(AutoModel.from_pretrained(directory, trust_remote_code=True)).__name__
-with torch.no_grad():
-    out = model(input_ids=tokens, labels=labels, output_hidden_states=True)
-    said.update(logits=out.logits.tolist(), loss=out.loss.item(), hidden=[h.tolist() for h in out.hidden_states])
-    said["masked"] = model(input_ids=tokens, attention_mask=mask).logits.tolist()
-    try:
-        model(input_ids=tokens, attention_mask=mask.flip(1))
-    except ValueError as e:
-        said["left"] = str(e)
-    if cfg["head"] == "lm":
-        said["generated"] = model.generate(tokens[:1, :3], do_sample=False, max_new_tokens=3).tolist()
-if os.path.exists(os.path.join(directory, "tokenizer_config.json")):
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    batch = tokenizer(["the cat", "a dog sat on the mat"], padding=True, return_tensors="pt")
-    said.update(ids=batch["input_ids"].tolist(), mask=batch["attention_mask"].tolist())
-    said.update(pad=tokenizer.pad_token_id, eos=tokenizer.eos_token_id, bos=tokenizer.bos_token_id)
+def conventions(directory, tokens):
+    cfg = json.load(open(os.path.join(directory, "config.json")))["cfg"]
+    auto = AutoModelForCausalLM if cfg["head"] == "lm" else AutoModelForSequenceClassification
+    model = auto.from_pretrained(directory, trust_remote_code=True).eval()
+    labels = tokens if cfg["head"] == "lm" else torch.arange(len(tokens)) % cfg["n_classes"]
+    mask = torch.ones_like(tokens)
+    mask[0, 3:] = 0  # the first row right-padded after 3 tokens
+    said = {"class": type(model).__name__, "type": model.config.model_type}
+    said["auto"] = type(AutoModel.from_pretrained(directory, trust_remote_code=True)).__name__
     with torch.no_grad():
-        said["batch_logits"] = model(**batch).logits.tolist()
+        out = model(input_ids=tokens, labels=labels, output_hidden_states=True)
+        said.update(logits=out.logits.tolist(), loss=out.loss.item(), hidden=[h.tolist() for h in out.hidden_states])
+        said["masked"] = model(input_ids=tokens, attention_mask=mask).logits.tolist()
+        try:
+            model(input_ids=tokens, attention_mask=mask.flip(1))
+        except ValueError as e:
+            said["left"] = str(e)
+        if cfg["head"] == "lm":
+            said["generated"] = model.generate(tokens[:1, :3], do_sample=False, max_new_tokens=3).tolist()
+    if os.path.exists(os.path.join(directory, "tokenizer_config.json")):
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        batch = tokenizer(["the cat", "a dog sat on the mat"], padding=True, return_tensors="pt")
+        said.update(ids=batch["input_ids"].tolist(), mask=batch["attention_mask"].tolist())
+        said.update(pad=tokenizer.pad_token_id, eos=tokenizer.eos_token_id, bos=tokenizer.bos_token_id)
+        with torch.no_grad():
+            said["batch_logits"] = model(**batch).logits.tolist()
+    return said
+# One process for every export (importing torch and transformers takes seconds): [directory, tokens] pairs in argv[1]
+said = [conventions(directory, torch.tensor(tokens)) for directory, tokens in json.loads(sys.argv[1])]
 print("\\n" + json.dumps(said))  # a line of its own, after any question transformers asked
 """
 )
@@ -361,25 +364,36 @@ HIDDEN = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_
 CLASSES = {"lm": "MixitForCausalLM", "classifier": "MixitForSequenceClassification"}
 
 
-@pytest.mark.parametrize(
-    "task, variant",
-    [
-        ("addition", "mixit"),
-        ("addition", "frozen_qk"),
-        ("lm", "standard"),
-        ("sentiment", "mixit"),
-        ("sentiment", "standard"),
-    ],
-)
-def test_the_hub_export_keeps_transformers_conventions_without_mixit(runs, tmp_path, task, variant):
+CONVENTION_CASES = [
+    ("addition", "mixit"),
+    ("addition", "frozen_qk"),
+    ("lm", "standard"),
+    ("sentiment", "mixit"),
+    ("sentiment", "standard"),
+]
+
+
+@pytest.fixture(scope="module")
+def conventions(runs, tmp_path_factory):
+    """What `CONVENTIONS_WITHOUT_MIXIT` says of the hub export of each case, all read by one process."""
+    root = tmp_path_factory.mktemp("conventions")
+    jobs = [
+        [str(export_run(runs[case], "hub", root / "-".join(case))), probe(runs[case]).tolist()]
+        for case in CONVENTION_CASES
+    ]
+    said = python_without_mixit(CONVENTIONS_WITHOUT_MIXIT, [json.dumps(jobs)], root)
+    return dict(zip(CONVENTION_CASES, json.loads(said.strip().splitlines()[-1]), strict=True))
+
+
+@pytest.mark.parametrize("task, variant", CONVENTION_CASES)
+def test_the_hub_export_keeps_transformers_conventions_without_mixit(runs, conventions, task, variant):
     """Loaded by transformers' Auto classes with mixit (and what only mixit needs) impossible to import: the class
     of its head, mixit's logits, the loss of `labels`, the hidden states at mixit's hook points, right padding
     read as mixit reads it and left padding refused, greedy generation, a tokenizer that pads."""
     run = Run.open(runs[task, variant])
     model, cfg = run.load("cpu").model.eval(), run.config.model
-    out = export_run(run.path, "hub", tmp_path / "hub")
     tokens = probe(run.path)
-    got = without_mixit(CONVENTIONS_WITHOUT_MIXIT, out, tokens, tmp_path)
+    got = conventions[task, variant]
     assert (got["class"], got["auto"], got["type"]) == (CLASSES[cfg.head], CLASSES[cfg.head], "mixit")
     terms = forward_terms(cfg)
     with torch.no_grad():
