@@ -461,22 +461,40 @@ def card_blocks(out: Path) -> list[str]:
     return [block.replace("THIS_DIRECTORY", str(out)) for block in re.findall(r"```python\n(.*?)```", card, re.S)]
 
 
-@pytest.mark.parametrize(
-    "task, variant, to",
-    [
-        ("addition", "mixit", "hub"),
-        ("lm", "standard", "hub"),
-        ("sentiment", "mixit", "hub"),
-        ("addition", "standard", "hf"),
-    ],
-)
-def test_the_cards_code_runs_as_written(runs, tmp_path, task, variant, to):
-    """The card's first block without mixit (it imports no tokenizer the export does not ship), its second
-    with mixit."""
-    out = export_run(runs[task, variant], to, tmp_path / to)
-    with_transformers, with_mixit = card_blocks(out)
+CARD_CASES = [
+    ("addition", "mixit", "hub"),
+    ("lm", "standard", "hub"),
+    ("sentiment", "mixit", "hub"),
+    ("addition", "standard", "hf"),
+]
+
+RUN_CARDS = """
+import json
+# Each card's block in a namespace of its own, one process for all (importing torch and transformers takes seconds)
+for block in json.loads(sys.argv[1]):
+    exec(block, {})
+print("ran")
+"""
+
+
+@pytest.fixture(scope="module")
+def cards(runs, tmp_path_factory):
+    """The Python blocks of each case's model card; the first blocks, which must need no mixit, are run by one
+    process without it."""
+    root = tmp_path_factory.mktemp("cards")
+    exported = {case: export_run(runs[case[:2]], case[2], root / "-".join(case)) for case in CARD_CASES}
+    blocks = {case: card_blocks(out) for case, out in exported.items()}
+    ran = python_without_mixit(WITHOUT_MIXIT + RUN_CARDS, [json.dumps([b[0] for b in blocks.values()])], root)
+    assert ran.strip().splitlines()[-1] == "ran"
+    return blocks
+
+
+@pytest.mark.parametrize("task, variant, to", CARD_CASES)
+def test_the_cards_code_runs_as_written(cards, task, variant, to):
+    """The card's first block without mixit (it imports no tokenizer the export does not ship; the `cards` fixture
+    runs it), its second with mixit."""
+    with_transformers, with_mixit = cards[task, variant, to]
     assert ("AutoTokenizer" in with_transformers) == (task != "addition")
-    python_without_mixit(WITHOUT_MIXIT + with_transformers, [], tmp_path)
     scope: dict = {}
     exec(with_mixit, scope)
     assert scope["logits"].shape[0] == 1
