@@ -241,11 +241,11 @@ def test_under_torchrun_bad_input_is_refused_by_every_rank_and_said_once(tmp_pat
     # No traceback from mixit: the one in the output is torchrun's own report of the failed ranks.
     # (mixit's package directory, not any path with a "mixit" folder in it: a clone may be called mixit.)
     assert f'File "{Path(mixit.__file__).parent}{os.sep}' not in proc.stderr, proc.stderr[-3000:]
-    # torchrun's report: every rank exited with status 2 (rank 0 first, the other once torchrun stopped it).
-    assert re.findall(r"rank\s*: (\d) \(local_rank: \d\)\s*exitcode\s*: (-?\d+)", proc.stderr) in (
-        [("0", "2"), ("1", "2")],
-        [("1", "2"), ("0", "2")],
-    ), proc.stderr[-3000:]
+    # torchrun's report: a rank exited with status 2, and the other did too, or was still reading its options when
+    # torchrun stopped it on seeing the first fail (SIGTERM, -15): which happens first is the machine's timing.
+    statuses = dict(re.findall(r"rank\s*: (\d) \(local_rank: \d\)\s*exitcode\s*: (-?\d+)", proc.stderr))
+    assert sorted(statuses) == ["0", "1"] and "2" in statuses.values(), proc.stderr[-3000:]
+    assert set(statuses.values()) <= {"2", "-15"}, proc.stderr[-3000:]
     assert list(tmp_path.iterdir()) == []
 
 
