@@ -2,7 +2,7 @@
 # The GPU records of docs/performance.md ("On a GPU") and docs/reproduction.md ("On a GPU"), one stage at a time:
 #
 #   docs/results/gpu_records.sh OUT STAGE...      STAGE: env, tests, bench, compiled, table4, table4-epochs, depth,
-#                                                        converge
+#                                                        converge, depth-seeds
 #
 # run from a checkout (or a copy of one: set MIXIT_COMMIT to its commit) on a machine with a CUDA GPU and a
 # CUDA build of PyTorch. Each stage writes OUT/STAGE/ (the study stages leave out checkpoints) and its command
@@ -151,6 +151,31 @@ converge_stage() {
     done
 }
 
+# The random transformer at 8 layers on fresh seeds (the depth finding's open cell; docs/results/gpu-depth-seeds/
+# protocol.md says what is read from it), one run at a time: a GPU shared between processes was slower than
+# one after another (docs/results/gpu-converge). Each run gets an equal share of DEADLINE seconds and is stopped
+# (SIGTERM, metrics kept) at the end of its share.
+depth_seeds_stage() {
+    local dir=$1 deadline=${DEADLINE:-520} seeds=(1 2)
+    local add=(-p n_digits=10 --steps 10000 --eval-every 500 --early-stop --patience 4 --dtype bf16)
+    [[ ${SCALE:-full} == tiny ]] && add=(-p n_digits=3 --d-model 64 --steps 4000 --eval-every 20 --early-stop \
+        --patience 4 --batch-size 32)
+    local share=$((deadline / ${#seeds[@]}))
+    declare -gA pids=()
+    for seed in "${seeds[@]}"; do
+        local name=depth-random-8-seed$seed start=$SECONDS
+        train_bg "$dir" "$name" --task addition --recipe reference "${add[@]}" --variant random --n-layers 8 --seed "$seed"
+        while kill -0 "${pids[$name]}" 2>/dev/null && ((SECONDS - start < share)); do sleep 1; done
+        if kill -0 "${pids[$name]}" 2>/dev/null; then
+            kill -TERM "${pids[$name]}"
+            echo "# $name cut after $((SECONDS - start)) s" >>"$dir/command.txt"
+        fi
+        wait "${pids[$name]}"
+        echo "# $name exit $? after $((SECONDS - start)) s" >>"$dir/command.txt"
+        echo "== $name: $(tail -1 "$dir/$name/metrics.jsonl" 2>/dev/null | cut -c1-300)"
+    done
+}
+
 for stage in "$@"; do
     dir=$out/$stage
     mkdir -p "$dir"
@@ -164,7 +189,8 @@ for stage in "$@"; do
         table4-epochs) study_stage "$dir" docs/results/gpu-table4-epochs/study.toml ;;
         depth) study_stage "$dir" docs/results/gpu-depth/study.toml ;;
         converge) STAGE_START=$SECONDS converge_stage "$dir" ;;
-        *) echo "unknown stage $stage; allowed: env, tests, bench, compiled, table4, table4-epochs, depth, converge" >&2
+        depth-seeds) depth_seeds_stage "$dir" ;;
+        *) echo "unknown stage $stage; allowed: env, tests, bench, compiled, table4, table4-epochs, depth, converge, depth-seeds" >&2
            exit 2 ;;
     esac
 done
