@@ -15,7 +15,7 @@ import pytest
 from jsonargparse import ArgumentError
 
 import mixit.training.loop
-from mixit.cli import call, command_parser, main
+from mixit.cli import call, command_parser, main, steps_trained
 from mixit.errors import UsageError
 from mixit.training.loop import accumulated_step
 
@@ -49,7 +49,7 @@ def run_cli(args, capsys):
 def test_train_then_eval_reproduces_the_test_metrics(tmp_path, capsys):
     code, out, _ = run_cli(["train", *TINY, "--variant", "mixit", "--out", str(tmp_path / "run")], capsys)
     assert code == 0
-    assert "addition(n_digits=2, reference_mask=False) mixit: after 6 steps, test loss" in out
+    assert "addition(n_digits=2, reference_mask=False) mixit: after 6 steps, last evaluation's test loss" in out
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     code, out, _ = run_cli(["eval", str(tmp_path / "run")], capsys)
     assert code == 0
@@ -288,3 +288,10 @@ def test_a_wrong_value_is_said_with_its_options_type_as_help_names_it(argv, mess
     with pytest.raises(ArgumentError) as error:
         toy_args("r", *argv)
     assert str(error.value) == message
+
+
+def test_train_says_where_early_stopping_ended_a_run():
+    done = {"steps": 10000, "convergence": {"stopped_early": False, "steps_trained": 10000, "reason": None}}
+    stopped = {"steps": 10000, "convergence": {"stopped_early": True, "steps_trained": 5000, "reason": "plateau"}}
+    assert steps_trained(done) == "10000 steps"
+    assert steps_trained(stopped) == "5000 of 10000 steps (stopped early: plateau)"

@@ -119,10 +119,18 @@ def cmd_train(args: Mapping[str, Any]) -> int:
         return 0
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in summary["test"].items() if isinstance(v, float))
     print(
-        f"{summary['task']} {summary['variant']}: after {summary['steps']} steps, test {metrics}\n"
+        f"{summary['task']} {summary['variant']}: after {steps_trained(summary)}, last evaluation's test {metrics}\n"
         f"run directory: {summary['run_dir']}"
     )
     return 0
+
+
+def steps_trained(summary: dict[str, Any]) -> str:
+    """How far a run trained, as `mixit train` ends by saying it: the cap, or where early stopping ended it."""
+    conv = summary["convergence"]
+    if conv["stopped_early"]:
+        return f"{conv['steps_trained']} of {summary['steps']} steps (stopped early: {conv['reason']})"
+    return f"{summary['steps']} steps"
 
 
 # -- the other commands -------------------------------------------------------------------
