@@ -48,7 +48,7 @@ def examples(tmp_path, monkeypatch):
         monkeypatch.setattr(registry, "_items", dict(registry._items))
     tables = list(TABLES)
     blocks = re.findall(r"```python\n# file: (\S+)\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert [Path(p).name for p, _ in blocks] == ["uniform.py", "frozen_attention.py", "copy.py", "copying.py"]
+    assert [Path(p).name for p, _ in blocks] == ["previous.py", "frozen_attention.py", "copy.py", "copying.py"]
     monkeypatch.syspath_prepend(str(tmp_path))
     names = ["extending_example_" + Path(path).stem for path, _ in blocks]
     for name, (_, code) in zip(names, blocks):
@@ -61,10 +61,10 @@ def examples(tmp_path, monkeypatch):
 
 
 def test_the_examples_register_and_train(examples):
-    assert "uniform" in ATTENTION and "frozen_attention" in VARIANTS and "copy" in TASKS
+    assert "previous" in ATTENTION and "frozen_attention" in VARIANTS and "copy" in TASKS
     listing = catalogue()
     assert listing["tasks"]["copy"]["parameters"]["length"] == {"default": 8, "type": "int", "doc": "Tokens to copy."}
-    assert "uniform" in listing["attention_kinds"]
+    assert "previous" in listing["attention_kinds"]
     cfg = run_config(
         "copy",
         "frozen_attention",
@@ -80,8 +80,8 @@ def test_the_examples_register_and_train(examples):
     assert set(summary["test"]) == {"loss", "token_acc", "exact_match", "loss_se", "token_acc_se", "exact_match_se"}
     frozen = json.loads((examples / "run" / "metrics.jsonl").read_text().splitlines()[0])["frozen"]
     assert sorted({name.split(".")[-2] for name in frozen}) == ["k", "o", "q", "v"]
-    model = run_config("copy", "random", {"length": 5}, attention="uniform").model
-    assert isinstance(model, ModelConfig) and model.attention == "uniform"
+    model = run_config("copy", "random", {"length": 5}, attention="previous").model
+    assert isinstance(model, ModelConfig) and model.attention == "previous"
 
 
 def test_the_examples_on_the_command_line(examples, capsys):
@@ -97,7 +97,7 @@ def test_the_examples_on_the_command_line(examples, capsys):
                 "--variant",
                 "random",
                 "--attention",
-                "uniform",
+                "previous",
                 *TINY,
                 "--out",
                 str(run),
@@ -105,7 +105,7 @@ def test_the_examples_on_the_command_line(examples, capsys):
         )
         == 0
     )
-    assert main(["analyze", str(run), "--batch", "4"]) == 0  # the uniform pattern goes through the hook
+    assert main(["analyze", str(run), "--batch", "4"]) == 0  # the previous-token pattern goes through the hook
     capsys.readouterr()
     for args, message in [
         (

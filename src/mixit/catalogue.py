@@ -67,10 +67,14 @@ def format_catalogue(listing: dict[str, Any]) -> str:
     lines.append("variants (--variant NAME):")
     for name, info in listing["variants"].items():
         lines.append(f"  {name:<17} [{info['attention']}] {info['description']}")
-    lines.append("attention kinds (--attention, random variant only), with the options each brings unless set:")
+    lines.append(
+        "attention kinds (--attention: with the variant naming it, with random, or, marked *, with any variant), "
+        "with the options each brings unless set:"
+    )
     for name, coupled in listing["attention_kinds"].items():
         settings = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in coupled.items())
-        lines.append(f"  {name:<17} {settings or '-'}")
+        mark = "*" if name in ATTENTION and ATTENTION.get(name).any_variant else " "
+        lines.append(f"{mark} {name:<17} {settings or '-'}")
     lines.append("recipes (--recipe NAME; where unset options start from):")
     for name, info in listing["recipes"].items():
         lines.append(f"  {name:<17} {info['description']}")

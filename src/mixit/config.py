@@ -241,7 +241,8 @@ class ModelConfig(Config):
     d_mlp: int | None = None
     """Hidden size of the gated MLP; null means 4 * d_model."""
     attention: str = "softmax"
-    """Attention kind (softmax or mixing); set by the variant, and only the random variant may change it."""
+    """Attention kind (`mixit list`): softmax or mixing, set by the variant (only the random variant takes another),
+    or randformer, uniform or synthesizer_random, input-independent mixers any variant takes (docs/model.md)."""
     bias: bool = True
     """Biases on every linear layer inside the blocks (q, k, v, o, gate, up, down), as the reference code."""
     rope_base: float = 10000.0

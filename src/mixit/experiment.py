@@ -49,7 +49,7 @@ import yaml
 
 from mixit.config import DataConfig, ModelConfig, TaskConfig, TrainConfig, check, typed
 from mixit.errors import UsageError
-from mixit.freezing import FreezeReport, apply_variant, check_attention, get_variant
+from mixit.freezing import FreezeReport, Variant, apply_variant, check_attention, get_variant
 from mixit.models import Transformer
 from mixit.models.attention import ATTENTION
 from mixit.recipes import RECIPES
@@ -94,7 +94,7 @@ class RunConfig(DataConfig):
             isinstance(self.task_params, cls.Config),
             f"task {self.task} takes parameters {cls.Config.__name__}, got {type(self.task_params).__name__}",
         )
-        check_attention(get_variant(self.variant), self.model.attention)
+        check_pairing(get_variant(self.variant), self.model.attention)
         RECIPES.get(self.recipe)
         super().validate()
 
@@ -226,7 +226,7 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     requested_model = _section(request, "model")
     attention = requested_model.setdefault("attention", variant.attention)
     check(isinstance(attention, str), f"attention must be a string, got {attention!r}")
-    check_attention(variant, attention)
+    check_pairing(variant, attention)
     recipe = nest_request(RECIPES.get(recipe_name).settings(task_name, attention))
     params = task_cls.Config.from_dict({**recipe.get("task_params", {}), **_section(request, "task_params")})
     data = DataConfig.from_dict({k: request[k] for k in DATA_OPTIONS if k in request})
@@ -249,6 +249,17 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     check_fits(cfg, task)
     cfg.request = as_data(request)
     return cfg
+
+
+def check_pairing(variant: Variant, attention: str) -> None:
+    """Refuse, before any work, an attention kind `variant` cannot take: a kind the variants name (softmax,
+    mixing) unless `variant` names it or takes any kind (`check_attention`); a kind any variant may take
+    (`Attention.any_variant`) where the variant's freeze rule finds nothing to freeze in it (frozen_qk: it has no q
+    or k), found by applying the rule to a one-layer model of the kind."""
+    if not ATTENTION.get(attention).any_variant:
+        check_attention(variant, attention)
+        return
+    apply_variant(Transformer(ModelConfig(vocab_size=2, n_ctx=2, d_model=2, n_heads=1, attention=attention)), variant)
 
 
 def _model_options(task: Task, attention: str, layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -312,7 +323,7 @@ def model_config(variant: str, **options: Any) -> ModelConfig:
     built outside a task (`mixit signal`, `mixit bench`)."""
     v = get_variant(variant)
     merged = {"attention": v.attention, **options}
-    check_attention(v, merged["attention"])
+    check_pairing(v, merged["attention"])
     return ModelConfig.from_dict({**coupling(merged), **merged})
 
 

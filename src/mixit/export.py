@@ -64,7 +64,7 @@ from mixit.version import __version__, git_commit, install_hint
 Target = Literal["hf", "hub"]
 
 LLAMA_NEEDS: dict[str, tuple[Any, str]] = {
-    "attention": ("softmax", "MixiT attention"),
+    "attention": ("softmax", "an attention kind other than softmax"),
     "width_scaling": (False, "width scaling"),
     "skip_scale": (1.0, "a residual skip scale other than 1"),
     "branch_scale": (1.0, "a residual branch scale other than 1"),

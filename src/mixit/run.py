@@ -12,7 +12,7 @@
       analysis/            written by `mixit analyze` (`Analysis`):
           head_scores.json / .png     head scores per layer and head, and the in-context gap
           attention.npz / .png        every head's pattern on one input, its tokens and their names
-          fixed_patterns.npz / .png   the input-independent matrices (MixiT models only)
+          fixed_patterns.npz / .png   the input-independent matrices (MixiT and the other fixed-pattern kinds)
           signal.json                 token similarity after each layer, trained and at initialisation
           retrieval_by_pairs.json     retrieval runs only: test accuracy by the number of stored pairs
           over_time.json / .png       with --over-time: head scores and test metrics at every checkpoint

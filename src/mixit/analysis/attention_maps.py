@@ -8,8 +8,8 @@ it, and a notebook shows it (after `%matplotlib inline`).
 
 Patterns come through the model's pattern hook (`capture_patterns`), so a
 softmax head and a MixiT head are drawn by the same code. Models whose attention
-has an input-independent pattern (MixiT) also expose it as
-``attn.fixed_pattern``; `fixed_patterns` collects those matrices at full n_ctx.
+has an input-independent pattern (MixiT, randformer, uniform, synthesizer_random)
+also expose it as ``attn.fixed_pattern``; `fixed_patterns` collects those matrices at full n_ctx.
 """
 
 from __future__ import annotations

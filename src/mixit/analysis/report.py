@@ -6,7 +6,7 @@
                                 (pattern_input_dependence: 0 for MixiT)
     attention.npz / .png        every head's pattern on one input (a test example by default), its
                                 tokens, and their names (`Task.token_names`), which label the figure
-    fixed_patterns.npz / .png   the input-independent matrices (MixiT models only)
+    fixed_patterns.npz / .png   the input-independent matrices (MixiT and the other fixed-pattern kinds)
     signal.json                 token similarity after each layer, trained and at initialisation
     retrieval_by_pairs.json     retrieval runs only: test accuracy by the number of stored pairs
                                 (the paper's Fig. 2)
@@ -332,7 +332,7 @@ def render_summary(name: str, f: dict[str, Any], has_fixed: bool, files: Sequenc
         *([f"- {f['over_time']}"] if f.get("over_time") else []),
         "",
         "Files: head_scores.json/.png, attention.npz/.png"
-        + (", fixed_patterns.npz/.png (the MixiT matrices)" if has_fixed else "")
+        + (", fixed_patterns.npz/.png (the input-independent patterns)" if has_fixed else "")
         + ", signal.json"
         + "".join(f", {file}" for file in files)
         + ".",

@@ -1,6 +1,14 @@
 """The mixit decoder, its attention kinds and hook points."""
 
-from mixit.models.attention import ATTENTION, MixingAttention, SoftmaxAttention, mixit_matrices
+from mixit.models.attention import (
+    ATTENTION,
+    MixingAttention,
+    RandFormerAttention,
+    SoftmaxAttention,
+    SynthesizerRandomAttention,
+    UniformAttention,
+    mixit_matrices,
+)
 from mixit.models.hooks import HookPoint, capture_patterns
 from mixit.models.transformer import Transformer
 
@@ -8,8 +16,11 @@ __all__ = [
     "ATTENTION",
     "HookPoint",
     "MixingAttention",
+    "RandFormerAttention",
     "SoftmaxAttention",
+    "SynthesizerRandomAttention",
     "Transformer",
+    "UniformAttention",
     "capture_patterns",
     "mixit_matrices",
 ]

@@ -8,13 +8,23 @@
   buffer and never trained. It has no q or k; the model gives it learned
   absolute position embeddings instead.
 
-Both are causal by default; a config with ``causal=False`` (sequence
-classification) makes them read the whole unpadded sequence: softmax masks
-padded keys, MixiT centres each row over the real tokens.
+- Three input-independent mixers, controls beside MixiT (docs/model.md,
+  "Input-independent mixers"): each head's output is softmax(L_h) V_h for
+  logits L_h that do not depend on the input, masked like softmax attention's
+  scores. `RandFormerAttention`: L_h fixed, U(0, 1) entries (the random mixing
+  of MetaFormer's RandFormer, Yu et al. 2022). `UniformAttention`: L_h = 0,
+  every position averages the values it may read. `SynthesizerRandomAttention`:
+  L_h a trained parameter (the Synthesizer's Random variant, Tay et al. 2020).
+  Unlike softmax and mixing, which the variants name, any variant takes them
+  (`Attention.any_variant`).
 
-Both pass their (B, H, T, T) pattern through ``self.hook_pattern``. Without a
+All are causal by default; a config with ``causal=False`` (sequence
+classification) makes them read the whole unpadded sequence: softmax and the
+input-independent mixers mask padded keys, MixiT centres each row over the real tokens.
+
+All pass their (B, H, T, T) pattern through ``self.hook_pattern``. Without a
 hook attached they take the fast path: `scaled_dot_product_attention` for
-softmax, one batched matmul against the stored buffer for mixing.
+softmax, one batched matmul against the pattern for the others.
 """
 
 from __future__ import annotations
@@ -47,6 +57,9 @@ class Attention(nn.Module):
     """True for a kind that cannot see positions itself: the model then adds learned absolute position embeddings."""
     coupled: ClassVar[dict[str, Any]] = {}
     """Model options this kind brings unless set (the reference switches them on together with the kind)."""
+    any_variant: ClassVar[bool] = False
+    """True for a kind any variant may take, its freeze rule applied as it is; False for a kind the variants name
+    (softmax, mixing), which only a variant naming it, or one taking any kind (random), may take."""
     hook_pattern: HookPoint
 
     @property
@@ -320,3 +333,96 @@ class MixingAttention(Attention):
             a = self.hook_pattern(a.expand(B, -1, -1, -1))  # (B, H, T, T)
         y = a @ v  # (B, H, T, d_head)
         return self.o(y.transpose(1, 2).reshape(B, T, D))
+
+
+class InputIndependentAttention(Attention):
+    """y_h = softmax(L_h) V_h with logits L_h (H, n_ctx, n_ctx) that do not depend on the input (`logits`),
+    masked as softmax attention's scores are: causally, or, without causality, to the real tokens. Each row of
+    the pattern sums to 1 over the positions it may read. It has v and o projections, as MixiT has, and no q or
+    k: the model adds learned absolute position embeddings."""
+
+    learned_positions = True
+    any_variant = True
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.n_heads, self.d_head, self.causal, self.n_ctx = cfg.n_heads, cfg.d_head, cfg.causal, cfg.n_ctx
+        self.v = block_linear(cfg, cfg.d_model, cfg.d_model)
+        self.o = block_linear(cfg, cfg.d_model, cfg.d_model)
+        self.hook_pattern = HookPoint()
+
+    def logits(self, T: int, like: torch.Tensor) -> torch.Tensor:
+        """The (H, T, T) logits of a length-T sequence, on `like`'s device."""
+        raise NotImplementedError(f"{type(self).__name__} must implement logits()")
+
+    def pattern(self, T: int, valid: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+        """The mixing of a length-T sequence: (H, T, T), or (B, H, T, T) given `valid` (B, T) without causality.
+
+        A row's softmax covers only the positions it may read, so the top-left t x t block of the causal
+        pattern is exactly that of a length-t sequence, and a padded sequence is mixed as its unpadded copy."""
+        logits = self.logits(T, like)  # (H, T, T)
+        keys = None  # (T, T) or (B, 1, 1, T) bool: which positions each row may read
+        if self.causal:
+            keys = torch.ones(T, T, dtype=torch.bool, device=logits.device).tril()
+        elif valid is not None:
+            keys = valid[:, None, None, :]
+        if keys is not None:
+            logits = logits.masked_fill(~keys, float("-inf"))
+        return logits.softmax(dim=-1)
+
+    @property
+    def fixed_pattern(self) -> torch.Tensor:
+        """The (H, n_ctx, n_ctx) pattern of an unpadded full-length sequence."""
+        return self.pattern(self.n_ctx, None, self.o.weight).detach()
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, d_model); valid (B, T) bool, the real (unpadded) positions,
+        used only without causality (causally, right padding is never read)."""
+        B, T, D = x.shape
+        v = self.v(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_head)
+        a = self.pattern(T, None if self.causal else valid, v)  # (H, T, T), or (B, H, T, T) with padding
+        if self.hook_pattern.active:
+            a = self.hook_pattern(a.expand(B, -1, -1, -1))  # (B, H, T, T)
+        y = a @ v  # (B, H, T, d_head)
+        return self.o(y.transpose(1, 2).reshape(B, T, D))
+
+
+@ATTENTION.register("randformer")
+class RandFormerAttention(InputIndependentAttention):
+    """RandFormer's random mixing (MetaFormer baselines, Yu et al. 2022), per head and causal: the softmax of a
+    fixed matrix with U(0, 1) entries, drawn once from the layer's seed (`layer_generator`, as MixiT's) and
+    stored as the buffer ``mixing_logits``, never trained."""
+
+    mixing_logits: torch.Tensor  # (H, n_ctx, n_ctx) buffer
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__(cfg, layer)
+        draw = torch.rand(cfg.n_heads, cfg.n_ctx, cfg.n_ctx, generator=layer_generator(cfg.seed, layer))
+        self.register_buffer("mixing_logits", draw)  # (H, n_ctx, n_ctx), saved with the model
+
+    def logits(self, T: int, like: torch.Tensor) -> torch.Tensor:
+        return self.mixing_logits[:, :T, :T]
+
+
+@ATTENTION.register("uniform")
+class UniformAttention(InputIndependentAttention):
+    """Uniform averaging: logits 0, so each position averages the values of every position it may read (causal:
+    itself and the earlier ones, weight 1 / (i + 1)). No randomness, nothing stored, nothing trained."""
+
+    def logits(self, T: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(self.n_heads, T, T, dtype=like.dtype, device=like.device)
+
+
+@ATTENTION.register("synthesizer_random")
+class SynthesizerRandomAttention(InputIndependentAttention):
+    """The Synthesizer's Random variant (Tay et al. 2020), causal: per head, logits that are a trained parameter
+    ``mixing_logits`` (H, n_ctx, n_ctx), the same for every input; initialised N(0, init_std^2) from the layer's
+    seed (`layer_generator`). The entries above the diagonal are masked causally and so never receive a gradient."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__(cfg, layer)
+        draw = torch.randn(cfg.n_heads, cfg.n_ctx, cfg.n_ctx, generator=layer_generator(cfg.seed, layer))
+        self.mixing_logits = nn.Parameter(draw * cfg.init_std)  # (H, n_ctx, n_ctx)
+
+    def logits(self, T: int, like: torch.Tensor) -> torch.Tensor:
+        return self.mixing_logits[:, :T, :T]
