@@ -337,7 +337,7 @@ def test_a_study_of_your_own_is_reported_cell_by_cell(tmp_path):
     assert rows[0].startswith("| table | variant | seeds done | test loss |") and rows[0].endswith("| converged |")
     for variant in ("standard", "mixit"):
         losses = [
-            json.loads((out / "runs" / p.id / "summary.json").read_text())["test"]["loss"]
+            json.loads((out / "runs" / p.id / "summary.json").read_text())["selected"]["test"]["loss"]
             for p in plan(study.specs)
             if p.cfg.variant == variant
         ]

@@ -1,22 +1,26 @@
 """A study's results in Python: `results_frame` is results.csv's table, and the report's figure functions return
-their Figure (None when there is nothing to draw) and save it only when given a path. What the report shows of a
-task is the task's declaration: the study's machinery names no task."""
+their Figure (None when there is nothing to draw) and save it only when given a path; a study file's report, its
+figures and its DataFrame give a cell the same number. What the report shows of a task is the task's declaration:
+the study's machinery names no task."""
 
 import ast
 import csv
+import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 from matplotlib.figure import Figure
 
+from mixit.cli import main
 from mixit.errors import UsageError
 from mixit.study.collect import collect, task_class
 from mixit.study.executors import Pool, execute
 from mixit.study.figures import plot_cell_curves, plot_curves, plot_lines
 from mixit.study.render import paper_key, results_frame
-from mixit.study.report import write_report
+from mixit.study.report import axis_figures, write_report
 from mixit.study.spec import Study, grid
 from mixit.tasks import TASKS, Task
 
@@ -27,6 +31,21 @@ BASE = {
     "train": {"steps": 8, "batch_size": 16, "eval_every": 4},
     "test_size": 40,
 }
+LR_STUDY = """
+name = "lr"
+seeds = 2
+[base]
+task = "addition"
+variant = "mixit"
+task_params = {n_digits = 2}
+model = {d_model = 16, n_heads = 2, n_layers = 1}
+train = {steps = 8, batch_size = 16, eval_every = 2}
+test_size = 40
+[grid]
+"train.lr" = [0.001, 0.03]
+"""
+FLOAT64 = 1e-12
+"""Relative tolerance of two float64 sums of the same few numbers near 0.3 taken in another order (eps 2.2e-16)."""
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +132,91 @@ def test_the_study_machinery_names_no_task():
             if isinstance(node, ast.Constant) and node.value in TASKS and id(node) not in docstrings:
                 named.append(f"{path.name}:{node.lineno} {node.value!r}")
     assert not named, named
+
+
+@pytest.fixture(scope="module")
+def lr_study(tmp_path_factory):
+    """A study file over two learning rates, two seeds each, run from the command line: 8 steps, evaluated every 2,
+    so a run's best validation evaluation may be another than its last."""
+    root = tmp_path_factory.mktemp("lr")
+    (root / "lr.toml").write_text(LR_STUDY)
+    out = root / "study"
+    argv = ["reproduce", "--study", str(root / "lr.toml"), "--out", str(out), "--executor", "sequential"]
+    assert main([*argv, "--no-progress"]) == 0
+    return out
+
+
+def cells_table(report: str) -> dict[str, dict[str, str]]:
+    """The Cells table of report.md: each row's lr -> its columns' text."""
+    rows = [line.strip("|").split(" | ") for line in report.splitlines() if line.startswith("| ")]
+    header, *cells = [[cell.strip() for cell in row] for row in rows]
+    return {row[header.index("lr")]: dict(zip(header, row, strict=True)) for row in cells}
+
+
+def per_cell(frame):
+    """The final runs done, by their lr, each cell's selected test token accuracy: mean and sample std (ddof=1)."""
+    done = frame[(frame.role == "final") & (frame.state == "done")]
+    return done.groupby("label.lr")["selected.test.token_acc"].agg(["mean", "std", "count"])
+
+
+def test_a_study_files_report_figure_and_frame_give_a_cell_the_same_number(lr_study):
+    frame = results_frame(lr_study)
+    assert (frame["selected.test.token_acc"] != frame["test.token_acc"]).any()  # the last evaluation differs
+    cells, report = per_cell(frame), (lr_study / "report.md").read_text()
+    table = cells_table(report)
+    assert sorted(table) == ["0.001", "0.03"] and cells["count"].tolist() == [2, 2]
+    for lr, cell in cells.iterrows():
+        assert table[str(lr)]["test token_acc"] == f"{cell['mean']:.4f} ± {cell['std']:.4f}"
+
+    assert "![lr-addition](figures/lr-addition.png)" in report
+    assert (lr_study / "figures" / "lr-addition.png").read_bytes().startswith(b"\x89PNG")
+    figures = axis_figures(collect(lr_study))
+    assert list(figures) == ["lr-addition.png"]  # lr is the one label with numbers; the table label is text
+    (ax,) = figures["lr-addition.png"].axes
+    (points,) = ax.containers  # one line: the study varies nothing else
+    line, _, (bars,) = points
+    assert line.get_xdata().tolist() == cells.index.tolist() == [0.001, 0.03] and ax.get_xscale() == "log"
+    assert line.get_ydata().tolist() == pytest.approx(cells["mean"].tolist(), rel=FLOAT64)
+    half = [(top - bottom) / 2 for (_, bottom), (_, top) in bars.get_segments()]
+    assert half == pytest.approx(cells["std"].tolist(), rel=FLOAT64)
+
+
+def test_a_run_without_a_selection_is_read_at_its_last_evaluation_everywhere(lr_study, tmp_path):
+    """A run of older code recorded no `selected`: the report, the DataFrame and the figure all read its last
+    evaluation."""
+    study = tmp_path / "study"
+    shutil.copytree(lr_study, study)
+    frame = results_frame(study)
+    old = frame[frame["selected.test.token_acc"] != frame["test.token_acc"]].iloc[0]
+    summary_path = study / "runs" / old["id"] / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    del summary["selected"]
+    summary_path.write_text(json.dumps(summary))
+    write_report(study)
+    frame = results_frame(study)
+    row = frame[frame.id == old["id"]].iloc[0]
+    assert row["selected.test.token_acc"] == row["test.token_acc"] and math.isnan(row["selected.step"])
+    cells = per_cell(frame)
+    cell = cells.loc[old["label.lr"]]
+    assert cells_table((study / "report.md").read_text())[str(old["label.lr"])]["test token_acc"] == (
+        f"{cell['mean']:.4f} ± {cell['std']:.4f}"
+    )
+    (line, _, _) = axis_figures(collect(study))["lr-addition.png"].axes[0].containers[0]
+    assert line.get_ydata().tolist() == pytest.approx(cells["mean"].tolist(), rel=FLOAT64)
+
+
+def test_curves_of_a_study_files_runs(lr_study):
+    """A study file's runs are labelled with its name as their table and the values of its grid, not a task or
+    a variant: `plot_curves` draws one line per cell, as the report's Curves section does."""
+    results = collect(lr_study).final
+    fig = plot_curves(results, "lr", "addition")
+    (ax,) = fig.axes
+    drawn = {line.get_label(): line.get_ydata().tolist() for line in ax.lines}
+    assert sorted(drawn) == ["0.001 (2)", "0.03 (2)"]
+    for lr in (0.001, 0.03):
+        seeds = [dict(r.curve) for r in results if r.labels[0]["lr"] == lr]
+        assert len(seeds) == 2 and drawn[f"{lr} (2)"] == pytest.approx(
+            [(a + b) / 2 for a, b in zip(seeds[0].values(), seeds[1].values(), strict=True)], rel=FLOAT64
+        )
+    assert plot_curves(results, "lr", "dyck") is None and plot_curves(results, "another", "addition") is None
+    assert "![addition curves](figures/curves-addition.png)" in (lr_study / "report.md").read_text()

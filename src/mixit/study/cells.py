@@ -2,7 +2,9 @@
 their labels, its numbers over seeds, and whether its runs converged, in the words the report uses.
 
     rows, values, by_label      the runs whose labels match, and their reported test metric
-    mean, fmt                   numbers over seeds: the mean, and "mean ± sample std" as the report prints it
+    cell_name                   a cell in a figure's legend: the values of its labels that tell it from the others
+    mean, spread, fmt           numbers over seeds: the mean, the mean and sample std, and "mean ± sample std" as
+                                the report prints it
     converged, not_converged    whether a run's training loop judged it converged, and if not, how far from it
     converged_cell              how many of a cell's finished runs converged: "2/3 (seed 1: improving)"
 
@@ -17,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mixit.study.collect import Result, reported
+from mixit.study.spec import BUDGET
 
 # -- selection and aggregation ---------------------------------------------------------------------
 
@@ -33,18 +36,28 @@ def values(results: Sequence[Result], metric: str, scale: float = 1.0, **match: 
     ]
 
 
+def cell_name(labels: Mapping[str, Any], *leave: str) -> str:
+    """A cell's name in a figure: the values of its labels but its table, task, seed, budget and those named in
+    `leave` ("mixit", "mixit, 0.01"; a paper table's cell: its variant), or "all" where none is left."""
+    kept = [str(v) for k, v in labels.items() if k not in ("table", "task", "seed", BUDGET, *leave)]
+    return ", ".join(kept) or "all"
+
+
 def mean(xs: Sequence[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
+def spread(xs: Sequence[float]) -> tuple[float, float | None]:
+    """The mean and sample standard deviation over seeds (None for a single seed) of a non-empty `xs`."""
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else None
+
+
 def fmt(xs: Sequence[float], digits: int = 1) -> str:
-    """mean ± sample std over seeds, or '-'."""
+    """mean ± sample std over seeds (`spread`), or '-'."""
     if not xs:
         return "-"
-    text = f"{statistics.fmean(xs):.{digits}f}"
-    if len(xs) > 1:
-        text += f" ± {statistics.stdev(xs):.{digits}f}"
-    return text
+    centre, std = spread(xs)
+    return f"{centre:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
 
 
 def by_label(results: Sequence[Result], key: str, metric: str, scale: float, **match: Any) -> dict[Any, float]:

@@ -1,8 +1,10 @@
 """The report's figures: learning curves of a study's cells, and lines of a number against what a table varies.
 
-    plot_curves         a paper table's cells of one task: its report metric against step, one line per variant
-    plot_cell_curves    the same for any cells (a study of your own: one line per cell)
-    plot_lines          one line per series of x -> y (accuracy by heads, by depth, by pairs)
+    plot_curves         a table's cells of one task (a paper table's, or a study file's): its report metric
+                        against step, one line per cell
+    plot_cell_curves    the same for any cells, named as the caller likes
+    plot_lines          one line per series of x -> y, with error bars if given (accuracy by heads, by depth, by
+                        pairs; a study's test metric against a value its grid varies)
 
 Each returns its Figure, saved to `path` if one is given, or None when there is nothing to plot (so the report's
 `if plot_lines(...):` reads as "if it drew one"). pyplot does not hold these figures, so nothing needs closing:
@@ -17,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mixit.study.cells import rows
+from mixit.study.cells import cell_name, rows
 from mixit.study.collect import Result, task_class
 
 if TYPE_CHECKING:
@@ -35,12 +37,14 @@ def _figure(width: float = 6.0, height: float = 4.0) -> tuple[Figure, Axes]:
 def plot_curves(
     results: Sequence[Result], table: str, task: str, path: str | Path | None = None, **match: Any
 ) -> Figure | None:
-    """Test metric against step, one line per variant: the mean over its seeds with a band from the lowest
-    to the highest (`plot_cell_curves`); None when no run matching `table`, `task` and `match` has a curve."""
+    """Test metric against step, one line per cell of the runs labelled `table` and `match` that train `task`: the
+    mean over its seeds with a band from the lowest to the highest (`plot_cell_curves`). A cell is named by its
+    labels but those `cell_name` leaves out and `match`'s: a paper table's by its variant, a study file's (whose
+    table is the study's name) by the values its grid gives it. None when no such run has a curve."""
     cells: dict[str, list[Result]] = defaultdict(list)
-    for r, labels in rows(results, table=table, task=task, **match):
-        if r.curve:
-            cells[labels["variant"]].append(r)
+    for r, labels in rows(results, table=table, **match):
+        if r.config["task"] == task and r.curve:
+            cells[cell_name(labels, *match)].append(r)
     return plot_cell_curves(cells, task, path)
 
 
@@ -86,15 +90,19 @@ def plot_lines(
     title: str,
     path: str | Path | None = None,
     log2: bool = False,
+    errors: Mapping[str, Mapping[Any, float | None]] | None = None,
 ) -> Figure | None:
-    """One line per series (x -> y); None, and no file, when every series is empty."""
+    """One line per series (x -> y), with an error bar of half-width `errors[name][x]` at each point that has one
+    (None: no bar); None, and no file, when every series is empty."""
     series = {k: v for k, v in series.items() if v}
     if not series:
         return None
     fig, ax = _figure()
     for name, points in series.items():
         xs = sorted(points)
-        ax.plot(xs, [points[x] for x in xs], marker="o", label=name)
+        bars = [(errors or {}).get(name, {}).get(x) for x in xs]
+        yerr = [b or 0.0 for b in bars] if any(b is not None for b in bars) else None
+        ax.errorbar(xs, [points[x] for x in xs], yerr=yerr, marker="o", capsize=3, label=name)
     if log2:
         ax.set_xscale("log", base=2)
     ax.set_xlabel(xlabel)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from mixit.config import flatten
 from mixit.run import require_pandas
 from mixit.study.cells import converged, converged_cell, fmt, reason, rows, values
-from mixit.study.collect import Result, collect, task_class
+from mixit.study.collect import Result, collect, reported, task_class
 
 if TYPE_CHECKING:
     import pandas
@@ -104,7 +104,10 @@ def variant_table(
 
 def results_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
     """One row per run, as a mapping of column to value: id, state, role, labels, every config field (dotted
-    paths), every test and validation metric, whether it converged, and the settings a search chose."""
+    paths), every test and validation metric at the last evaluation (test.*, val.*), the step and test metrics
+    the report gives (selected.*: at the best validation evaluation, `reported`; for a run of older code that
+    recorded none, selected.step is empty and selected.test.* are its last evaluation's), whether it converged,
+    and the settings a search chose."""
     table = []
     for r in results:
         c = r.convergence or {}
@@ -119,7 +122,7 @@ def results_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
                 **{f"test.{k}": v for k, v in r.test.items()},
                 **{f"val.{k}": v for k, v in r.val.items()},
                 "selected.step": r.selected.get("step"),
-                **{f"selected.test.{k}": v for k, v in (r.selected.get("test") or {}).items()},
+                **{f"selected.test.{k}": v for k, v in reported(r).items()},
                 "converged": converged(r) if r.state == "done" else None,
                 "reason": reason(r) if r.state == "done" else None,
                 "gain": c.get("gain"),

@@ -5,9 +5,12 @@ FAIL, UNDECIDED, PROVISIONAL, UNTESTABLE or n/a, judged over seeds, with the num
 section per table of `mixit.study.tables.TABLES` (mean and spread over seeds, the paper's number beside
 ours, whether each cell converged, the settings a search chose), an appendix listing every candidate the
 search screened, and the failed runs. A study of your own (a study file, or a `Study` without a preset) has no paper
-checks or tables: its report has one row per cell instead (`cells_section`), then the same appendix
-and failed runs. results.csv has one row per run; checks.json the verdicts. The report trains and evaluates no
-model: it reads what the study's runs, their analyses and the signal sweeps wrote.
+checks or tables: its report has one row per cell instead (`cells_section`), each task's learning curves, and
+for a label its grid varies over numbers, the test metric against it (`axis_figures`), then the same appendix
+and failed runs. Every test number, in each table, figure and results.csv's selected.test.*, is a run's at its
+best validation evaluation (`mixit.study.collect.reported`). results.csv has one row per run; checks.json the
+verdicts. The report trains and evaluates no model: it reads what the study's runs, their analyses and the signal
+sweeps wrote.
 """
 
 from __future__ import annotations
@@ -15,19 +18,22 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mixit.files import check_output_dir, write_text
-from mixit.study.cells import converged, converged_cell, fmt, not_converged
-from mixit.study.collect import Result, StudyResults, collect, task_class
+from mixit.study.cells import cell_name, converged, converged_cell, fmt, not_converged, spread
+from mixit.study.collect import Result, StudyResults, collect, reported, task_class
 from mixit.study.directory import check_report_paths
-from mixit.study.figures import plot_cell_curves
+from mixit.study.figures import plot_cell_curves, plot_lines
 from mixit.study.presets import PRESETS
 from mixit.study.render import results_csv, settings
 from mixit.study.spec import BUDGET
 from mixit.study.tables import TABLES
 from mixit.study.verdicts import Check
 from mixit.version import __version__, git_commit, protocol_commit
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 STATES = ("done", "failed", "damaged", "interrupted", "new")
 """The states of a run in the report (`mixit.study.collect.Result.state`)."""
@@ -218,34 +224,87 @@ def own_cells(study: StudyResults) -> dict[tuple[tuple[str, Any], ...], list[Res
 
 def cells_section(study: StudyResults) -> list[str]:
     """A study of your own, cell by cell: its labels but the seed, how many seeds are done, each test metric
-    (mean ± sample standard deviation over the seeds done) and how many of them converged."""
+    at each run's best validation evaluation (`reported`; mean ± sample standard deviation over the seeds done)
+    and how many of them converged."""
     cells = own_cells(study)
     if not cells:
         return []
     names = list(dict.fromkeys(k for key in cells for k, _ in key))
-    metrics = list(dict.fromkeys(m for found in cells.values() for r in found if r.state == "done" for m in r.test))
+    metrics = list(
+        dict.fromkeys(m for found in cells.values() for r in found if r.state == "done" for m in reported(r))
+    )
     lines = [
+        "Test metrics at each run's best validation evaluation (summary.json's `selected`; for a run of older "
+        "code that recorded none, its last evaluation), as in results.csv's `selected.test.*`.",
+        "",
         "| " + " | ".join([*names, "seeds done", *(f"test {m}" for m in metrics), "converged"]) + " |",
         "|" + "---|" * (len(names) + len(metrics) + 2),
     ]
     for key, found in cells.items():
         labels, done = dict(key), [r for r in found if r.state == "done"]
-        values = [fmt([r.test[m] for r in done if m in r.test], 4) for m in metrics]
+        values = [fmt([reported(r)[m] for r in done if m in reported(r)], 4) for m in metrics]
         row = [*(str(labels.get(n, "-")) for n in names), f"{len(done)}/{len(found)}", *values]
         lines.append("| " + " | ".join([*row, converged_cell([(r, r.labels[0]) for r in found])]) + " |")
     return lines
 
 
+def _done_by_task(study: StudyResults) -> dict[str, dict[tuple[tuple[str, Any], ...], list[Result]]]:
+    """A study of your own's cells (`own_cells`) by the task they train, each with its finished runs."""
+    by_task: dict[str, dict[tuple[tuple[str, Any], ...], list[Result]]] = defaultdict(dict)
+    for key, found in own_cells(study).items():
+        by_task[found[0].config["task"]][key] = [r for r in found if r.state == "done"]
+    return by_task
+
+
 def curves_section(study: StudyResults) -> list[str]:
     """A study of your own: each task's learning curves, one line per cell (`plot_cell_curves`), as figures."""
-    by_task: dict[str, dict[str, list[Result]]] = defaultdict(dict)
-    for key, found in own_cells(study).items():
-        name = ", ".join(str(v) for k, v in key if k != "table") or "all"
-        by_task[found[0].config["task"]][name] = [r for r in found if r.state == "done"]
     body = []
-    for task, cells in by_task.items():
-        if plot_cell_curves(cells, task, study.figures / f"curves-{task}.png"):
+    for task, cells in _done_by_task(study).items():
+        named = {cell_name(dict(key)): done for key, done in cells.items()}
+        if plot_cell_curves(named, task, study.figures / f"curves-{task}.png"):
             body += [f"![{task} curves](figures/curves-{task}.png)", ""]
+    return body
+
+
+def axis_figures(study: StudyResults) -> dict[str, Figure]:
+    """A study of your own: for each task, and each label its cells take two numbers or more of (`lr` of a grid
+    over train.lr), the task's report metric against that label, one line per value of the other labels. A point
+    is what `cells_section` prints for the cell (the mean over its seeds done), its bar the sample standard
+    deviation there; the axis is logarithmic where the values are positive and span a factor of 10 or more.
+    Figures by file name under figures/ ("lr-addition.png")."""
+    figures = {}
+    for task, cells in _done_by_task(study).items():
+        metric = task_class(task).report_metric[1]
+        labels = [dict(key) for key in cells]
+        for axis in dict.fromkeys(k for found in labels for k in found):
+            given = {found.get(axis) for found in labels}
+            xs = {x for x in given if isinstance(x, int | float) and not isinstance(x, bool)}
+            if len(xs) < 2 or len(xs) < len(given):  # fewer than two numbers, or a cell without a number here
+                continue
+            series: dict[str, dict[Any, float]] = defaultdict(dict)
+            errors: dict[str, dict[Any, float | None]] = defaultdict(dict)
+            for key, done in cells.items():
+                got = [reported(r)[metric] for r in done if metric in reported(r)]
+                if got:
+                    cell = dict(key)
+                    name = cell_name(cell, axis)
+                    series[name][cell[axis]], errors[name][cell[axis]] = spread(got)
+            title = f"{task}: test {metric} at the best validation evaluation\nmean over seeds; bars: sample std"
+            fig = plot_lines(series, axis, f"test {metric}", title, errors=errors)
+            if fig is None:
+                continue
+            if min(xs) > 0 and max(xs) >= 10 * min(xs):
+                fig.axes[0].set_xscale("log")
+            figures[f"{axis}-{task}.png"] = fig
+    return figures
+
+
+def axis_section(study: StudyResults) -> list[str]:
+    """`axis_figures`, written to figures/ and linked."""
+    body = []
+    for name, fig in axis_figures(study).items():
+        fig.savefig(study.figures / name, dpi=100)
+        body += [f"![{name.removesuffix('.png')}](figures/{name})", ""]
     return body
 
 
@@ -281,6 +340,7 @@ def write_report(study_dir: Path) -> dict[str, Any]:
     if not paper:
         section("Cells", cells_section(study))
         section("Curves", curves_section(study))
+        section("Against the grid", axis_section(study))
     section("Search: every candidate screened", search_appendix(study))
     failed = [r for r in results if r.state == "failed"]
     section(
