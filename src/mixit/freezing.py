@@ -127,7 +127,7 @@ def select(model: nn.Module, text: str, what: str = "freeze") -> dict[str, nn.Mo
                 if missing and len(missing) < len(layers):
                     raise UsageError(
                         f"{what} {text!r} names layer(s) {', '.join(map(str, missing))}, which do not exist: "
-                        f"{path} has layers 0-{n - 1}"
+                        f"{path} has {_layers(n)}"
                     )
                 found.update({f"{prefix}{i}": module[i] for i in layers if i < n})
         if not found:
@@ -136,13 +136,17 @@ def select(model: nn.Module, text: str, what: str = "freeze") -> dict[str, nn.Mo
     return nodes
 
 
+def _layers(n: int) -> str:
+    return "layer 0 only" if n == 1 else f"layers 0-{n - 1}"
+
+
 def _what_is_there(nodes: dict[str, nn.Module], kind: str, value: Any) -> str:
     """Why a step found nothing, said from the first node it looked in."""
     path, module = next(iter(nodes.items()))
     where = path or "the model"
     if kind == "layers":
         if isinstance(module, nn.ModuleList):
-            return f"{where} has layers 0-{len(module) - 1}"
+            return f"{where} has {_layers(len(module))}"
         return f"{where} is not a list of layers"
     children = [n for n, c in module.named_children() if _holds_parameters(c)]
     has = f"it has {', '.join(children)}" if children else "it has no parts with parameters"
@@ -158,11 +162,16 @@ def select_all(model: nn.Module, selectors: Iterable[str], what: str = "freeze")
 
 def check_selectors(cfg: ModelConfig, selectors: Sequence[str]) -> None:
     """Refuse, before any work, a selector that selects nothing in the model `cfg` describes: the model is built
-    on torch's meta device (structure only, no memory, no initial values)."""
-    if selectors:
+    on torch's meta device (structure only, no memory, no initial values), or on the CPU where a part of it
+    (a plugin's attention kind, say) reads a tensor's values while it is built, which the meta device cannot."""
+    if not selectors:
+        return
+    try:
         with torch.device("meta"):
             model = Transformer(cfg)
-        select_all(model, selectors)
+    except (RuntimeError, NotImplementedError):
+        model = Transformer(cfg)
+    select_all(model, selectors)
 
 
 @dataclass(frozen=True)
