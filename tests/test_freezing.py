@@ -13,7 +13,7 @@ from mixit.cli import main
 from mixit.config import ModelConfig, TrainConfig
 from mixit.errors import UsageError
 from mixit.experiment import build_model, run_config
-from mixit.freezing import VARIANTS, apply_variant, check_attention, check_selectors, parse_selector
+from mixit.freezing import VARIANTS, Variant, apply_variant, check_attention, check_selectors, parse_selector
 from mixit.models import Transformer
 from mixit.models.attention import ATTENTION, SoftmaxAttention
 from mixit.run import Run
@@ -209,7 +209,8 @@ def test_freeze_must_be_a_list_of_strings():
 
 
 def test_a_variant_whose_selector_selects_nothing_is_refused():
-    with pytest.raises(UsageError, match=r"^variant 'frozen_qk' freezes 'blocks.\*.attn.q' selects nothing"):
+    refusal = "variant 'frozen_qk': freeze 'blocks.*.attn.q' selects nothing: blocks.0.attn has no q (it has v, o)"
+    with pytest.raises(UsageError, match="^" + re.escape(refusal) + "$"):
         apply_variant(model("mixing"), "frozen_qk")
     with pytest.raises(UsageError, match="variant 'frozen_qk' uses softmax attention"):
         check_attention(VARIANTS["frozen_qk"], "mixing")
@@ -319,3 +320,10 @@ def test_selectors_are_checked_on_a_model_whose_parts_read_values_when_built():
         check_selectors(cfg, ["blocks.1.attn.q"])
         with pytest.raises(UsageError, match=r"^freeze 'blocks.2.attn.q' selects nothing: blocks has layers 0-1$"):
             check_selectors(cfg, ["blocks.2.attn.q"])
+
+
+def test_a_variant_declares_its_selectors_as_a_tuple_of_valid_selectors():
+    with pytest.raises(TypeError, match=r"^variant 'old': freeze must be a tuple of selectors"):
+        Variant("old", "softmax", lambda m: {}, "a freeze rule as a function, as before selectors")
+    with pytest.raises(UsageError, match=r"^freeze 'blocks\[0\]' is not a selector"):
+        Variant("typo", "softmax", ("blocks[0]",), "a selector that is none")

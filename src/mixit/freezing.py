@@ -107,7 +107,7 @@ def _holds_parameters(module: nn.Module) -> bool:
 
 def select(model: nn.Module, text: str, what: str = "freeze") -> dict[str, nn.Module]:
     """The modules selector `text` names in `model`, by module path; a `UsageError` if it selects nothing,
-    naming the selector (as `what`: "freeze", "variant 'x' freezes") and what the model has there."""
+    naming the selector (after `what`: "freeze", "variant 'x': freeze") and what the model has there."""
     nodes: dict[str, nn.Module] = {"": model}
     for kind, value in parse_selector(text):
         found: dict[str, nn.Module] = {}
@@ -117,7 +117,7 @@ def select(model: nn.Module, text: str, what: str = "freeze") -> dict[str, nn.Mo
                 members = {n: m for n, m in module.named_modules() if n and GROUPS[value](n.rpartition(".")[2], m)}
                 found.update({prefix + n: m for n, m in members.items() if _holds_parameters(m)})
             elif kind == "name":
-                child = getattr(module, "_modules", {}).get(value)
+                child = dict(module.named_children()).get(value)
                 if child is not None and _holds_parameters(child):
                     found[prefix + value] = child
             elif isinstance(module, nn.ModuleList):
@@ -186,6 +186,11 @@ class Variant:
     any_attention: bool = False  # may be combined with another attention kind
 
     def __post_init__(self) -> None:
+        if not isinstance(self.freeze, tuple) or not all(isinstance(text, str) for text in self.freeze):
+            raise TypeError(
+                f"variant {self.name!r}: freeze must be a tuple of selectors such as ('blocks.*.attn.q',), "
+                f"got {self.freeze!r} (docs/model.md, 'Freezing by structure')"
+            )
         for text in self.freeze:
             parse_selector(text)
 
@@ -270,7 +275,7 @@ def apply_variant(model: Transformer, variant: str | Variant, freeze: Sequence[s
 
     Raises UsageError if any selector selects nothing (`select`)."""
     v = get_variant(variant) if isinstance(variant, str) else variant
-    selected = {**select_all(model, v.freeze, f"variant {v.name!r} freezes"), **select_all(model, freeze)}
+    selected = {**select_all(model, v.freeze, f"variant {v.name!r}: freeze"), **select_all(model, freeze)}
     for module in selected.values():
         module.requires_grad_(False)
     frozen = {n: p.numel() for n, p in model.named_parameters() if not p.requires_grad}
