@@ -113,9 +113,9 @@ def test_a_missing_source_is_refused_naming_both_readings(tmp_path, capsys):
 # -- a plugin's variant -----------------------------------------------------------------------------------------
 
 PLUGIN = """
-from mixit.freezing import VARIANTS, Variant, block_parts
+from mixit.freezing import VARIANTS, Variant
 
-VARIANTS.add("frozen_vo", Variant("frozen_vo", "softmax", lambda m: block_parts(m, "attn", ("v", "o")),
+VARIANTS.add("frozen_vo", Variant("frozen_vo", "softmax", ("blocks.*.attn.v", "blocks.*.attn.o"),
                                   "v and o frozen, from a plugin"))
 """
 

@@ -162,7 +162,9 @@ def test_each_variant_trains_exactly_the_expected_parameters(kind):
         assert set(report.frozen) == everything - trainable, variant
     buffers = {n for n in model.state_dict() if n not in dict(model.named_parameters())}
     assert buffers == ({f"blocks.{i}.attn.mixing_logits" for i in range(2)} if kind == "randformer" else set())
-    with pytest.raises(UsageError, match=f"variant 'frozen_qk' .* matches no parameter .*{kind} attention"):
+    with pytest.raises(
+        UsageError, match=r"variant 'frozen_qk': freeze 'blocks\.\*\.attn\.q' selects nothing: blocks\.0\.attn has no q"
+    ):
         run_config("addition", "frozen_qk", attention=kind)
 
 
@@ -198,7 +200,10 @@ def test_a_config_file_and_the_command_line_choose_a_kind(tmp_path, capsys):
     "args, message",
     [
         (["--attention", "randomformer"], "unknown attention kind 'randomformer'; allowed: softmax, mixing, "),
-        (["--variant", "frozen_qk", "--attention", "uniform"], "variant 'frozen_qk' (query_key) matches no parameter"),
+        (
+            ["--variant", "frozen_qk", "--attention", "uniform"],
+            "variant 'frozen_qk': freeze 'blocks.*.attn.q' selects nothing",
+        ),
         (["--variant", "standard", "--attention", "mixing"], "variant 'standard' uses softmax attention, not 'mixing'"),
     ],
 )

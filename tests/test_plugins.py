@@ -17,7 +17,7 @@ from mixit.registry import Registry
 PLUGIN = """
 from mixit.freezing import VARIANTS, Variant
 
-VARIANTS.add("plugged", Variant("plugged", "softmax", None, "the standard model, from a plugin"))
+VARIANTS.add("plugged", Variant("plugged", "softmax", (), "the standard model, from a plugin"))
 """
 
 STUDY = """

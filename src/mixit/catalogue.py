@@ -36,7 +36,7 @@ def catalogue() -> dict[str, Any]:
         name: {
             "attention": v.attention,
             "description": v.description,
-            "freezes": v.freeze.__name__ if v.freeze is not None else None,
+            "freezes": list(v.freeze),
         }
         for name, v in VARIANTS.items()
     }
@@ -64,9 +64,10 @@ def format_catalogue(listing: dict[str, Any]) -> str:
         params = ", ".join(f"{k}={p['default']!r}" for k, p in info["parameters"].items())
         own = ", ".join(f"{k}={v}" for k, v in info["defaults"].items())
         lines += [f"  {name:<17} {info['description']}", f"  {'':<17} parameters: {params}", f"  {'':<17} [{own}]"]
-    lines.append("variants (--variant NAME):")
+    lines.append("variants (--variant NAME), with what each freezes (--freeze SELECTORS adds to it):")
     for name, info in listing["variants"].items():
-        lines.append(f"  {name:<17} [{info['attention']}] {info['description']}")
+        freezes = ", ".join(info["freezes"]) or "nothing"
+        lines.append(f"  {name:<17} [{info['attention']}] {info['description']}; freezes {freezes}")
     lines.append(
         "attention kinds (--attention: with the variant naming it, with random, or, marked *, with any variant), "
         "with the options each brings unless set:"

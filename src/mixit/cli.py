@@ -75,9 +75,9 @@ def train_parser() -> Parser:
         epilog=epilog,
     )
     config = (
-        "Start from a config file (YAML, TOML or JSON with keys task, variant, recipe, task_params, model, train, "
-        "data_seed, test_size, val_size, test_seed), or replay a run's config.json or run directory; the options "
-        "given beside it override it."
+        "Start from a config file (YAML, TOML or JSON with keys task, variant, freeze, recipe, task_params, model, "
+        "train, data_seed, test_size, val_size, test_seed), or replay a run's config.json or run directory; the "
+        "options given beside it override it."
     )
     p.add_option(Option("config", Path, config, None))
     # The default task is shown in --help; a request without a task gets it from `resolve`.

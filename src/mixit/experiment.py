@@ -49,7 +49,7 @@ import yaml
 
 from mixit.config import DataConfig, ModelConfig, TaskConfig, TrainConfig, check, typed
 from mixit.errors import UsageError
-from mixit.freezing import FreezeReport, Variant, apply_variant, check_attention, get_variant
+from mixit.freezing import FreezeReport, Variant, apply_variant, check_attention, check_selectors, get_variant
 from mixit.models import Transformer
 from mixit.models.attention import ATTENTION
 from mixit.recipes import RECIPES
@@ -81,6 +81,10 @@ class RunConfig(DataConfig):
     """Optimisation and bookkeeping."""
     task_params: TaskConfig | None = None
     """The task's parameters (its Config); None means its defaults."""
+    freeze: tuple[str, ...] = ()
+    """Parts kept at their initialisation beside what the variant freezes, as module paths of the model:
+    embed, pos_embed, norm_f, lm_head, blocks, blocks.*.attn.q (every layer), blocks.0-1.mlp (a range),
+    blocks.0+3.mlp.up (a list), norms, head (docs/model.md, 'Freezing by structure')."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -95,6 +99,7 @@ class RunConfig(DataConfig):
             f"task {self.task} takes parameters {cls.Config.__name__}, got {type(self.task_params).__name__}",
         )
         check_pairing(get_variant(self.variant), self.model.attention)
+        check_selectors(self.model, self.freeze)
         RECIPES.get(self.recipe)
         super().validate()
 
@@ -240,6 +245,7 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     cfg = RunConfig(
         task=task_name,
         variant=variant.name,
+        freeze=request.get("freeze", ()),
         recipe=recipe_name,
         task_params=params,
         model=ModelConfig.from_dict(model),
@@ -309,11 +315,15 @@ def run_config(
     variant: str = DEFAULT_VARIANT,
     task_params: Mapping[str, Any] | TaskConfig | None = None,
     recipe: str = DEFAULT_RECIPE,
+    freeze: Sequence[str] = (),
     **overrides: Any,
 ) -> RunConfig:
-    """A complete RunConfig for `task` and `variant`, starting from `recipe`, with
-    keyword overrides of any option by its name (``d_model=64, steps=500, data_seed=1``)."""
-    base = {"task": task, "variant": variant, "recipe": recipe, "task_params": task_params or {}}
+    """A complete RunConfig for `task` and `variant`, starting from `recipe`, with the parts `freeze` selects
+    frozen beside the variant's (``freeze=["embed", "blocks.0.attn.q"]``: `RunConfig.freeze`) and keyword
+    overrides of any option by its name (``d_model=64, steps=500, data_seed=1``)."""
+    base: dict[str, Any] = {"task": task, "variant": variant, "recipe": recipe, "task_params": task_params or {}}
+    if freeze:
+        base["freeze"] = freeze
     return resolve(merge(base, nest(overrides)))
 
 
@@ -427,13 +437,13 @@ def build_task(cfg: RunConfig, run_dir: Path | None = None) -> Task:
 
 
 def build_model(cfg: RunConfig) -> tuple[Transformer, FreezeReport]:
-    """A fresh model initialised from cfg.model.seed, with the variant applied."""
+    """A fresh model initialised from cfg.model.seed, with the variant and the run's own freeze selectors applied."""
     model = Transformer(cfg.model)
-    return model, apply_variant(model, cfg.variant)
+    return model, apply_variant(model, cfg.variant, cfg.freeze)
 
 
 def build(cfg: RunConfig, run_dir: Path | None = None) -> tuple[Task, Transformer, FreezeReport]:
-    """The task, the model (initialised from cfg.model.seed) and the applied variant.
+    """The task, the model (initialised from cfg.model.seed) and the applied variant and freeze selectors.
 
     run_dir: the run's directory, whose saved tokenizer (if any) the task then uses.
     """

@@ -53,7 +53,7 @@ from mixit.config import ModelConfig
 from mixit.errors import UsageError, damaged, faults_said, reason_of, require
 from mixit.experiment import RunConfig, build, read_record
 from mixit.files import check_names, check_output_dir, give_open_mode, read_json, write_json, write_text
-from mixit.freezing import VARIANTS, Variant, query_key
+from mixit.freezing import VARIANTS, Variant
 from mixit.models import Transformer
 from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export
 from mixit.runtime import resolve_device
@@ -496,7 +496,7 @@ def rebuild(meta: Mapping[str, Any], path: Path) -> tuple[RunConfig, Task, Trans
         cfg = read_record(run, str(config))
         task, model, _ = build(cfg, path)
         return cfg, task, model
-    with VARIANTS.lent(variant, Variant(variant, attention, None, "as its export recorded it", any_attention=True)):
+    with VARIANTS.lent(variant, Variant(variant, attention, (), "as its export recorded it", any_attention=True)):
         cfg = read_record(run, str(config))
         task, model, _ = build(cfg, path)
     parameters = dict(model.named_parameters())
@@ -615,7 +615,7 @@ def format_metrics(test: Mapping[str, Any] | None) -> str:
 def frozen_text(model: Transformer, to: Target) -> str:
     """What `model` never trained, on one line: its frozen parameters (as its variant left them), counted and
     named by module as the exported directory names them; its fixed random buffers (MixiT's mixing matrices);
-    and, for attention without q and k projections (`mixit.freezing.query_key` finds none), that it has none."""
+    and, for attention without q and k projections, that it has none."""
     name = llama_name if to == "hf" else str
     parts = []
     frozen = dict.fromkeys(n.rpartition(".")[0] for n, p in model.named_parameters() if not p.requires_grad)
@@ -627,7 +627,7 @@ def frozen_text(model: Transformer, to: Target) -> str:
     if fixed:
         count = sum(b.numel() for b in fixed.values())
         parts.append(f"the attention mixing, {count:,} fixed random values: " + ", ".join(f"`{n}`" for n in fixed))
-    if not query_key(model):
+    if not any(hasattr(block.attn, name) for block in model.layers for name in ("q", "k")):
         parts.append("the attention has no queries or keys (nothing computes its pattern from the input)")
     return "; ".join(parts) or "nothing"
 
