@@ -220,3 +220,15 @@ def test_curves_of_a_study_files_runs(lr_study):
         )
     assert plot_curves(results, "lr", "dyck") is None and plot_curves(results, "another", "addition") is None
     assert "![addition curves](figures/curves-addition.png)" in (lr_study / "report.md").read_text()
+
+
+def test_a_grid_over_freeze_selectors_is_reported_cell_by_cell(tmp_path):
+    out = tmp_path / "freeze"
+    regimes = [["embed"], ["embed", "blocks.0.mlp.up"]]
+    study = Study(
+        "freeze", grid({**BASE, "train": {**BASE["train"], "steps": 2}}, {"freeze": regimes}, 1, {"table": "freeze"})
+    )
+    assert execute(study, out, Pool("sequential"), progress=False)["done"] == 2
+    write_report(out)
+    rows = [line.split(" | ") for line in (out / "report.md").read_text().splitlines() if line.startswith("| freeze |")]
+    assert [row[1] for row in rows] == ["embed", "embed, blocks.0.mlp.up"]

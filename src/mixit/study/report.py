@@ -215,10 +215,12 @@ def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
 
 def own_cells(study: StudyResults) -> dict[tuple[tuple[str, Any], ...], list[Result]]:
     """The cells of a study of your own: its final runs (each seed at its longest budget that finished) grouped
-    by their labels but the seed and the budget."""
+    by their labels but the seed and the budget. A list label (a grid over `freeze`) is named by its items joined
+    with ", "."""
     cells: dict[tuple[tuple[str, Any], ...], list[Result]] = defaultdict(list)
     for r in study.final:
-        cells[tuple((k, v) for k, v in r.labels[0].items() if k not in ("seed", BUDGET))].append(r)
+        labels = {k: ", ".join(map(str, v)) if isinstance(v, list) else v for k, v in r.labels[0].items()}
+        cells[tuple((k, v) for k, v in labels.items() if k not in ("seed", BUDGET))].append(r)
     return cells
 
 
