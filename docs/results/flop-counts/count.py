@@ -102,7 +102,7 @@ def main() -> None:
         args.out.write_text(json.dumps(old_counts(json.load(sys.stdin))))
         return
     if args.out.exists():
-        sys.exit(f"count.py: {args.out} already exists; name a new file")
+        parser.error(f"{args.out} already exists; name a file that does not")
 
     import torch
     import transformers
