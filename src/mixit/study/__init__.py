@@ -36,7 +36,7 @@ from mixit.experiment import RunConfig
 from mixit.resources import model_numel
 from mixit.run import Run
 from mixit.study.directory import RECORD, load_study_record
-from mixit.study.executors import Executor, Pool, execute, run_dir
+from mixit.study.executors import Executor, Pool, cell_values, execute, run_dir
 from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
 from mixit.study.search import apply, plan_study, upper_bound
@@ -196,13 +196,15 @@ class ReproduceOptions:
     the winner in full); false (--no-search) trains every cell with the preset's fixed settings."""
     logger: tuple[Sink, ...] = ()
     """Tracking sinks that every run's metrics and summary go to as well, any of tensorboard, wandb, mlflow and
-    trackio, grouped under the study's name and tagged with task, variant, seed and role (docs/tracking.md)."""
+    trackio, grouped under the study's name and tagged with task, variant, seed, role and their cell's grid values
+    (docs/tracking.md)."""
     tracking_project: str | None = None
     """The W&B project, MLflow experiment and trackio project of every run (TensorBoard has none); null means
     WANDB_PROJECT for W&B if set, the study's name for MLflow, else mixit."""
     tracking_name: str | None = None
-    """A prefix of every run's name in the tracking sinks, which is task-variant-seedN-ID after it (ID the run's
-    id; a screening run's is task-variant-screen-ID); null means no prefix."""
+    """A prefix of every run's name in the tracking sinks, which is task-variant-[cell-]seedN-ID after it (cell: the
+    grid's values that make the run's cell, such as lr=0.01; ID the run's id; a screening run's is
+    task-variant-rung=R-[candidate-]screen-ID); null means no prefix."""
 
     def pool(self) -> Pool:
         """Where the runs execute: the executor, the local pool, and the Slurm jobs' parameters."""
@@ -276,7 +278,7 @@ def export_logs(
             none); null means WANDB_PROJECT for W&B if set, the study's name or MLFLOW_EXPERIMENT_NAME for
             MLflow, else mixit.
         tracking_name: The run's name in the sinks, or for a study the prefix of each run's name; null means the
-            run directory's name (a study's run: task-variant-seedN-ID).
+            run directory's name (a study's run: task-variant-[cell-]seedN-ID, as `reproduce` names it).
     """
     naming = Naming(tracking_project, tracking_name)
     sinks = check_sinks(to, "--to")
@@ -293,7 +295,8 @@ def export_logs(
             if Run(run_dir(directory, entry["id"])).state() != "absent":
                 run = Run.open(run_dir(directory, entry["id"]))
                 role = entry.get("role", "final")
-                runs.append((run, study_grouping(record["name"], entry["id"], run.config, role, naming)))
+                cell = cell_values(entry["labels"])
+                runs.append((run, study_grouping(record["name"], entry["id"], run.config, role, naming, cell)))
     else:
         raise UsageError(f"{directory} holds no mixit run and no study")
     logs = [check_export(run, sinks) for run, _ in runs]  # every run checked before any is sent

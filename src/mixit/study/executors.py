@@ -465,7 +465,20 @@ def _run_phase(
 
 def _grouping(study_name: str, naming: Naming, planned: PlannedRun) -> Grouping:
     """How the sinks name, group and tag the run `planned` of the study `study_name`."""
-    return study_grouping(study_name, planned.id, planned.cfg, planned.role, naming)
+    return study_grouping(study_name, planned.id, planned.cfg, planned.role, naming, cell_values(planned.labels))
+
+
+NOT_CELL = ("table", "seed", "cell", "group", "cell_seed")
+"""Labels that are no value of a run's cell: its table (a study file's name), its seed (its name says it), and a
+screening run's cell, search group and cell's seed."""
+
+
+def cell_values(labels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The values that make the cell of a run of these labels, as the tracking sinks show them: the labels that all
+    of them agree on (a run that two tables ask for is in both), but `NOT_CELL`. A grid's values (lr=0.01), a
+    budget multiple, a screening run's rung and candidate."""
+    first, *rest = labels or [{}]
+    return {k: v for k, v in first.items() if k not in NOT_CELL and all(other.get(k) == v for other in rest)}
 
 
 # -- where a run executes: here, in a worker of the local pool, or in a submitit job --------------------------
