@@ -148,16 +148,17 @@ class ReproduceOptions:
     """The options of `reproduce` and of ``mixit reproduce``: which study to run, where to write it, and
     how its runs execute."""
 
-    preset: Literal["smoke", "quick", "gpu", "paper"] = "quick"
+    preset: Literal["smoke", "quick", "gpu", "paper"] | None = None
     """The study to run: smoke (every code path in minutes), quick (the comparison under docs/protocol.md, hours
     on 2 CPU cores), gpu (one GPU in about an hour) or paper (the paper's scales and the reference recipes, for
-    clusters)."""
+    clusters); null means quick, unless --study names a file (no preset may be given beside one)."""
     study: Path | None = None
     """A study file of your own (TOML, or YAML if it ends in .yaml or .yml: docs/studies.md) instead of the
     paper's comparison."""
     seeds: int | None = None
     """Seeds per cell (seed s sets the model's seed and the data seed); null means the protocol's: a preset's first
-    look (quick: 3, with seeds added to undecided findings up to 7: docs/protocol.md), a study file's own."""
+    look (quick: 3, with seeds added to undecided findings up to 7: docs/protocol.md), a study file's own (beside a
+    file that sets seeds, other seeds are refused: the study is its file)."""
     first_seed: int = 0
     """The first seed: the cells' seeds are first_seed..first_seed+seeds-1 (a second study, to see whether the
     verdicts hold on seeds the first never used)."""
@@ -215,6 +216,13 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
     """Run the paper's comparison (or a study file), resuming what an earlier call left, then write the report.
 
     From Python: ``reproduce(ReproduceOptions(preset="smoke", out=Path("runs/smoke")))``."""
+    if options.study is not None:  # an option of the paper study, given beside a file, would be ignored
+        for flag, given, what in (
+            ("--preset", options.preset is not None, "chooses the paper study's scale"),
+            ("--list", options.list, "lists the paper study's presets"),
+            ("--test-seed", options.test_seed is not None, "sets a preset's test sets (a file's base sets test_seed)"),
+        ):
+            check(not given, f"{flag} {what}, and --study runs a study file instead; give one of them, not both")
     if options.list:
         return {"listing": list_studies(options.seeds)}
     seeds, test_seed = typed("seeds", int | None, options.seeds), typed("test_seed", int | None, options.test_seed)
@@ -223,11 +231,10 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
     max_runs = typed("max_runs", int, options.max_runs)
     check(max_runs >= 1, f"max_runs must be a positive integer, got {max_runs!r}")
     naming = Naming(options.tracking_project, options.tracking_name)
-    if options.study is not None:  # the file's own seeds unless --seeds says otherwise
-        check(options.test_seed is None, "--test-seed applies to a preset; a study file sets test_seed in its base")
+    if options.study is not None:  # the file's own seeds, or --seeds where it sets none
         chosen = load_study_file(options.study, seeds, options.first_seed, max_runs)
     else:
-        chosen = paper_study(options.preset, seeds, options.first_seed, test_seed, max_runs)
+        chosen = paper_study(options.preset or "quick", seeds, options.first_seed, test_seed, max_runs)
     out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
 
     def announce() -> None:  # with the progress bar: the bar counts runs as they are planned, stage by stage

@@ -108,19 +108,8 @@ def write_study(
     """Write study.json; refuse a directory that holds another study (or this one searched otherwise). `added`:
     the final runs `Study.more_seeds` has added so far, listed by their labels (their runs are in `planned`)."""
     path = Path(study_dir) / "study.json"
-    fingerprint = study.fingerprint(search)
     record = {
-        "name": study.name,
-        "description": study.description,
-        "preset": study.preset,
-        "seeds": study.seeds,
-        "first_seed": study.first_seed,
-        "extras": study.extras,
-        "search": search,
-        "screen_fraction": study.screen_fraction if search else None,
-        "screen_min_steps": study.screen_min_steps if search else None,
-        "extend": list(study.extend),
-        "fingerprint": fingerprint,
+        **study_settings(study, search),
         "mixit_version": __version__,
         "git_commit": git_commit(),
         "searches": [
@@ -137,8 +126,27 @@ def write_study(
     }
     if path.exists():  # checked before the study started (`check_out`); again here, under the lock
         old = read_json(path, "study.json")
-        check_same_study(study_dir, old, study.name, fingerprint, functools.partial(study.grows, search=search))
+        check_same_study(study_dir, old, record, functools.partial(study.grows, search=search))
     write_json(path, record)
+
+
+def study_settings(study: Study, search: bool) -> dict[str, Any]:
+    """What study.json records of `study` before its runs: its name, settings and fingerprint (`search`: whether
+    its searches run), and the keys of the study file it was read from, if any."""
+    return {
+        "name": study.name,
+        "description": study.description,
+        "preset": study.preset,
+        "seeds": study.seeds,
+        "first_seed": study.first_seed,
+        "extras": study.extras,
+        "search": search,
+        "screen_fraction": study.screen_fraction if search else None,
+        "screen_min_steps": study.screen_min_steps if search else None,
+        "extend": list(study.extend),
+        "fingerprint": study.fingerprint(search),
+        **({"file": study.source} if study.source else {}),
+    }
 
 
 @dataclass
@@ -223,7 +231,7 @@ def execute(
     # The searched cells with each of their candidates resolved too, so a bad one is refused at once.
     plan(apply(spec, combination) for g in planned.groups for spec in g.specs for combination in g.combinations)
     # Everything that can refuse reads only, and comes before the first write (the probe of writability).
-    check_out(study_dir, study.name, study.fingerprint(search), functools.partial(study.grows, search=search))
+    check_out(study_dir, study_settings(study, search), functools.partial(study.grows, search=search))
     pool.check_available()
     sinks = check_sinks(logger)
     (naming or Naming()).check_sent(sinks)
