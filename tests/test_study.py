@@ -470,7 +470,7 @@ def test_study_commands_on_the_command_line(tmp_path, capsys, monkeypatch):
     assert "smoke" in listing and "quick" in listing and "screening), at most about" in listing
     assert "gpu     about" in listing and "paper   about" in listing  # counted, not resolved: no hub
     for args, message in [
-        (["reproduce", "--preset", "huge"], "preset: expected one of smoke, quick, gpu or paper"),
+        (["reproduce", "--preset", "huge"], "preset: expected one of smoke, quick, gpu, paper or null"),
         (["reproduce", "--seeds", "0"], "seeds must be a positive integer"),
         (["reproduce", "--executor", "cloud"], "executor: expected one of"),
         (["reproduce", "--study", "missing.toml"], "study file missing.toml does not exist"),

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mixit.cli import main
+from mixit.study import load_study_file
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 STUDY_FILE = """
@@ -83,9 +84,16 @@ def test_reproduce_refuses_an_output_directory_that_holds_something_else(study, 
     capsys.readouterr()
     assert_refused(capsys, reproduce_args(spec, run), f"{run} holds a mixit run, not a study", run)
     other = study_file(tmp_path / "other.toml", name="other")
-    assert_refused(capsys, reproduce_args(other, out), f"{out} holds another study (tiny", out)
-    longer = study_file(tmp_path / "tiny.toml", steps=8)  # the same name, other runs
-    assert_refused(capsys, reproduce_args(longer, out), "holds another study", out)
+    assert_refused(capsys, reproduce_args(other, out), f"{out} holds another study (tiny, not other)", out)
+    # The same name, other runs: the refusal names what changed in the file, as "KEY OLD -> NEW".
+    longer = study_file(tmp_path / "tiny.toml", steps=8)
+    assert_refused(
+        capsys, reproduce_args(longer, out), "(tiny as its study.json records it: base.train.steps 6 -> 8)", out
+    )
+    wider = tmp_path / "wider.toml"
+    wider.write_text(spec.read_text().replace('["standard", "mixit"]', '["standard", "mixit", "frozen_qk"]'))
+    changed = 'grid.variant ["standard", "mixit"] -> ["standard", "mixit", "frozen_qk"]); choose another output'
+    assert_refused(capsys, reproduce_args(wider, out), changed, out)
     # Accepted: this same study (resumed: nothing left to do), and an empty directory.
     assert main(reproduce_args(spec, out)) == 0
     assert "runs: 2 done" in capsys.readouterr().out
@@ -101,7 +109,7 @@ def test_a_study_grows_by_seeds_in_its_directory_and_keeps_its_runs(study, tmp_p
     kept = {p.parent.name: p.read_bytes() for p in (out / "runs").glob("*/summary.json")}
     stamps = {name: (out / "runs" / name / "summary.json").stat().st_mtime_ns for name in kept}
     # Refused, nothing changed: seeds that do not include the directory's (seed 5 only), and fewer seeds.
-    assert_refused(capsys, reproduce_args(spec, out, "--first-seed", "5"), "holds another study", out)
+    assert_refused(capsys, reproduce_args(spec, out, "--first-seed", "5"), "records it: first_seed 0 -> 5)", out)
     assert main(reproduce_args(spec, out, "--seeds", "2")) == 0
     assert "runs: 4 done" in capsys.readouterr().out
     assert {p.parent.name for p in (out / "runs").glob("*/summary.json")} > set(kept)
@@ -109,7 +117,25 @@ def test_a_study_grows_by_seeds_in_its_directory_and_keeps_its_runs(study, tmp_p
         path = out / "runs" / name / "summary.json"
         assert path.read_bytes() == data and path.stat().st_mtime_ns == stamps[name]
     assert json.loads((out / "study.json").read_text())["seeds"] == 2
-    assert_refused(capsys, reproduce_args(spec, out), "holds another study", out)
+    assert_refused(capsys, reproduce_args(spec, out), "records it: seeds 2 -> 1)", out)
+
+
+def test_options_of_the_paper_study_beside_a_study_file_are_refused(tmp_path, capsys):
+    """Beside a file, --seeds other than the file's own, --preset, --list and --test-seed would be ignored: each is
+    refused in one line naming both, before anything is written. --seeds beside a file that sets none is its seeds."""
+    spec = tmp_path / "seeded.toml"
+    spec.write_text(study_file(tmp_path / "tiny.toml").read_text().replace("[base]", "seeds = 2\n[base]"))
+    out = tmp_path / "out"
+    for more, message in (
+        (["--seeds", "3"], f"--seeds 3 differs from seeds = 2 in study file {spec}, and a study is its file"),
+        (["--preset", "smoke"], "--preset chooses the paper study's scale, and --study runs a study file instead"),
+        (["--list"], "--list lists the paper study's presets, and --study runs a study file instead"),
+        (["--test-seed", "5"], "--test-seed sets a preset's test sets"),
+    ):
+        assert_refused(capsys, reproduce_args(spec, out, *more), message, tmp_path)
+        assert not out.exists()
+    assert load_study_file(spec, seeds=2).seeds == 2  # the file's own seeds, given again
+    assert load_study_file(tmp_path / "tiny.toml", seeds=3).seeds == 3  # a file that sets none: --seeds sets them
 
 
 def test_a_study_says_its_size_before_its_work(study, capsys):

@@ -270,6 +270,31 @@ def test_a_study_groups_its_runs_and_keeps_its_ids(tmp_path, mlflow_uri, capsys)
     assert len(client.search_runs([experiment.experiment_id])) == 4
 
 
+def test_a_grids_cells_are_told_apart_by_name_and_tags(tmp_path, mlflow_uri, capsys):
+    """Two cells of a grid over the learning rate: each run's name and tags carry its cell's value (lr=0.001,
+    lr=0.01) in MLflow and in TensorBoard's tags text; export-logs names a study's runs alike."""
+    from mlflow.tracking import MlflowClient
+
+    grid = STUDY_FILE.replace('variant = ["standard", "mixit"]', '"train.lr" = [1e-3, 1e-2]')
+    (tmp_path / "lr.toml").write_text(grid.replace('name = "tiny"', 'name = "lrs"'))
+    argv = ["reproduce", "--study", str(tmp_path / "lr.toml"), "--executor", "sequential", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "logged"), "--logger", "tensorboard,mlflow"]) == 0
+    assert main([*argv, "--out", str(tmp_path / "plain")]) == 0
+    assert main(["export-logs", str(tmp_path / "plain"), "--to", "mlflow", "--tracking-project", "exported"]) == 0
+    capsys.readouterr()
+    client = MlflowClient(mlflow_uri)
+    record = json.loads((tmp_path / "logged" / "study.json").read_text())["runs"]
+    ids = {entry["config"]["train"]["lr"]: entry["id"] for entry in record}
+    assert sorted(ids) == [1e-3, 1e-2]
+    want = {f"addition-standard-lr={text}-seed0-{ids[float(text)]}": text for text in ("0.001", "0.01")}
+    for experiment in ("lrs", "exported"):
+        held = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+        assert {run.info.run_name: run.data.tags["lr"] for run in held} == want
+    for name, text in want.items():
+        tags = tensorboard_text(tmp_path / "logged" / "runs" / ids[float(text)], "tags")
+        assert tags == f"name={name}, group=lrs, lr={text}, task=addition, variant=standard, seed=0, role=final"
+
+
 # -- W&B, MLflow and trackio in their local modes ---------------------------------------------
 
 
@@ -541,8 +566,8 @@ def test_trackio_takes_the_project_and_the_name(tmp_path):
 
 def test_a_study_in_worker_processes_names_its_runs_readably_under_the_project_and_prefix(tmp_path, mlflow_uri):
     """A searched study on a pool of two workers: every run is named PREFIX-task-variant-seedN-ID (a screening
-    run PREFIX-task-variant-screen-ID) in the experiment --tracking-project names, tagged with its study; its id
-    and directory stay the id."""
+    run PREFIX-task-variant-rung=R-...-lr=LR-screen-ID) in the experiment --tracking-project names, tagged with its
+    study; its id and directory stay the id."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(mlflow_uri)
@@ -554,12 +579,17 @@ def test_a_study_in_worker_processes_names_its_runs_readably_under_the_project_a
     record = json.loads((tmp_path / "study" / "study.json").read_text())["runs"]
     assert {r["role"] for r in record} == {"final", "screen"}
     held = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("searched").experiment_id])}
-    want = {}
+    assert len(held) == len(record)
     for entry in record:
         assert Run.open(tmp_path / "study" / "runs" / entry["id"]).state() == "done"
-        marked = "screen" if entry["role"] == "screen" else f"seed{entry['config']['model']['seed']}"
-        want[f"trial-addition-{entry['config']['variant']}-{marked}-{entry['id']}"] = entry["role"]
-    assert {name: run.data.tags["role"] for name, run in held.items()} == want
+        (labels,) = entry["labels"]
+        start, config = f"trial-addition-{entry['config']['variant']}-", entry["config"]
+        if entry["role"] == "screen":  # its rung and candidate: ...-rung=0-lr=0.001-screen-ID (a tie rung, tie=true)
+            name = next(n for n in held if n.endswith(f"-screen-{entry['id']}"))
+            assert name.startswith(f"{start}rung={labels['rung']}-") and f"-lr={config['train']['lr']}-" in name
+        else:
+            name = f"{start}seed{config['model']['seed']}-{entry['id']}"
+        assert held[name].data.tags["role"] == entry["role"]
     assert {run.data.tags["study"] for run in held.values()} == {"tiny"}
 
 

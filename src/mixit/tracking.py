@@ -221,7 +221,8 @@ class Grouping:
     """The study it belongs to: W&B's and trackio's group, MLflow's tag study and its experiment (unless `project`
     is given); None for a run of its own."""
     tags: Mapping[str, str] = field(default_factory=dict)
-    """task, variant and seed, and a study run's role (final or screen): MLflow's tags, W&B's as key=value."""
+    """task, variant and seed, and a study run's role (final or screen) and cell (`study_grouping`): MLflow's tags,
+    W&B's as key=value."""
     project: str | None = None
     """--tracking-project: W&B's and trackio's project, MLflow's experiment; None: each sink's default."""
 
@@ -231,14 +232,20 @@ def run_grouping(run_dir: str | Path, cfg: RunConfig, naming: Naming = Naming())
     return Grouping(naming.name or Path(run_dir).resolve().name, None, _tags(cfg), naming.project)
 
 
-def study_grouping(study: str, run_id: str, cfg: RunConfig, role: str, naming: Naming = Naming()) -> Grouping:
-    """A run of the study `study`, grouped under the study, tagged with its role too, and named readably first and
-    unique by its id (after the prefix `naming.name`): addition-mixit-seed0-1a2b3c4d5e6f; a screening run (of the
-    search's own seed) addition-mixit-screen-1a2b3c4d5e6f. Only the name changes: the run's directory is its id."""
+def study_grouping(
+    study: str, run_id: str, cfg: RunConfig, role: str, naming: Naming = Naming(), cell: Mapping[str, Any] | None = None
+) -> Grouping:
+    """A run of the study `study`, grouped under the study, named readably first and unique by its id (after the
+    prefix `naming.name`), and tagged with its role and the values that make its cell (`cell`: a grid's, such as
+    lr=0.01; task, variant and seed are its tags already): addition-mixit-lr=0.01-seed0-1a2b3c4d5e6f; a screening
+    run (of the search's own seed) addition-mixit-rung=0-lr=0.01-screen-1a2b3c4d5e6f. Only the name changes: the
+    run's directory is its id."""
+    tags = _tags(cfg)
+    shown = {k: v if isinstance(v, str) else json.dumps(v) for k, v in (cell or {}).items() if k not in tags}
     marked = "screen" if role == "screen" else f"seed{cfg.model.seed}"
     prefix = [naming.name] if naming.name else []
-    name = "-".join([*prefix, cfg.task, cfg.variant, marked, run_id])
-    return Grouping(name, study, {**_tags(cfg), "role": role}, naming.project)
+    name = "-".join([*prefix, cfg.task, cfg.variant, *(f"{k}={v}" for k, v in shown.items()), marked, run_id])
+    return Grouping(name, study, {**shown, **tags, "role": role}, naming.project)
 
 
 def _tags(cfg: RunConfig) -> dict[str, str]:

@@ -36,7 +36,7 @@ from mixit.experiment import RunConfig
 from mixit.resources import model_numel
 from mixit.run import Run
 from mixit.study.directory import RECORD, load_study_record
-from mixit.study.executors import Executor, Pool, execute, run_dir
+from mixit.study.executors import Executor, Pool, cell_values, execute, run_dir
 from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
 from mixit.study.search import apply, plan_study, upper_bound
@@ -148,16 +148,17 @@ class ReproduceOptions:
     """The options of `reproduce` and of ``mixit reproduce``: which study to run, where to write it, and
     how its runs execute."""
 
-    preset: Literal["smoke", "quick", "gpu", "paper"] = "quick"
+    preset: Literal["smoke", "quick", "gpu", "paper"] | None = None
     """The study to run: smoke (every code path in minutes), quick (the comparison under docs/protocol.md, hours
     on 2 CPU cores), gpu (one GPU in about an hour) or paper (the paper's scales and the reference recipes, for
-    clusters)."""
+    clusters); null means quick, unless --study names a file (no preset may be given beside one)."""
     study: Path | None = None
     """A study file of your own (TOML, or YAML if it ends in .yaml or .yml: docs/studies.md) instead of the
     paper's comparison."""
     seeds: int | None = None
     """Seeds per cell (seed s sets the model's seed and the data seed); null means the protocol's: a preset's first
-    look (quick: 3, with seeds added to undecided findings up to 7: docs/protocol.md), a study file's own."""
+    look (quick: 3, with seeds added to undecided findings up to 7: docs/protocol.md), a study file's own (beside a
+    file that sets seeds, other seeds are refused: the study is its file)."""
     first_seed: int = 0
     """The first seed: the cells' seeds are first_seed..first_seed+seeds-1 (a second study, to see whether the
     verdicts hold on seeds the first never used)."""
@@ -196,13 +197,15 @@ class ReproduceOptions:
     the winner in full); false (--no-search) trains every cell with the preset's fixed settings."""
     logger: tuple[Sink, ...] = ()
     """Tracking sinks that every run's metrics and summary go to as well, any of tensorboard, wandb, mlflow and
-    trackio, grouped under the study's name and tagged with task, variant, seed and role (docs/tracking.md)."""
+    trackio, grouped under the study's name and tagged with task, variant, seed, role and their cell's grid values
+    (docs/tracking.md)."""
     tracking_project: str | None = None
     """The W&B project, MLflow experiment and trackio project of every run (TensorBoard has none); null means
     WANDB_PROJECT for W&B if set, the study's name for MLflow, else mixit."""
     tracking_name: str | None = None
-    """A prefix of every run's name in the tracking sinks, which is task-variant-seedN-ID after it (ID the run's
-    id; a screening run's is task-variant-screen-ID); null means no prefix."""
+    """A prefix of every run's name in the tracking sinks, which is task-variant-[cell-]seedN-ID after it (cell: the
+    grid's values that make the run's cell, such as lr=0.01; ID the run's id; a screening run's is
+    task-variant-rung=R-[candidate-]screen-ID); null means no prefix."""
 
     def pool(self) -> Pool:
         """Where the runs execute: the executor, the local pool, and the Slurm jobs' parameters."""
@@ -213,6 +216,13 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
     """Run the paper's comparison (or a study file), resuming what an earlier call left, then write the report.
 
     From Python: ``reproduce(ReproduceOptions(preset="smoke", out=Path("runs/smoke")))``."""
+    if options.study is not None:  # an option of the paper study, given beside a file, would be ignored
+        for flag, given, what in (
+            ("--preset", options.preset is not None, "chooses the paper study's scale"),
+            ("--list", options.list, "lists the paper study's presets"),
+            ("--test-seed", options.test_seed is not None, "sets a preset's test sets (a file's base sets test_seed)"),
+        ):
+            check(not given, f"{flag} {what}, and --study runs a study file instead; give one of them, not both")
     if options.list:
         return {"listing": list_studies(options.seeds)}
     seeds, test_seed = typed("seeds", int | None, options.seeds), typed("test_seed", int | None, options.test_seed)
@@ -221,11 +231,10 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
     max_runs = typed("max_runs", int, options.max_runs)
     check(max_runs >= 1, f"max_runs must be a positive integer, got {max_runs!r}")
     naming = Naming(options.tracking_project, options.tracking_name)
-    if options.study is not None:  # the file's own seeds unless --seeds says otherwise
-        check(options.test_seed is None, "--test-seed applies to a preset; a study file sets test_seed in its base")
+    if options.study is not None:  # the file's own seeds, or --seeds where it sets none
         chosen = load_study_file(options.study, seeds, options.first_seed, max_runs)
     else:
-        chosen = paper_study(options.preset, seeds, options.first_seed, test_seed, max_runs)
+        chosen = paper_study(options.preset or "quick", seeds, options.first_seed, test_seed, max_runs)
     out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
 
     def announce() -> None:  # with the progress bar: the bar counts runs as they are planned, stage by stage
@@ -276,7 +285,7 @@ def export_logs(
             none); null means WANDB_PROJECT for W&B if set, the study's name or MLFLOW_EXPERIMENT_NAME for
             MLflow, else mixit.
         tracking_name: The run's name in the sinks, or for a study the prefix of each run's name; null means the
-            run directory's name (a study's run: task-variant-seedN-ID).
+            run directory's name (a study's run: task-variant-[cell-]seedN-ID, as `reproduce` names it).
     """
     naming = Naming(tracking_project, tracking_name)
     sinks = check_sinks(to, "--to")
@@ -293,7 +302,8 @@ def export_logs(
             if Run(run_dir(directory, entry["id"])).state() != "absent":
                 run = Run.open(run_dir(directory, entry["id"]))
                 role = entry.get("role", "final")
-                runs.append((run, study_grouping(record["name"], entry["id"], run.config, role, naming)))
+                cell = cell_values(entry["labels"])
+                runs.append((run, study_grouping(record["name"], entry["id"], run.config, role, naming, cell)))
     else:
         raise UsageError(f"{directory} holds no mixit run and no study")
     logs = [check_export(run, sinks) for run, _ in runs]  # every run checked before any is sent

@@ -1,7 +1,8 @@
 """What a study directory may hold, checked before anything is written (docs/reliability.md, "Studies and reports").
 
-    check_out(study_dir, name, fingerprint)   `mixit reproduce --out`: absent, empty, this same study, or
-                                              (`grows`) this study with fewer seeds, which it continues
+    check_out(study_dir, record)              `mixit reproduce --out`: absent, empty, this same study, or
+                                              (`grows`) this study with fewer seeds, which it continues; a
+                                              changed study refused naming what changed (`changes`)
     load_study_record(study_dir)              study.json, its schema checked (`mixit report`, resume)
     failure_record(study_dir, run_id)         failed/<id>.json, checked
     check_report_paths(study_dir)             report.md, results.csv, checks.json and figures/ writable as such
@@ -12,11 +13,13 @@ command changes nothing in the directory.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mixit.config import flatten
 from mixit.errors import UsageError
 from mixit.files import DirectoryLock, check_names, read_json
 from mixit.run import Run
@@ -29,10 +32,11 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 """A run id or an extra's name: one path component of the study directory, never `..` or a path."""
 
 
-def check_out(study_dir: Path, name: str, fingerprint: str, grows: Callable[[Any], bool] | None = None) -> None:
-    """Refuse `study_dir` as the directory of the study `name` unless it is absent, empty (a lock file
-    aside: a study killed before it wrote study.json) or holds this same study, which is resumed, or one
-    `grows` accepts (given its study.json: the same study with fewer seeds, `Study.grows`), which it continues.
+def check_out(study_dir: Path, record: Mapping[str, Any], grows: Callable[[Any], bool] | None = None) -> None:
+    """Refuse `study_dir` as the directory of the study whose study.json begins as `record` (its name, settings and
+    fingerprint, `mixit.study.executors.study_settings`) unless it is absent, empty (a lock file aside: a study
+    killed before it wrote study.json) or holds this same study, which is resumed, or one `grows` accepts (given
+    its study.json: the same study with fewer seeds, `Study.grows`), which it continues.
 
     A directory holding a `mixit train` run, another study, or files of a user's own is refused: the
     study would write into it, and its report would overwrite a report.md, results.csv or checks.json there."""
@@ -43,7 +47,7 @@ def check_out(study_dir: Path, name: str, fingerprint: str, grows: Callable[[Any
     if not study_dir.exists():
         return
     if (study_dir / RECORD).exists():
-        check_same_study(study_dir, read_json(study_dir / RECORD, RECORD), name, fingerprint, grows)
+        check_same_study(study_dir, read_json(study_dir / RECORD, RECORD), record, grows)
         return
     if Run(study_dir).state() != "absent":
         raise UsageError(f"{study_dir} holds a mixit run, not a study; choose another output directory")
@@ -56,17 +60,53 @@ def check_out(study_dir: Path, name: str, fingerprint: str, grows: Callable[[Any
 
 
 def check_same_study(
-    study_dir: Path, old: Any, name: str, fingerprint: str, grows: Callable[[Any], bool] | None = None
+    study_dir: Path, old: Any, record: Mapping[str, Any], grows: Callable[[Any], bool] | None = None
 ) -> None:
-    """Refuse `study_dir` if its study.json (`old`) is not the study `name` with `fingerprint`, nor one that
-    `grows` accepts."""
+    """Refuse `study_dir` if its study.json (`old`) is not the study that `record` begins (its name and
+    fingerprint), nor one that `grows` accepts; the refusal names what changed (`changes`)."""
     if grows is not None and grows(old):
         return
-    if not isinstance(old, dict) or old.get("name") != name or old.get("fingerprint") != fingerprint:
+    if isinstance(old, dict) and old.get("name") == record["name"] and old.get("fingerprint") == record["fingerprint"]:
+        return
+    if not isinstance(old, dict) or old.get("name") != record["name"]:
+        held = old.get("name") if isinstance(old, dict) else "?"
         raise UsageError(
-            f"{study_dir} holds another study ({old.get('name') if isinstance(old, dict) else '?'}, "
-            f"or the same one with other runs or another search); choose another output directory"
+            f"{study_dir} holds another study ({held}, not {record['name']}); choose another output directory"
         )
+    changed = changes(old, record)
+    raise UsageError(
+        f"{study_dir} holds another study ({record['name']} "
+        + (f"as its {RECORD} records it: {changed}" if changed else "with other runs or another search")
+        + "); choose another output directory"
+        + (", or undo the change to resume it" if changed else "")
+    )
+
+
+COMPARED = ("preset", "seeds", "first_seed", "search", "screen_fraction", "screen_min_steps", "extend", "extras",
+            "file")  # fmt: skip
+"""The settings of study.json whose change `changes` names: the study file's keys (file), and what the options of
+`mixit reproduce` set beside it."""
+
+
+def changes(old: Mapping[str, Any], new: Mapping[str, Any], shown: int = 3) -> str:
+    """The first `shown` settings (`COMPARED`) that differ between two study.json records, `old` the directory's,
+    as "KEY OLD -> NEW" (a study file's keys dotted, without "file."): "grid.train.lr [0.001, 0.01] -> [0.001, 0.01,
+    0.1]"; "" if none differ (the file is compared only where both record it)."""
+    keys = [k for k in COMPARED if k in new and (k != "file" or "file" in old)]
+    before = flatten({k: old.get(k) for k in keys}, keep_empty=True)
+    after = flatten({k: new[k] for k in keys}, keep_empty=True)
+    differ = [k for k in {**before, **after} if before.get(k, ABSENT) != after.get(k, ABSENT)]
+    named = [k for k in differ if k != "file.description" and f"file.{k}" not in differ]  # seeds once
+    said = [f"{k.removeprefix('file.')} {_said(before.get(k, ABSENT))} -> {_said(after.get(k, ABSENT))}" for k in named]
+    return "; ".join(said[:shown]) + (f"; and {len(said) - shown} more" if len(said) > shown else "")
+
+
+ABSENT = object()
+"""A setting one record does not hold."""
+
+
+def _said(value: Any) -> str:
+    return "(absent)" if value is ABSENT else json.dumps(value)
 
 
 def load_study_record(study_dir: Path) -> dict[str, Any]:

@@ -108,19 +108,8 @@ def write_study(
     """Write study.json; refuse a directory that holds another study (or this one searched otherwise). `added`:
     the final runs `Study.more_seeds` has added so far, listed by their labels (their runs are in `planned`)."""
     path = Path(study_dir) / "study.json"
-    fingerprint = study.fingerprint(search)
     record = {
-        "name": study.name,
-        "description": study.description,
-        "preset": study.preset,
-        "seeds": study.seeds,
-        "first_seed": study.first_seed,
-        "extras": study.extras,
-        "search": search,
-        "screen_fraction": study.screen_fraction if search else None,
-        "screen_min_steps": study.screen_min_steps if search else None,
-        "extend": list(study.extend),
-        "fingerprint": fingerprint,
+        **study_settings(study, search),
         "mixit_version": __version__,
         "git_commit": git_commit(),
         "searches": [
@@ -137,8 +126,27 @@ def write_study(
     }
     if path.exists():  # checked before the study started (`check_out`); again here, under the lock
         old = read_json(path, "study.json")
-        check_same_study(study_dir, old, study.name, fingerprint, functools.partial(study.grows, search=search))
+        check_same_study(study_dir, old, record, functools.partial(study.grows, search=search))
     write_json(path, record)
+
+
+def study_settings(study: Study, search: bool) -> dict[str, Any]:
+    """What study.json records of `study` before its runs: its name, settings and fingerprint (`search`: whether
+    its searches run), and the keys of the study file it was read from, if any."""
+    return {
+        "name": study.name,
+        "description": study.description,
+        "preset": study.preset,
+        "seeds": study.seeds,
+        "first_seed": study.first_seed,
+        "extras": study.extras,
+        "search": search,
+        "screen_fraction": study.screen_fraction if search else None,
+        "screen_min_steps": study.screen_min_steps if search else None,
+        "extend": list(study.extend),
+        "fingerprint": study.fingerprint(search),
+        **({"file": study.source} if study.source else {}),
+    }
 
 
 @dataclass
@@ -223,7 +231,7 @@ def execute(
     # The searched cells with each of their candidates resolved too, so a bad one is refused at once.
     plan(apply(spec, combination) for g in planned.groups for spec in g.specs for combination in g.combinations)
     # Everything that can refuse reads only, and comes before the first write (the probe of writability).
-    check_out(study_dir, study.name, study.fingerprint(search), functools.partial(study.grows, search=search))
+    check_out(study_dir, study_settings(study, search), functools.partial(study.grows, search=search))
     pool.check_available()
     sinks = check_sinks(logger)
     (naming or Naming()).check_sent(sinks)
@@ -465,7 +473,20 @@ def _run_phase(
 
 def _grouping(study_name: str, naming: Naming, planned: PlannedRun) -> Grouping:
     """How the sinks name, group and tag the run `planned` of the study `study_name`."""
-    return study_grouping(study_name, planned.id, planned.cfg, planned.role, naming)
+    return study_grouping(study_name, planned.id, planned.cfg, planned.role, naming, cell_values(planned.labels))
+
+
+NOT_CELL = ("table", "seed", "cell", "group", "cell_seed")
+"""Labels that are no value of a run's cell: its table (a study file's name), its seed (its name says it), and a
+screening run's cell, search group and cell's seed."""
+
+
+def cell_values(labels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The values that make the cell of a run of these labels, as the tracking sinks show them: the labels that all
+    of them agree on (a run that two tables ask for is in both), but `NOT_CELL`. A grid's values (lr=0.01), a
+    budget multiple, a screening run's rung and candidate."""
+    first, *rest = labels or [{}]
+    return {k: v for k, v in first.items() if k not in NOT_CELL and all(other.get(k) == v for other in rest)}
 
 
 # -- where a run executes: here, in a worker of the local pool, or in a submitit job --------------------------

@@ -323,6 +323,9 @@ class Study:
     unconverged (improving, or too few evaluations to tell) is trained again from scratch at the first multiple,
     and one still unconverged there at the next (`mixit.study.executors`); the report reads the longest that
     finished (`mixit.study.collect.StudyResults.final`). Empty: no run is extended."""
+    source: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The keys of the study file it was read from, as JSON holds them ({}: a study built in Python): study.json
+    records them, so that a directory refuses a changed file naming what changed (`mixit.study.directory`)."""
     more_seeds: Callable[[Path], Sequence[RunSpec]] | None = field(default=None, repr=False, compare=False)
     """Given the study directory, the further final runs to add (new seeds of cells whose verdict is undecided,
     each with its search candidates if any): a pure function of the runs finished there. The study runs in
@@ -435,10 +438,23 @@ def _screening(data: Mapping[str, Any], path: Path) -> tuple[float, dict[str, in
 
 
 def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, max_runs: int = MAX_RUNS) -> Study:
-    """A user's study from a TOML or YAML file (module docstring, docs/studies.md); `seeds` (when given) overrides
-    the file's, and the seeds start at `first_seed`. One of more than `max_runs` final runs is refused before it is
-    built (`check_size`)."""
+    """A user's study from a TOML or YAML file (module docstring, docs/studies.md), its seeds starting at
+    `first_seed`: the file's own, or `seeds` where the file sets none. `seeds` beside a file that sets other seeds is
+    refused (a study is its file), as is one of more than `max_runs` final runs, before it is built (`check_size`)."""
     data = read_study_data(path)
+    if seeds is not None and "seeds" in data and seeds != data["seeds"]:
+        raise UsageError(
+            f"--seeds {seeds} differs from seeds = {data['seeds']!r} in study file {path}, and a study is its file: "
+            "change seeds there (more seeds grow the study in place), or leave --seeds out"
+        )
+    return _study_from_data(data, path, seeds, first_seed, max_runs)
+
+
+def _study_from_data(
+    data: Mapping[str, Any], path: Path, seeds: int | None, first_seed: int, max_runs: int = MAX_RUNS
+) -> Study:
+    """The study of a file's keys `data` read from `path` (`load_study_file`), with `seeds` per cell (None: the
+    file's) from `first_seed`."""
     allowed = (
         "name",
         "description",
@@ -486,5 +502,6 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, m
         screen_fraction=fraction,
         screen_min_steps=least,
         extend=extend,
-        rebuild=lambda more, first: load_study_file(path, more, first, max_runs),
+        rebuild=lambda more, first: _study_from_data(data, path, more, first, max_runs),
+        source=json.loads(json.dumps(data, default=str)),
     )
