@@ -365,14 +365,19 @@ def run_config(
     task_params: Mapping[str, Any] | TaskConfig | None = None,
     recipe: str = DEFAULT_RECIPE,
     freeze: Sequence[str] = (),
+    transplant_from: str | Path | None = None,
+    transplant_part: str = "pattern",
     **overrides: Any,
 ) -> RunConfig:
     """A complete RunConfig for `task` and `variant`, starting from `recipe`, with the parts `freeze` selects
-    frozen beside the variant's (``freeze=["embed", "blocks.0.attn.q"]``: `RunConfig.freeze`) and keyword
-    overrides of any option by its name (``d_model=64, steps=500, data_seed=1``)."""
+    frozen beside the variant's (``freeze=["embed", "blocks.0.attn.q"]``: `RunConfig.freeze`), the attention of
+    the run `transplant_from` transplanted (`transplant_part` pattern or qk: `RunConfig.transplant_from`) and
+    keyword overrides of any option by its name (``d_model=64, steps=500, data_seed=1``)."""
     base: dict[str, Any] = {"task": task, "variant": variant, "recipe": recipe, "task_params": task_params or {}}
     if freeze:
         base["freeze"] = freeze
+    if transplant_from is not None:
+        base.update(transplant_from=str(transplant_from), transplant_part=transplant_part)
     return resolve(merge(base, nest(overrides)))
 
 
