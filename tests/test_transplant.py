@@ -70,11 +70,11 @@ def test_a_pattern_transplant_mixes_with_the_donors_average_pattern_after_traini
     assert_close(got, expected[0].expand(3, -1, -1, -1), dtype=torch.float32, terms=2, scale=1.0)
     assert torch.all(got.triu(diagonal=1) == 0)
     assert not torch.allclose(got[0, 0], torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None])  # not uniform
-    # Rows beyond the task's sequences keep the uniform causal pattern.
-    n_ctx = loaded.cfg.model.n_ctx
-    full = loaded.model.layers[0].attn.fixed_pattern
-    if n_ctx > T:
-        assert torch.equal(full[:, T:, : T + 1][:, 0], torch.full((2, T + 1), 1 / (T + 1)))
+    # The row beyond the task's inputs (n_ctx is the whole example, an input one token shorter) keeps the uniform
+    # causal pattern.
+    assert loaded.cfg.model.n_ctx == T + 1
+    full = loaded.model.layers[0].attn.fixed_pattern  # (2, T + 1, T + 1)
+    assert torch.equal(full[:, T], torch.full((2, T + 1), 1 / (T + 1)))
 
 
 def test_a_pattern_transplant_trains_everything_but_its_buffer(mixer):
@@ -214,3 +214,9 @@ def test_a_replayed_transplant_refuses_a_donor_that_is_no_longer_the_one_declare
     cfg.transplant_from = str(moved)
     with pytest.raises(UsageError, match=f"holds the run [0-9a-f]{{12}}, not the donor {cfg.transplant_donor} "):
         build_model(cfg)
+
+
+def test_python_refuses_a_donor_of_another_task_naming_what_differs(donor):
+    shape = {k: v for k, v in SHAPE.items() if k != "task_params"}
+    with pytest.raises(UsageError, match=r"differs from this run \(donor != this run\): task addition != retrieval; "):
+        run_config("retrieval", transplant_from=donor, **shape)
