@@ -76,8 +76,8 @@ def train_parser() -> Parser:
     )
     config = (
         "Start from a config file (YAML, TOML or JSON with keys task, variant, freeze, recipe, task_params, model, "
-        "train, data_seed, test_size, val_size, test_seed), or replay a run's config.json or run directory; the "
-        "options given beside it override it."
+        "train, data_seed, test_size, val_size, test_seed, transplant_from, transplant_part), or replay a run's "
+        "config.json or run directory; the options given beside it override it."
     )
     p.add_option(Option("config", Path, config, None))
     # The default task is shown in --help; a request without a task gets it from `resolve`.

@@ -242,7 +242,8 @@ class ModelConfig(Config):
     """Hidden size of the gated MLP; null means 4 * d_model."""
     attention: str = "softmax"
     """Attention kind (`mixit list`): softmax or mixing, set by the variant (only the random variant takes another),
-    or randformer, uniform or synthesizer_random, input-independent mixers any variant takes (docs/model.md)."""
+    or randformer, uniform or synthesizer_random, input-independent mixers any variant takes (docs/model.md);
+    transplant comes with a pattern transplant (the run's transplant_from)."""
     bias: bool = True
     """Biases on every linear layer inside the blocks (q, k, v, o, gate, up, down), as the reference code."""
     rope_base: float = 10000.0

@@ -43,7 +43,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, Self
 
 import yaml
 
@@ -85,6 +85,16 @@ class RunConfig(DataConfig):
     """Parts kept at their initialisation beside what the variant freezes, as module paths of the model:
     embed, pos_embed, norm_f, lm_head, blocks, blocks.*.attn.q (every layer), blocks.0-1.mlp (a range),
     blocks.0+3.mlp.up (a list), norms, head (docs/model.md, 'Freezing by structure')."""
+    transplant_from: str | None = None
+    """A finished run of the same task and shape whose attention this run takes, frozen (transplant_part);
+    null means none (docs/model.md, 'Attention transplants')."""
+    transplant_part: Literal["pattern", "qk"] = "pattern"
+    """With transplant_from, what is taken: pattern (its attention pattern per layer and head, averaged over its
+    task's validation examples, as the fixed mixer of transplant attention) or qk (its q and k weights, frozen,
+    in a softmax model)."""
+    transplant_donor: str | None = None
+    """The donor's identity (12 hex digits of the sha256 of its config), read from transplant_from when the
+    config is resolved, so that the run resumes without the donor; null unless transplant_from is set."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -100,6 +110,7 @@ class RunConfig(DataConfig):
         )
         check_pairing(get_variant(self.variant), self.model.attention)
         check_selectors(self.model, self.freeze)
+        check_transplant(self)
         RECIPES.get(self.recipe)
         super().validate()
 
@@ -229,7 +240,8 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     recipe_name = _name(request, "recipe", DEFAULT_RECIPE)
     task_cls = TASKS.get(task_name)
     requested_model = _section(request, "model")
-    attention = requested_model.setdefault("attention", variant.attention)
+    pattern = request.get("transplant_from") is not None and request.get("transplant_part", "pattern") == "pattern"
+    attention = requested_model.setdefault("attention", "transplant" if pattern else variant.attention)
     check(isinstance(attention, str), f"attention must be a string, got {attention!r}")
     check_pairing(variant, attention)
     recipe = nest_request(RECIPES.get(recipe_name).settings(task_name, attention))
@@ -250,11 +262,48 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
         task_params=params,
         model=ModelConfig.from_dict(model),
         train=TrainConfig.from_dict(train),
+        **{k: request[k] for k in TRANSPLANT_OPTIONS if k in request},
         **data.to_dict(),
     )
     check_fits(cfg, task)
+    if cfg.transplant_from is not None and cfg.transplant_donor is None:
+        from mixit.transplant import identify  # the donor is a run, and mixit.run sits above this module
+
+        cfg.transplant_donor = identify(cfg)
+        request = {**request, "transplant_donor": cfg.transplant_donor}  # recorded: a resume reads no donor
     cfg.request = as_data(request)
     return cfg
+
+
+TRANSPLANT_OPTIONS = ("transplant_from", "transplant_part", "transplant_donor")
+TRANSPLANT_FREEZE = {"pattern": (), "qk": ("blocks.*.attn.q", "blocks.*.attn.k")}
+"""What a transplant freezes beside the variant and the run's own selectors (a pattern lives in a buffer)."""
+
+
+def check_transplant(cfg: RunConfig) -> None:
+    """Refuse a transplant declaration that cannot hold, without reading the donor (`mixit.transplant.identify`
+    reads it): a part or a donor identity without a donor, transplant attention without a pattern transplant,
+    a pattern transplant into another attention kind or a non-causal model, a qk transplant into a model
+    without softmax attention."""
+    attention, part = cfg.model.attention, cfg.transplant_part
+    if cfg.transplant_from is None:
+        check(part == "pattern", "transplant_part qk needs transplant_from, the donor run's directory")
+        check(cfg.transplant_donor is None, "transplant_donor needs transplant_from, the donor run's directory")
+        check(
+            attention != "transplant",
+            "attention transplant needs transplant_from, the donor run whose average pattern it takes",
+        )
+    elif part == "pattern":
+        check(
+            attention == "transplant",
+            f"transplant_part pattern makes the attention transplant; it cannot be combined with {attention!r}",
+        )
+        check(cfg.model.causal, "transplant_part pattern needs a causal model; use transplant_part qk")
+    else:
+        check(
+            attention == "softmax",
+            f"transplant_part qk needs softmax attention, whose q and k it takes; not {attention!r}",
+        )
 
 
 def check_pairing(variant: Variant, attention: str) -> None:
@@ -316,14 +365,19 @@ def run_config(
     task_params: Mapping[str, Any] | TaskConfig | None = None,
     recipe: str = DEFAULT_RECIPE,
     freeze: Sequence[str] = (),
+    transplant_from: str | Path | None = None,
+    transplant_part: str = "pattern",
     **overrides: Any,
 ) -> RunConfig:
     """A complete RunConfig for `task` and `variant`, starting from `recipe`, with the parts `freeze` selects
-    frozen beside the variant's (``freeze=["embed", "blocks.0.attn.q"]``: `RunConfig.freeze`) and keyword
-    overrides of any option by its name (``d_model=64, steps=500, data_seed=1``)."""
+    frozen beside the variant's (``freeze=["embed", "blocks.0.attn.q"]``: `RunConfig.freeze`), the attention of
+    the run `transplant_from` transplanted (`transplant_part` pattern or qk: `RunConfig.transplant_from`) and
+    keyword overrides of any option by its name (``d_model=64, steps=500, data_seed=1``)."""
     base: dict[str, Any] = {"task": task, "variant": variant, "recipe": recipe, "task_params": task_params or {}}
     if freeze:
         base["freeze"] = freeze
+    if transplant_from is not None:
+        base.update(transplant_from=str(transplant_from), transplant_part=transplant_part)
     return resolve(merge(base, nest(overrides)))
 
 
@@ -436,18 +490,31 @@ def build_task(cfg: RunConfig, run_dir: Path | None = None) -> Task:
     return TASKS.get(cfg.task)(params, cfg.data_config)
 
 
-def build_model(cfg: RunConfig) -> tuple[Transformer, FreezeReport]:
-    """A fresh model initialised from cfg.model.seed, with the variant and the run's own freeze selectors applied."""
+def build_model(cfg: RunConfig, fresh: bool = True) -> tuple[Transformer, FreezeReport]:
+    """A model initialised from cfg.model.seed, with the variant, the run's own freeze selectors and the
+    transplant's applied. `fresh`: the donor's attention is installed (`mixit.transplant.install`, which reads
+    the donor); else the weights are to come from a checkpoint, and the donor is not read."""
     model = Transformer(cfg.model)
-    return model, apply_variant(model, cfg.variant, cfg.freeze)
+    freeze = tuple(cfg.freeze)
+    if cfg.transplant_from is not None:
+        freeze += TRANSPLANT_FREEZE[cfg.transplant_part]
+        if fresh:
+            from mixit.transplant import install  # the donor is a run, and mixit.run sits above this module
+
+            install(model, cfg)
+    return model, apply_variant(model, cfg.variant, freeze)
 
 
-def build(cfg: RunConfig, run_dir: Path | None = None) -> tuple[Task, Transformer, FreezeReport]:
+def build(
+    cfg: RunConfig, run_dir: Path | None = None, fresh: bool | None = None
+) -> tuple[Task, Transformer, FreezeReport]:
     """The task, the model (initialised from cfg.model.seed) and the applied variant and freeze selectors.
 
     run_dir: the run's directory, whose saved tokenizer (if any) the task then uses.
+    fresh: whether the model starts from its initialisation (a transplant's donor is then read: `build_model`)
+    rather than from a checkpoint; by default, when no run directory is given.
     """
     task = build_task(cfg, run_dir)
     check_fits(cfg, task)
-    model, report = build_model(cfg)
+    model, report = build_model(cfg, run_dir is None if fresh is None else fresh)
     return task, model, report

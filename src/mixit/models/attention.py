@@ -15,6 +15,8 @@
   of MetaFormer's RandFormer, Yu et al. 2022). `UniformAttention`: L_h = 0,
   every position averages the values it may read. `SynthesizerRandomAttention`:
   L_h a trained parameter (the Synthesizer's Random variant, Tay et al. 2020).
+  `TransplantAttention`: the fixed pattern itself, a donor run's attention
+  averaged over its task's data (docs/model.md, "Attention transplants").
   Unlike softmax and mixing, which the variants name, any variant takes them
   (`Attention.any_variant`).
 
@@ -426,3 +428,25 @@ class SynthesizerRandomAttention(InputIndependentAttention):
 
     def logits(self, T: int, like: torch.Tensor) -> torch.Tensor:
         return self.mixing_logits[:, :T, :T]
+
+
+@ATTENTION.register("transplant")
+class TransplantAttention(InputIndependentAttention):
+    """A donor run's attention, averaged and frozen (docs/model.md, "Attention transplants"), causal: per head,
+    the fixed pattern ``donor_pattern`` (H, n_ctx, n_ctx), a buffer that `mixit.transplant.install` fills with the
+    donor's pattern averaged over its task's validation examples, saved with the model and never trained. Built
+    alone it holds the uniform causal pattern (as `UniformAttention` mixes); rows beyond the donor's sequences
+    keep it."""
+
+    donor_pattern: torch.Tensor  # (H, n_ctx, n_ctx) buffer
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__(cfg, layer)
+        reads = torch.ones(cfg.n_ctx, cfg.n_ctx).tril()  # (T, T): row i reads positions 0..i
+        uniform = (reads / reads.sum(dim=-1, keepdim=True)).expand(cfg.n_heads, -1, -1)
+        self.register_buffer("donor_pattern", uniform.clone())  # (H, n_ctx, n_ctx), saved with the model
+
+    def pattern(self, T: int, valid: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+        """The stored pattern's top-left T x T block, used as it is: each row of a causal average of causal
+        patterns already sums to 1 over the positions it may read, and row i depends on no later position."""
+        return self.donor_pattern[:, :T, :T]

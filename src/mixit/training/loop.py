@@ -225,7 +225,9 @@ def _checked(
                 dev,
                 "lower batch_size, eval_batch_size, test_size or the model's size, or raise grad_accum",
             )
-            built = build(cfg, launch.run_dir if launch.resume else None)
+            # A resumed run's model comes from its latest checkpoint, unless it was stopped before the first.
+            fresh = not launch.resume or Run(launch.run_dir).latest_checkpoint() is None
+            built = build(cfg, launch.run_dir if launch.resume else None, fresh)
             built[0].train_batch(0, tc.batch_size)  # a task that cannot make training data is refused before any write
     except UsageError as e:
         refusal = str(e)
