@@ -132,6 +132,9 @@ def test_the_donor_identity_enters_the_run_id_and_a_run_without_one_keeps_its_id
     assert transplanted.transplant_donor is not None and len(transplanted.transplant_donor) == 12
     assert transplanted.request["transplant_donor"] == transplanted.transplant_donor
     assert run_id(transplanted) != run_id(plain)
+    moved = donor.parent / "copy"
+    shutil.copytree(donor, moved)
+    assert run_id(run_config("addition", transplant_from=moved, **SMALL)) == run_id(transplanted)  # not its path
 
 
 def test_a_transplant_from_a_config_file_and_from_flags(donor, tmp_path, capsys):

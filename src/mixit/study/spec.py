@@ -123,7 +123,8 @@ def run_id(cfg: RunConfig) -> str:
     from its declared default. So a new option whose default keeps the old behaviour leaves every existing
     run id, and every finished run of a study, as it was; a run that uses it gets a new id. (An option added
     with a default of None that is resolved to a value at construction would enter every id: give it its
-    plain default instead.)"""
+    plain default instead.) A transplant's donor enters by its identity (`transplant_donor`), not its path: the
+    same transplant from a copy of the donor elsewhere is the same run."""
     data = cfg.to_dict()
     sections = {
         "": (data, RunConfig),
@@ -136,6 +137,7 @@ def run_id(cfg: RunConfig) -> str:
         for f in dataclasses.fields(cls):
             if f.name not in known and values.get(f.name) == _declared_default(f):
                 del values[f.name]
+    data.pop("transplant_from", None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
