@@ -31,7 +31,7 @@ test: setup
 	$(BIN)/ruff check src tests scripts examples docs/results
 	$(BIN)/ruff format --check src tests scripts examples docs/results
 	$(BIN)/mypy
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests --durations=15
 
 # What a user installs: python -m build makes the sdist, then the wheel from the unpacked sdist;
 # scripts/check_package.py checks both and installs the wheel into a fresh environment (docs/versioning.md).
