@@ -21,7 +21,7 @@ LAYERS = {
     2: ["models", "text", "runtime", "precision", "distributed"],
     3: ["freezing", "tasks", "recipes", "resources"],
     4: ["experiment", "catalogue"],
-    5: ["checkpoint", "run"],
+    5: ["checkpoint", "run", "transplant"],
     6: ["training", "tracking"],
     7: ["analysis", "generate", "bench", "export", "remote_code", "interop"],
     8: ["study"],
@@ -29,6 +29,9 @@ LAYERS = {
     10: ["__init__", "__main__"],
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
+# The one upward import kept, inside functions (docs/design.md, "Layout"): resolving a transplant's config reads its
+# donor, which is a run, and building its model installs the donor's attention.
+UPWARD = {("experiment", "mixit.transplant")}
 
 
 def modules():
@@ -68,7 +71,7 @@ def test_no_module_imports_a_module_above_it_or_the_package():
                 if top not in ("__init__", "__main__"):
                     upward.append(f"{path.relative_to(SRC)} imports the package `mixit` itself")
                 continue
-            if LAYER_OF[parts[1]] > LAYER_OF[top]:
+            if LAYER_OF[parts[1]] > LAYER_OF[top] and (top, name) not in UPWARD:
                 upward.append(
                     f"{path.relative_to(SRC)} (layer {LAYER_OF[top]}) imports {name} (layer {LAYER_OF[parts[1]]})"
                 )
