@@ -24,7 +24,7 @@ LAYERS = {
     5: ["checkpoint", "run", "transplant"],
     6: ["training", "tracking"],
     7: ["analysis", "generate", "bench", "export", "remote_code", "interop"],
-    8: ["study"],
+    8: ["study", "litmus"],
     9: ["cli", "flags"],
     10: ["__init__", "__main__"],
 }

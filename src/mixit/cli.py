@@ -1,4 +1,4 @@
-"""`mixit <command>`: train, eval, sample, analyze, signal, bench, reproduce, report, export, list.
+"""`mixit <command>`: train, eval, sample, analyze, signal, bench, litmus, reproduce, report, export, list.
 
 This module only parses and dispatches. Every option is generated from the
 one place it is declared, with its type, default and docstring, by
@@ -47,6 +47,7 @@ from mixit.experiment import DATA_OPTIONS, DEFAULT_TASK, TASK_DECIDES, RunConfig
 from mixit.export import export_run, hub_url
 from mixit.flags import Option, Parser, arguments, call, help_default, one_line, task_params
 from mixit.generate import sample_run
+from mixit.litmus import litmus
 from mixit.plugins import load_plugins
 from mixit.run import Run, load_request
 from mixit.runtime import tune_allocator
@@ -241,6 +242,16 @@ COMMANDS: dict[str, Command] = {
         "Measure training throughput, memory and MFU of each variant, beside a Hugging Face Llama.",
         show_bench,
         {"progress": lambda message: print(f"... {message}", file=sys.stderr, flush=True)},
+        writes="out",
+    ),
+    "litmus": command(
+        litmus,
+        "Ask whether a task needs input-dependent attention: the standard model, MixiT and a pattern transplant, "
+        "seed by seed, with the gap and its interval.",
+        lambda result, args: print(f"{result['text']}\nwritten to {result['out']}"),
+        {"say": lambda message: print(f"... {message}", file=sys.stderr, flush=True)},
+        interrupted="the same command again resumes the litmus, each run from its last checkpoint",
+        again="the same command again resumes the litmus, each run from its last checkpoint",
         writes="out",
     ),
     "reproduce": command(
