@@ -69,12 +69,14 @@ def test_every_command_of_the_page_runs_as_it_says(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     quoted = [line for block in blocks("text") for line in block]
     printed: list[str] = []
+    printed_all = ""  # everything the commands wrote to stdout
     refusals = 0
     for args, error in steps():
         before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
         # A refusal comes before any work; were it lost, one step keeps the test short and still writes a run.
         code = main(args if error is None else [*args, "--steps", "1", "--no-progress"])
         out, err = capsys.readouterr()
+        printed_all += out
         if error is None:
             assert code == 0, err[-2000:]
             printed += [line for line in out.splitlines() if "after " in line and "test loss" in line]
@@ -105,3 +107,8 @@ def test_every_command_of_the_page_runs_as_it_says(tmp_path, monkeypatch, capsys
     assert {f"blocks.{i}.attn.mixing_logits" for i in layers} <= set(trainable)
     config = json.loads((runs / "ret-pattern" / "config.json").read_text())
     assert config["config"]["model"]["attention"] == "transplant"
+    litmus = json.loads((runs / "litmus-retrieval" / "litmus.json").read_text())  # the last section's command
+    assert sorted(path.name for path in (runs / "litmus-retrieval" / "runs").iterdir()) == [
+        f"{arm}-seed{s}" for arm in ("mixit", "standard", "transplant") for s in (0, 1)
+    ]
+    assert litmus["answer"] in printed_all
