@@ -4,8 +4,6 @@ variant, fixed mixers untouched by training, selection from Python, a config fil
 refusals in one line, and the exports (a Hub round trip; Llama and TransformerLens refused)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +18,7 @@ from mixit.interop import to_transformer_lens
 from mixit.models import Transformer, capture_patterns
 from mixit.models.attention import layer_generator
 from mixit.run import Run
+from test_export import python_without_mixit
 from tolerance import assert_close, forward_terms
 
 KINDS = ("randformer", "uniform", "synthesizer_random")
@@ -259,18 +258,8 @@ def test_the_hub_export_round_trips_with_mixit_and_without(mixer_runs, tmp_path)
             assert torch.equal(Transformer.from_pretrained(out).eval()(probe), logits), kind
         jobs.append([str(out), probe.tolist()])
         expected.append((logits, run.config.model))
-    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", REMOTE_CODE_LOGITS, json.dumps(jobs)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    said = json.loads(done.stdout.strip().splitlines()[-1])
+    said_out = python_without_mixit(REMOTE_CODE_LOGITS, [json.dumps(jobs)], tmp_path)
+    said = json.loads(said_out.strip().splitlines()[-1])
     for (logits, cfg), theirs in zip(expected, said, strict=True):
         assert_close(torch.tensor(theirs), logits, terms=forward_terms(cfg))
 
