@@ -233,7 +233,7 @@ def test_without_search_each_cell_trains_its_request_and_the_directory_tells_the
     assert record["runs"][0]["config"]["train"]["lr"] == default_lr and default_lr not in LRS
     from mixit.errors import UsageError
 
-    with pytest.raises(UsageError, match="another search"):
+    with pytest.raises(UsageError, match="search false -> true"):  # what changed, named
         execute(study, tmp_path / "n", Pool("sequential"), progress=False, search=True)
 
 
