@@ -362,7 +362,7 @@ def _checked_device(shape: Shape, options: BenchOptions) -> torch.device:
     dev = resolve_device(options.device)
     if options.dtype != "fp32" and dev.type != "cuda":
         raise UsageError(
-            f"dtype {options.dtype} (autocast) is offered on cuda only; on a CPU fp32 is many times faster"
+            f"dtype {options.dtype} (autocast) is offered on cuda only; on this CPU fp32 is many times faster"
         )
     # Every row is built before the timing, so all models and their optimizer state are held at once; a step's
     # activations are freed when it ends, so one row's are held at a time.
@@ -442,8 +442,8 @@ def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], Non
         if options.profile:
             say(f"profiling one step of {c.name}")
             row["profile"] = profile_step(c, dev)
-        if options.profile and dev.type == "cuda":
-            row["profile_summary"] = profile_summary(row["profile"], row["step_ms"])
+            if dev.type == "cuda":
+                row["profile_summary"] = profile_summary(row["profile"], row["step_ms"])
         rows.append(row)
     return {
         "shape": dataclasses.asdict(shape),
