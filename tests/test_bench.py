@@ -6,6 +6,7 @@ No assertion here is about speed: throughput targets are checked with
 `mixit bench` itself (docs/performance.md), never in timed tests.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -98,6 +99,24 @@ def test_run_bench_rows_are_consistent():
     table = format_table(result)
     assert all(name in table for name in names) and "matmul peak" in table
     json.dumps(result)
+
+
+def test_table_puts_each_cell_under_its_header():
+    """One value per column, formatted as a reader checks by hand; the Hugging Face row reads 1.00x against itself."""
+    row = {"name": "mixit", "n_trainable": 1234567, "step_ms": 12.34, "tokens_per_s": 5000.4, "samples_per_s": 39.06}
+    row |= {"model_flops_per_step": 2.5e9, "achieved_flops_per_s": 2.026e11, "mfu": 0.5, "peak_memory_mb": None}
+    hf = {**row, "name": "hf_llama", "peak_memory_mb": 1500.4}
+    result = {"shape": dataclasses.asdict(TINY), "device_name": "2 CPU cores", "dtype": "fp32", "compile": True}
+    result |= {"peak": {"best_flops_per_s": 4.05e11}, "rows": [row | {"speedup_vs_hf": 1.234}, hf]}
+    result |= {"data_ms_per_batch": None, "notes": ["a note"]}
+    assert format_table(result).splitlines() == [
+        "mixit bench: d_model 8, 1 layers, 2 heads, vocab 10, seq 4, batch 2; 2 CPU cores, fp32, compiled; "
+        "matmul peak 405.0 GFLOP/s",
+        "variant      trainable   step ms   tokens/s  samples/s GFLOP/step  GFLOP/s    MFU  peak MB  vs HF",
+        "mixit        1,234,567      12.3      5,000       39.1       2.50    202.6  50.0%        -  1.23x",
+        "hf_llama     1,234,567      12.3      5,000       39.1       2.50    202.6  50.0%     1500  1.00x",
+        "note: a note",
+    ]
 
 
 def test_bench_step_trains_the_model():
