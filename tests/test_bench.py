@@ -6,6 +6,7 @@ No assertion here is about speed: throughput targets are checked with
 `mixit bench` itself (docs/performance.md), never in timed tests.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -100,6 +101,24 @@ def test_run_bench_rows_are_consistent():
     json.dumps(result)
 
 
+def test_table_puts_each_cell_under_its_header():
+    """One value per column, formatted as a reader checks by hand; the Hugging Face row reads 1.00x against itself."""
+    row = {"name": "mixit", "n_trainable": 1234567, "step_ms": 12.34, "tokens_per_s": 5000.4, "samples_per_s": 39.06}
+    row |= {"model_flops_per_step": 2.5e9, "achieved_flops_per_s": 2.026e11, "mfu": 0.5, "peak_memory_mb": None}
+    hf = {**row, "name": "hf_llama", "peak_memory_mb": 1500.4}
+    result = {"shape": dataclasses.asdict(TINY), "device_name": "2 CPU cores", "dtype": "fp32", "compile": True}
+    result |= {"peak": {"best_flops_per_s": 4.05e11}, "rows": [row | {"speedup_vs_hf": 1.234}, hf]}
+    result |= {"data_ms_per_batch": None, "notes": ["a note"]}
+    assert format_table(result).splitlines() == [
+        "mixit bench: d_model 8, 1 layers, 2 heads, vocab 10, seq 4, batch 2; 2 CPU cores, fp32, compiled; "
+        "matmul peak 405.0 GFLOP/s",
+        "variant      trainable   step ms   tokens/s  samples/s GFLOP/step  GFLOP/s    MFU  peak MB  vs HF",
+        "mixit        1,234,567      12.3      5,000       39.1       2.50    202.6  50.0%        -  1.23x",
+        "hf_llama     1,234,567      12.3      5,000       39.1       2.50    202.6  50.0%     1500  1.00x",
+        "note: a note",
+    ]
+
+
 def test_bench_step_trains_the_model():
     """The benchmarked step is the training step: the loss on the fixed batch falls."""
     from mixit.bench import _batch
@@ -120,7 +139,8 @@ def test_bench_step_trains_the_model():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"variants": ["nope"]}, "unknown variant.*'nope'"),
+        ({"variants": ["nope"]}, "unknown variant 'nope'"),
+        ({"variants": []}, "no variant given; allowed: standard, frozen_qk"),
         ({"dtype": "fp8"}, "unknown dtype 'fp8'; allowed: fp32, bf16, fp16"),
         ({"dtype": "fp16", "device": "cpu"}, "fp16 .* cuda only"),
         ({"dtype": "bf16", "device": "cpu"}, "bf16 .* cuda only"),
@@ -194,7 +214,7 @@ def test_bench_profile_names_the_operators_of_each_row(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--variants", "standard,nope"], "unknown variant(s) 'nope'"),
+        (["--variants", "standard,nope"], "unknown variant 'nope'; allowed: standard, frozen_qk"),
         (["--n-heads", "3"], "n_heads must divide d_model: d_model=8 is not a multiple of n_heads=3"),
         (["-p", "n_digits=2"], "-p/--task-param needs --task"),
         (["--task", "nope"], "unknown task"),
@@ -251,7 +271,7 @@ def test_memory_check_counts_every_rows_model_but_one_steps_activations(monkeypa
     assert rows * activation_bytes(cfg, 64, 256) > 80 * 2**30 > needed
     options = BenchOptions(d_model=1024, n_layers=12, n_heads=16, seq_len=256, device="cpu")
     monkeypatch.setattr("mixit.resources.available_memory", lambda device: needed)
-    bench._check_room(shape, options, torch.device("cpu"))  # exactly enough: accepted
+    assert bench._checked_device(shape, options) == torch.device("cpu")  # exactly enough: accepted
     monkeypatch.setattr("mixit.resources.available_memory", lambda device: needed - 1)
     with pytest.raises(UsageError, match="this benchmark needs about"):
-        bench._check_room(shape, options, torch.device("cpu"))
+        bench._checked_device(shape, options)

@@ -1,50 +1,22 @@
-"""`mixit bench`: training throughput, peak memory and model FLOPs utilisation.
+"""`mixit bench`: training throughput, peak memory and model FLOPs utilisation (docs/performance.md).
 
-For one model shape (width, depth, heads, vocabulary, sequence length, batch)
-on one device, every requested variant is trained for a few steps with the
-training loop's own step (`train_step`: forward, loss, backward, clipping,
-AdamW, in the precision the training loop uses: `mixit.precision.Precision`)
-on a fixed random batch, and timed after warm-up:
-
-    step time      median over `repeats` timed blocks of `steps` steps, each
-                   one `torch.utils.benchmark.Timer.timeit` (two untimed calls,
-                   then the block; the GPU is synchronised around it)
-    tokens/s       batch * seq / step time (every position is a prediction)
-    model FLOPs    the matrix-product FLOPs of one real training step, counted
-                   by `torch.utils.flop_counter.FlopCounterMode` (`count_flops`)
-    MFU            model FLOPs / step time / the device's measured matmul peak
-    peak memory    the most memory the row's training held at once (model,
-                   gradients, optimizer state, activations), measured during
-                   its warm-up as the peak above what the process held before
-                   the model was built: CUDA allocator statistics, or on Linux
-                   the peak resident set (VmHWM) after returning free heap
-                   memory to the system
-
-All rows are built and warmed up first, then timed round-robin: timed block r
-of every row runs before block r + 1 of any, so a slow spell of a shared
-machine lands on all rows alike instead of on whichever ran during it
-(torch.utils.benchmark times one statement at a time and its `Compare` only
-tabulates, so `time_interleaved` loops over one Timer per row).
-
-The peak is measured by the same command, as one more contender in the
-round-robin (square matmuls in the dtype in use; the best block counts), so MFU
-compares against what this machine does at the same time, not a datasheet. A
-Hugging Face `LlamaForCausalLM` of the same shape, trained with the same loss
-and a plain `torch.optim.AdamW` step, is timed in the same run where
-`transformers` is installed (the `bench` extra); otherwise its row is skipped
-with a note. With a task, the time to generate one training batch is
-measured as well, so data generation can be compared with the step it feeds.
+Each requested variant at one shape, and a Hugging Face Llama of that shape, is trained on a fixed random batch
+with the training loop's own step (`train_step`). Step times come from torch.utils.benchmark, FLOPs from
+FlopCounterMode over one eager step, MFU against a square matmul timed in the same run, and peak memory from
+CUDA's allocator statistics or Linux's VmHWM. The rows and the matmul are timed round-robin, block r of each
+before block r + 1 of any, so that a slow spell of a shared machine lands on all alike (torch.utils.benchmark
+times one statement at a time; its `Compare` only tabulates).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import itertools
 import os
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -150,14 +122,6 @@ class BenchOptions:
     """After timing, profile one more step of each row and print where its time goes."""
 
 
-# -- timing, FLOPs and the hardware limit ------------------------------------------
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @dataclasses.dataclass
 class Contender:
     """One row to time: a zero-argument training step and what it is."""
@@ -167,14 +131,20 @@ class Contender:
     flops: int
     n_trainable: int
     n_params: int
+    peak_memory_mb: float | None = None
+    """Set by `run_bench` during the warm-up."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def time_interleaved(
     contenders: Sequence[Contender], device: torch.device, steps: int, repeats: int
 ) -> dict[str, Measurement]:
-    """Each contender's `repeats` timed blocks of `steps` calls (one `Timer.timeit` each), the blocks interleaved
-    across contenders, merged into one Measurement per contender (its `times` are seconds per call, one per
-    block)."""
+    """Each contender's `repeats` blocks of `steps` calls (one `Timer.timeit` each), block r of every contender
+    before block r + 1 of any, merged into one Measurement per contender (`times`: seconds per call, per block)."""
 
     def clock() -> float:  # Timer's own clock synchronises the current GPU, which need not be `device`
         _sync(device)
@@ -210,35 +180,27 @@ def count_flops(step: Callable[[], Any]) -> int:
 
 
 def matmul_contender(device: torch.device, dtype: torch.dtype, n: int) -> Contender:
-    """One product of two n x n matrices in `dtype` as a step to time: the
-    device's dense matmul throughput, against which MFU is computed."""
+    """One product of two n x n matrices in `dtype` as a step to time: the device's dense matmul throughput,
+    against which MFU is computed."""
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
-    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
     return Contender(PEAK_NAME, lambda: a @ b, 2 * n**3, 0, 0)
 
 
-# -- memory ---------------------------------------------------------------------------
-
-
 def _memory_mb(device: torch.device, peak: bool) -> float | None:
-    """CUDA: memory allocated now, or its peak since the last reset. CPU (Linux):
-    the resident set now (VmRSS) or its peak (VmHWM). None where unknown."""
+    """CUDA: memory allocated now, or its peak since the last reset. Linux: the resident set now (VmRSS) or its
+    peak (VmHWM). None elsewhere."""
     if device.type == "cuda":
-        used = torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device)
-        return used / 2**20
+        return (torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated)(device) / 2**20
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return None
     field = "VmHWM:" if peak else "VmRSS:"
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+    return next(int(line.split()[1]) / 1024 for line in status.read_text().splitlines() if line.startswith(field))
 
 
 def _memory_baseline(device: torch.device) -> float | None:
-    """Reset the peak counter and return the memory held now (see `_memory_mb`)."""
+    """Restart the peak count and return the memory held now (`_memory_mb`)."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -256,99 +218,87 @@ MATMUL_KERNELS = ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_")
 
 
 def profile_step(contender: Contender, device: torch.device, top: int = 15) -> list[dict[str, Any]]:
-    """Where one step's time goes: torch.profiler over one call of the step, the `top` operators by their own
-    (self) time, each with its call count and its share of the step's total self time. On a CPU these are
-    torch's operators; on a GPU the kernels (the operators that launch them would count their time twice)."""
+    """Where one step's time goes: torch.profiler over one call, the `top` operators by self time with their call
+    counts and shares of the total, then the rest together. On a GPU the kernels (the operators that launch them
+    would count their time twice); on a CPU torch's operators."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         contender.step()
         _sync(device)
-    if device.type == "cuda":
-        events = [
-            e
-            for e in prof.key_averages()
-            if e.device_type == DeviceType.CUDA
-            and e.self_device_time_total > 0
-            and not getattr(e, "is_user_annotation", False)  # a range such as the optimizer's step, not a kernel
-        ]
-        attr = "self_device_time_total"
-    else:
-        attr = "self_cpu_time_total"
-        events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
-    total = sum(getattr(e, attr) for e in events)
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [
+        e
+        for e in prof.key_averages()
+        if getattr(e, attr) > 0
+        # on a GPU, kernels only: no operator, no range such as the optimizer's step
+        and not (cuda and (e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False)))
+    ]
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
+    total = sum(getattr(e, attr) for e in events)
 
     def entry(op: str, group: list[Any]) -> dict[str, Any]:
         spent = sum(getattr(e, attr) for e in group)
         return {"op": op, "self_ms": spent / 1e3, "calls": sum(e.count for e in group), "share": spent / total}
 
-    rest = events[top:]  # the operators not listed by name, together
+    rest = events[top:]
     return [entry(e.key, [e]) for e in events[:top]] + ([entry(f"({len(rest)} others)", rest)] if rest else [])
 
 
 def profile_summary(profile: list[dict[str, Any]], step_ms: float) -> dict[str, float]:
-    """A GPU profile in three numbers: the time the device was busy in one step, the part of it spent in matrix
-    products (`MATMUL_KERNELS`, among the kernels listed by name), and the step's time (timed, not profiled) the
-    device was idle, waiting for the host to launch work."""
+    """A GPU profile in three numbers: the device's busy time in one step, its part in matrix products
+    (`MATMUL_KERNELS`, among the kernels listed by name), and the share of the timed step the device sat idle,
+    waiting for the host."""
     busy = sum(op["self_ms"] for op in profile)
     matmul = sum(op["self_ms"] for op in profile if any(k in op["op"].lower() for k in MATMUL_KERNELS))
     return {"busy_ms": busy, "matmul_ms": matmul, "idle_share": max(0.0, 1 - busy / step_ms)}
 
 
-def _row(c: Contender, shape: Shape, timed: Measurement, peak: float, memory: float | None) -> dict[str, Any]:
-    step_s = timed.median
-    flops = c.flops  # model FLOPs of one step
-    return {
-        "name": c.name,
-        "n_trainable": c.n_trainable,
-        "n_params": c.n_params,
-        "step_ms": 1e3 * step_s,
-        "step_ms_iqr": 1e3 * timed.iqr,
-        "step_ms_all": [1e3 * t for t in timed.times],
-        "steps_per_s": 1 / step_s,
-        "samples_per_s": shape.batch_size / step_s,
-        "tokens_per_s": shape.tokens / step_s,
-        "model_flops_per_step": flops,
-        "achieved_flops_per_s": flops / step_s,
-        "mfu": flops / step_s / peak,
-        "peak_memory_mb": memory,
-    }
-
-
 def _batch(shape: Shape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(shape.vocab_size, (shape.batch_size, shape.seq_len), generator=g)  # (B, T)
-    y = torch.randint(shape.vocab_size, (shape.batch_size, shape.seq_len), generator=g)  # (B, T)
-    return x.to(device), y.to(device)
+    x, y = (torch.randint(shape.vocab_size, (shape.batch_size, shape.seq_len), generator=g) for _ in range(2))
+    return x.to(device), y.to(device)  # (B, T) each
+
+
+def _contender(
+    name: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    shape: Shape,
+    precision: Precision,
+    compile: bool,
+    logits: Callable[[Any], torch.Tensor] = lambda output: output,
+) -> Contender:
+    """`model`, on `precision`'s device, trained by mixit's step on a fixed batch, `logits` reading its output.
+    FLOPs are counted over one eager step (FlopCounterMode does not see into compiled kernels), which trains the
+    model by that step."""
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    x, y = _batch(shape, precision.device)
+
+    def step(forward: Callable[..., Any]) -> None:
+        train_step(lambda t: logits(forward(t)), optimizer, x, y, trainable, TrainConfig.grad_clip, precision)
+
+    flops = count_flops(partial(step, model))
+    n_trainable = sum(p.numel() for p in trainable)
+    n_params = sum(p.numel() for p in model.parameters())
+    return Contender(name, partial(step, torch.compile(model) if compile else model), flops, n_trainable, n_params)
 
 
 def bench_variant(variant: str, shape: Shape, precision: Precision, compile: bool = False) -> Contender:
-    """`variant` at `shape`, trained with mixit's own step on a fixed batch in `precision` (the row's own: an
-    fp16 gradient scaler adapts to one model). Its FLOPs are counted over one step of the model run eagerly
-    (`count_flops`; FlopCounterMode does not see into compiled kernels), which trains it by that step."""
-    device = precision.device
+    """`variant` at `shape`, with mixit's optimizer, in `precision` (the row's own: an fp16 gradient scaler adapts
+    to one model)."""
     model = Transformer(shape.model_config(variant))
-    report = apply_variant(model, variant)
-    model.to(device).train()
-    optimizer = build_optimizer(model, TrainConfig(), device)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    x, y = _batch(shape, device)
-
-    def step(forward: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        train_step(forward, optimizer, x, y, trainable, TrainConfig.grad_clip, precision)
-
-    flops = count_flops(functools.partial(step, model))
-    forward = torch.compile(model) if compile else model
-    n_params = report.n_trainable + report.n_frozen
-    return Contender(variant, functools.partial(step, forward), flops, report.n_trainable, n_params)
+    apply_variant(model, variant)
+    optimizer = build_optimizer(model.to(precision.device), TrainConfig(), precision.device)
+    return _contender(variant, model, optimizer, shape, precision, compile)
 
 
 def hf_llama(shape: Shape) -> nn.Module | None:
-    """A Hugging Face LlamaForCausalLM of `shape` (biases on, untied head, SDPA
-    attention, as mixit's standard model), or None without `transformers`."""
+    """A Hugging Face LlamaForCausalLM of `shape` (biases on, untied head, SDPA attention, as mixit's standard
+    model), or None without `transformers`."""
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
@@ -367,41 +317,27 @@ def hf_llama(shape: Shape) -> nn.Module | None:
         use_cache=False,
     )
     config._attn_implementation = "sdpa"
-    # Hugging Face initialises from the global generator: seed it inside a fork,
-    # so the caller's random state is left as it was.
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]):  # Hugging Face initialises from the global generator: leave it be
         torch.manual_seed(0)
         return LlamaForCausalLM(config)
 
 
 def bench_hf(shape: Shape, precision: Precision, compile: bool = False) -> Contender | None:
-    """The baseline: the Llama model through mixit's own step (same loss,
-    clipping, precision) but with a plain torch.optim.AdamW (same hyperparameters,
-    torch's default implementation, every parameter trained); None without
-    `transformers`. Its FLOPs are counted as `bench_variant`'s are."""
+    """The baseline: the Llama model through mixit's step (same loss, clipping, precision) with a plain
+    torch.optim.AdamW of the same hyperparameters, every parameter trained; None without `transformers`."""
     model = hf_llama(shape)
     if model is None:
         return None
-    device = precision.device
-    model.to(device).train()
+    model.to(precision.device)
     tc = TrainConfig()
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=tc.lr, betas=(tc.beta1, tc.beta2), weight_decay=tc.weight_decay
-    )
-    params = list(model.parameters())
-    x, y = _batch(shape, device)
-
-    def step(forward: Callable[..., Any]) -> None:
-        train_step(lambda tokens: forward(input_ids=tokens).logits, optimizer, x, y, params, tc.grad_clip, precision)
-
-    flops = count_flops(functools.partial(step, model))
-    n = sum(p.numel() for p in params)
-    return Contender(HF_NAME, functools.partial(step, torch.compile(model) if compile else model), flops, n, n)
+    betas = (tc.beta1, tc.beta2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=betas, weight_decay=tc.weight_decay)
+    return _contender(HF_NAME, model, optimizer, shape, precision, compile, lambda output: output.logits)
 
 
 def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int) -> float:
-    """Median seconds to generate one training batch of `task_name` (as the training loop does: numpy
-    generation, test-set exclusion, tensors), each call a new batch (the batch index counts up)."""
+    """Median seconds to generate one training batch of `task_name` as the training loop does (numpy generation,
+    test-set exclusion, tensors), each call a new batch."""
     task = make_task(task_name, task_params)
     timer = Timer(
         "task.train_batch(next(index), size)",
@@ -411,46 +347,110 @@ def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int) -
     return timer.blocked_autorange(min_run_time=0.1).median
 
 
-def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Benchmark `options.variants` (and the Hugging Face baseline) at `shape`; return a
-    JSON-serialisable dict with the environment, the measured peak, one row per
-    variant and, with a task, the data-generation time per batch. With
-    `options.profile`, each row also gets `profile_step`'s table of one more step.
-
-    `shape` is what `shape_of(options)` makes of the options' model fields; `options.out` is not read here.
-    `progress` is called with a line of text as each phase starts.
-    """
-    _check_options(options)
+def _checked_device(shape: Shape, options: BenchOptions) -> torch.device:
+    """The device to run on, after refusing unknown variants or dtypes, timing counts below 1, autocast off cuda,
+    and rows that do not fit in memory together."""
+    if not options.variants:
+        raise UsageError(f"no variant given; allowed: {', '.join(VARIANTS)}")
+    for variant in options.variants:
+        VARIANTS.get(variant)
+    if options.dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {options.dtype!r}; allowed: {', '.join(DTYPES)}")
+    for name in ("warmup", "steps", "repeats"):
+        if typed(name, int, getattr(options, name)) < 1:
+            raise UsageError(f"{name} must be an integer >= 1, got {getattr(options, name)!r}")
     dev = resolve_device(options.device)
-    _check_room(shape, options, dev)
-    task = options.task
-    data_s = data_seconds(task, options.task_params or {}, shape.batch_size) if task is not None else None
+    if options.dtype != "fp32" and dev.type != "cuda":
+        raise UsageError(
+            f"dtype {options.dtype} (autocast) is offered on cuda only; on this CPU fp32 is many times faster"
+        )
+    # Every row is built before the timing, so all models and their optimizer state are held at once; a step's
+    # activations are freed when it ends, so one row's are held at a time.
+    cfg = shape.model_config("standard")
+    n_rows = len(options.variants) + int(options.baseline)
+    needed = {
+        f"{n_rows} models with their optimizer state": n_rows * 4 * model_bytes(cfg),
+        "one step's activations": activation_bytes(cfg, shape.batch_size, shape.seq_len),
+    }
+    advice = "lower the batch size, the sequence length, the model's size or the number of variants"
+    check_memory("this benchmark", needed, dev, advice)
+    return dev
+
+
+def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Benchmark `options.variants` (and the Hugging Face baseline) at `shape`, which is `shape_of(options)`; return
+    a JSON-serialisable dict: the environment, the measured matmul peak, one row per model (with `options.profile`,
+    each with `profile_step`'s table) and, with a task, the time to generate a batch. `progress` is called with a
+    line of text as each phase starts."""
+    dev = _checked_device(shape, options)
     say = progress or (lambda message: None)
+    data_s = None if options.task is None else data_seconds(options.task, options.task_params or {}, shape.batch_size)
+    builders: dict[str, Callable[[], Contender | None]] = {
+        v: partial(bench_variant, v, shape, Precision(options.dtype, dev), options.compile) for v in options.variants
+    }
+    if options.baseline:
+        builders[HF_NAME] = partial(bench_hf, shape, Precision(options.dtype, dev), options.compile)
+    contenders: list[Contender] = []
+    notes: list[str] = []
+    for name, build in builders.items():
+        say(f"building and warming up {name}")
+        before = _memory_baseline(dev)
+        contender = build()  # counts its FLOPs with an eager step, before the peak measured below
+        if contender is None:
+            notes.append(
+                f"transformers is not installed: no Hugging Face baseline row ({install_hint('bench')} to add it)"
+            )
+            continue
+        _memory_baseline(dev)  # restarts the peak count; what was held before building stays the baseline
+        for _ in range(options.warmup):
+            contender.step()
+        after = _memory_mb(dev, peak=True)
+        contender.peak_memory_mb = None if before is None or after is None else after - before
+        contenders.append(contender)
+
     peak_n = 8192 if dev.type == "cuda" else 2048
-    peak_contender = matmul_contender(dev, DTYPES[options.dtype] or torch.float32, peak_n)
-    contenders, memory, notes = _build_rows(shape, options, dev, say)
-    say(
-        f"timing {len(contenders)} rows and the matmul peak round-robin, "
-        f"{options.repeats} blocks of {options.steps} steps"
-    )
-    timed = time_interleaved([peak_contender, *contenders], dev, options.steps, options.repeats)
+    matmul = matmul_contender(dev, DTYPES[options.dtype] or torch.float32, peak_n)
+    say(f"timing {len(contenders)} rows and the matmul round-robin, {options.repeats} blocks of {options.steps} steps")
+    timed = time_interleaved([matmul, *contenders], dev, options.steps, options.repeats)
     peak = {
         "n": peak_n,
-        "best_flops_per_s": peak_contender.flops / min(timed[PEAK_NAME].times),
-        "median_flops_per_s": peak_contender.flops / timed[PEAK_NAME].median,
+        "best_flops_per_s": matmul.flops / min(timed[PEAK_NAME].times),
+        "median_flops_per_s": matmul.flops / timed[PEAK_NAME].median,
     }
-    rows = [_row(c, shape, timed[c.name], peak["best_flops_per_s"], memory[c.name]) for c in contenders]
-    if options.profile:
-        for contender, row in zip(contenders, rows):
-            say(f"profiling one step of {contender.name}")
-            row["profile"] = profile_step(contender, dev)
+    rows = []
+    for c in contenders:
+        step_s = timed[c.name].median
+        row: dict[str, Any] = {
+            "name": c.name,
+            "n_trainable": c.n_trainable,
+            "n_params": c.n_params,
+            "step_ms": 1e3 * step_s,
+            "step_ms_iqr": 1e3 * timed[c.name].iqr,
+            "step_ms_all": [1e3 * t for t in timed[c.name].times],
+            "steps_per_s": 1 / step_s,
+            "samples_per_s": shape.batch_size / step_s,
+            "tokens_per_s": shape.tokens / step_s,
+            "model_flops_per_step": c.flops,
+            "achieved_flops_per_s": c.flops / step_s,
+            "mfu": c.flops / step_s / peak["best_flops_per_s"],
+            "peak_memory_mb": c.peak_memory_mb,
+        }
+        if HF_NAME in timed and c.name != HF_NAME:
+            row["speedup_vs_hf"] = timed[HF_NAME].median / step_s  # tokens/s over the baseline's
+        if data_s is not None:
+            row["data_fraction"] = data_s / (data_s + step_s)  # the share of a step generating its batch would take
+        if options.profile:
+            say(f"profiling one step of {c.name}")
+            row["profile"] = profile_step(c, dev)
             if dev.type == "cuda":
                 row["profile_summary"] = profile_summary(row["profile"], row["step_ms"])
-    _compare(rows, data_s)
+        rows.append(row)
     return {
         "shape": dataclasses.asdict(shape),
         "device": str(dev),
-        "device_name": _device_name(dev),
+        "device_name": torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else f"{os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads",
         "dtype": options.dtype,
         "threads": torch.get_num_threads(),
         "compile": options.compile,
@@ -468,132 +468,46 @@ def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], Non
     }
 
 
-def _check_options(options: BenchOptions) -> None:
-    """Refuse unknown variants or dtypes, and timing counts below 1."""
-    variants = options.variants
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or not variants:
-        raise UsageError(
-            f"unknown variant(s) {', '.join(map(repr, unknown)) or '(none given)'}; allowed: {', '.join(VARIANTS)}"
-        )
-    if options.dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {options.dtype!r}; allowed: {', '.join(DTYPES)}")
-    for name in ("warmup", "steps", "repeats"):
-        value = getattr(options, name)
-        if typed(name, int, value) < 1:
-            raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def _check_room(shape: Shape, options: BenchOptions, dev: torch.device) -> None:
-    """Refuse a benchmark whose rows do not fit in memory together, and autocast off cuda."""
-    # Every row is built and warmed up before the timing starts, so all models and their optimizer state are held
-    # at once; a step's activations are freed when it ends, so one row's are held at a time.
-    cfg = shape.model_config("standard")
-    n_rows = len(options.variants) + int(options.baseline)
-    check_memory(
-        "this benchmark",
-        {
-            f"{n_rows} models with their optimizer state": n_rows * 4 * model_bytes(cfg),
-            "one step's activations": activation_bytes(cfg, shape.batch_size, shape.seq_len),
-        },
-        dev,
-        "lower the batch size, the sequence length, the model's size or the number of variants",
-    )
-    if options.dtype != "fp32" and dev.type != "cuda":
-        raise UsageError(
-            f"dtype {options.dtype} (autocast) is offered on cuda only; on this CPU fp32 is many times faster"
-        )
-
-
-def _build_rows(
-    shape: Shape, options: BenchOptions, dev: torch.device, say: Callable[[str], None]
-) -> tuple[list[Contender], dict[str, float | None], list[str]]:
-    """Build and warm up every row, each with its own precision; return the rows, the peak memory each held
-    during its warm-up, and notes on rows that could not be built."""
-    builders: list[tuple[str, Callable[[], Contender | None]]] = [
-        (variant, functools.partial(bench_variant, variant, shape, Precision(options.dtype, dev), options.compile))
-        for variant in options.variants
-    ]
-    if options.baseline:
-        builders.append((HF_NAME, functools.partial(bench_hf, shape, Precision(options.dtype, dev), options.compile)))
-    contenders, memory, notes = [], {}, []
-    for name, build in builders:
-        say(f"building and warming up {name}")
-        before = _memory_baseline(dev)
-        contender = build()  # counts its FLOPs with one step, eager, outside the peak measured below
-        if contender is None:
-            notes.append(
-                f"transformers is not installed: no Hugging Face baseline row ({install_hint('bench')} to add it)"
-            )
-            continue
-        _memory_baseline(dev)  # restarts the peak counter; the baseline stays the one taken before building
-        for _ in range(options.warmup):
-            contender.step()
-        after = _memory_mb(dev, peak=True)
-        memory[name] = None if before is None or after is None else after - before
-        contenders.append(contender)
-    return contenders, memory, notes
-
-
-def _compare(rows: list[dict[str, Any]], data_s: float | None) -> None:
-    """Add to each row its speed-up over the Hugging Face row (where there is one) and, with a task, the
-    share of a step that generating its batch would take."""
-    hf = next((row for row in rows if row["name"] == HF_NAME), None)
-    if hf is not None:
-        for row in rows:
-            if row is not hf:
-                row["speedup_vs_hf"] = row["tokens_per_s"] / hf["tokens_per_s"]
-    if data_s is not None:
-        for row in rows:
-            row["data_fraction"] = data_s / (data_s + row["step_ms"] / 1e3)
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads"
+COLUMNS: list[tuple[str, int, Callable[[dict[str, Any]], str]]] = [
+    ("trainable", 10, lambda row: f"{row['n_trainable']:,}"),
+    ("step ms", 9, lambda row: f"{row['step_ms']:.1f}"),
+    ("tokens/s", 10, lambda row: f"{row['tokens_per_s']:,.0f}"),
+    ("samples/s", 10, lambda row: f"{row['samples_per_s']:,.1f}"),
+    ("GFLOP/step", 10, lambda row: f"{row['model_flops_per_step'] / 1e9:.2f}"),
+    ("GFLOP/s", 8, lambda row: f"{row['achieved_flops_per_s'] / 1e9:.1f}"),
+    ("MFU", 6, lambda row: f"{100 * row['mfu']:.1f}%"),
+    ("peak MB", 8, lambda row: "-" if row["peak_memory_mb"] is None else f"{row['peak_memory_mb']:.0f}"),
+]
+"""The table's columns after the row's name: header, width, and the cell of a row (right-aligned)."""
+VS_HF = ("vs HF", 6, lambda row: f"{row.get('speedup_vs_hf', 1.0):.2f}x")
+"""The column of speed-ups over the Hugging Face row, shown where there is one (which reads 1.00x)."""
 
 
 def format_table(result: dict[str, Any]) -> str:
     """The result as a fixed-width text table with a header line."""
-    peak = result["peak"]["best_flops_per_s"]
     s = result["shape"]
     lines = [
         f"mixit bench: d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads, vocab "
         f"{s['vocab_size']}, seq {s['seq_len']}, batch {s['batch_size']}; {result['device_name']}, "
-        f"{result['dtype']}{', compiled' if result['compile'] else ''}; matmul peak {peak / 1e9:.1f} GFLOP/s"
+        f"{result['dtype']}{', compiled' if result['compile'] else ''}; "
+        f"matmul peak {result['peak']['best_flops_per_s'] / 1e9:.1f} GFLOP/s"
     ]
-    has_hf = any("speedup_vs_hf" in row for row in result["rows"])
-    header = (
-        f"{'variant':<11} {'trainable':>10} {'step ms':>9} {'tokens/s':>10} {'samples/s':>10} "
-        f"{'GFLOP/step':>10} {'GFLOP/s':>8} {'MFU':>6} {'peak MB':>8}" + (f" {'vs HF':>6}" if has_hf else "")
-    )
-    lines.append(header)
+    columns = COLUMNS + ([VS_HF] if any("speedup_vs_hf" in row for row in result["rows"]) else [])
+    lines.append(f"{'variant':<11} " + " ".join(f"{header:>{width}}" for header, width, _ in columns))
     for row in result["rows"]:
-        memory = "-" if row["peak_memory_mb"] is None else f"{row['peak_memory_mb']:.0f}"
-        line = (
-            f"{row['name']:<11} {row['n_trainable']:>10,} {row['step_ms']:>9.1f} {row['tokens_per_s']:>10,.0f} "
-            f"{row['samples_per_s']:>10,.1f} {row['model_flops_per_step'] / 1e9:>10.2f} "
-            f"{row['achieved_flops_per_s'] / 1e9:>8.1f} {100 * row['mfu']:>5.1f}% {memory:>8}"
-        )
-        if has_hf:
-            line += f" {row['speedup_vs_hf']:>5.2f}x" if "speedup_vs_hf" in row else f" {'1.00x':>6}"
-        lines.append(line)
+        lines.append(f"{row['name']:<11} " + " ".join(f"{cell(row):>{width}}" for _, width, cell in columns))
     if result["data_ms_per_batch"] is not None:
         lines.append(
             f"data: {result['data_ms_per_batch']:.2f} ms to generate one batch of {result['task']} "
             f"({100 * max(r['data_fraction'] for r in result['rows']):.1f}% of a step at most)"
         )
-    lines += [f"note: {note}" for note in result["notes"]]
-    return "\n".join(lines)
+    return "\n".join(lines + [f"note: {note}" for note in result["notes"]])
 
 
 def format_profiles(result: dict[str, Any]) -> str:
     """The per-row profiles of a result made with `profile=True`, as text."""
     lines = []
-    for row in result["rows"]:
-        if "profile" not in row:
-            continue
+    for row in (row for row in result["rows"] if "profile" in row):
         lines += ["", f"{row['name']}: one step, operators by self time"]
         if "profile_summary" in row:
             summary = row["profile_summary"]
