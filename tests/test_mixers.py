@@ -18,7 +18,7 @@ from mixit.interop import to_transformer_lens
 from mixit.models import Transformer, capture_patterns
 from mixit.models.attention import layer_generator
 from mixit.run import Run
-from test_export import python_without_mixit
+from test_export import WITHOUT_MIXIT, python_without_mixit
 from tolerance import assert_close, forward_terms
 
 KINDS = ("randformer", "uniform", "synthesizer_random")
@@ -232,10 +232,10 @@ def test_llama_and_transformer_lens_refuse_the_kind_in_one_line(mixer_runs, kind
         to_transformer_lens(Run.open(mixer_runs / kind).load("cpu").model)
 
 
-REMOTE_CODE_LOGITS = """
-import json, sys
-for name in ("mixit", "docstring_parser", "jsonargparse", "scipy", "matplotlib"):
-    sys.modules[name] = None  # importing mixit, or what only mixit needs, now fails
+REMOTE_CODE_LOGITS = (
+    WITHOUT_MIXIT
+    + """
+import json
 import torch
 from transformers import AutoModelForCausalLM
 said = []
@@ -245,6 +245,7 @@ for directory, tokens in json.loads(sys.argv[1]):
         said.append(model(input_ids=torch.tensor(tokens)).logits.tolist())
 print("\\n" + json.dumps(said))
 """
+)
 
 
 def test_the_hub_export_round_trips_with_mixit_and_without(mixer_runs, tmp_path):

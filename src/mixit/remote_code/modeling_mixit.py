@@ -1,23 +1,15 @@
-"""transformers classes around mixit's own `Transformer`, for ``trust_remote_code`` (shipped with a ``--to hub``
-export; docs/interop.md, "AutoModel, without mixit").
+"""transformers classes around mixit's own `Transformer`, for ``trust_remote_code`` (docs/interop.md, "AutoModel,
+without mixit").
 
-There is no second model here: each class holds a `mixit.models.Transformer` as ``model`` and adds what
-transformers' conventions ask of a model class. `mixit.export` ships this file together with the mixit modules it
-imports (the model, its config, their registry and errors), each import ``from mixit.PACKAGE.MODULE import``
-rewritten ``from .MODULE import``, so the export loads with transformers and torch alone.
+There is no second model here: each class holds a `mixit.models.Transformer` as ``model`` and adds transformers'
+conventions: ``labels=`` gives the loss, ``output_hidden_states=True`` the input to the first block and each block's
+output (before the final norm), and ``generate()`` works for a language model. `mixit.export` ships this file with
+the mixit modules it imports, those imports made relative, so the export loads with transformers and torch alone.
 
-- ``MixitForCausalLM`` (language-model head): a ``GenerationMixin``, so ``generate()`` works; ``labels=`` gives
-  the next-token loss (transformers' own ``ForCausalLM`` loss: shifted, ``-100`` ignored).
-- ``MixitForSequenceClassification`` (classifier head): ``labels=`` gives the cross-entropy loss.
-
-Both take ``attention_mask`` with right padding only (1 for a real token, then 0 for every pad; transformers'
-tokenizers pad so when ``padding_side="right"``, the default of an exported tokenizer) and refuse any other mask.
-Causal attention never lets a real position read a pad after it, softmax and MixiT alike (MixiT's fixed mixing
-matrices are lower-triangular), so the mask changes no real position's output there; the outputs at the padded
-positions are computed and mean nothing, as in any causal model. A model that reads padding (a classifier's
-pooling, non-causal attention) is given the pad token (``pad_id``) at the masked positions, which it masks
-itself. ``output_hidden_states=True`` returns n_layers + 1 tensors (B, T, d_model): the input to the first block
-(embeddings, plus MixiT's learned positions) and each block's output, before the final norm.
+``attention_mask`` is read as right padding only (1 for each real token, then 0), as an exported tokenizer pads.
+Causal attention, softmax or MixiT, never lets a real position read a pad after it, so the mask changes no real
+position's output; a model that reads padding (a classifier's pooling, non-causal attention) is given its pad
+token (``pad_id``) at the masked positions, which it masks itself.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from typing import Any
 
 import torch
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import CausalLMOutput, ModelOutput, SequenceClassifierOutput
 
 from mixit.config import ModelConfig
 from mixit.models.hooks import HookPoint
@@ -40,6 +32,7 @@ class MixitPreTrainedModel(PreTrainedModel):
 
     config_class = MixitConfig
     base_model_prefix = "model"
+    output_class: type[ModelOutput]
 
     def __init__(self, config: MixitConfig):
         super().__init__(config)
@@ -47,41 +40,50 @@ class MixitPreTrainedModel(PreTrainedModel):
         self.post_init()
 
     def _init_weights(self, module: torch.nn.Module) -> None:
-        """Rebuild an attention layer's buffers that mixit derives from the config and does not save (softmax
-        attention's RoPE tables): transformers builds the model on the meta device and leaves such buffers empty.
-        The attention kind builds them again itself, in a layer made for the purpose. Every parameter and saved
-        buffer is read from the export's weights, so nothing else is initialised."""
+        """Rebuild the buffers an attention layer derives from the config and does not save (softmax's RoPE
+        tables), which transformers leaves empty, building the model on the meta device: the layer is made again
+        for the purpose. Every other tensor is read from the export's weights."""
         saved = set(module.state_dict())
         derived = [name for name, _ in module.named_buffers(recurse=False) if name not in saved]
         if not derived:
             return
-        layer = next((i for i, block in enumerate(self.model.layers) if block.attn is module), None)
-        if layer is None:
-            raise NotImplementedError(f"{type(module).__name__} has unsaved buffers ({derived}) this code cannot build")
-        device = getattr(module, derived[0]).device
-        with torch.random.fork_rng(devices=[]), torch.device(device):  # the layer's own init draws; the caller's kept
-            fresh = type(module)(self.model.cfg, layer)
+        layer = next(i for i, block in enumerate(self.model.layers) if block.attn is module)
+        with torch.random.fork_rng(devices=[]), torch.device(getattr(module, derived[0]).device):
+            fresh = type(module)(self.model.cfg, layer)  # its own init draws: the caller's random state is kept
         for name in derived:
             getattr(module, name).copy_(getattr(fresh, name))
 
-    def run(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, output_hidden_states: bool | None
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """The model's output on `input_ids` (B, T) read through `attention_mask`, and its hidden states if asked."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> ModelOutput | tuple[Any, ...]:
+        """Logits, (B, T, vocab_size) or (B, n_classes), of `input_ids` (B, T) read through `attention_mask`;
+        with `labels`, the mean loss; with `output_hidden_states`, n_layers + 1 tensors (B, T, d_model)."""
         tokens = self.masked(input_ids, attention_mask)
-        if not output_hidden_states:
-            return self.model(tokens), None
         names = ["blocks.0.hook_resid_pre", *(f"blocks.{i}.hook_resid_post" for i in range(len(self.model.blocks)))]
         states: dict[str, torch.Tensor] = {}
 
         def keep(x: torch.Tensor, hook: HookPoint) -> None:
-            states[hook.name] = x  # (B, T, d_model), not detached: gradients flow as through the outputs
+            states[hook.name] = x  # not detached: gradients flow as through the logits
 
-        out = self.model.run_with_hooks(tokens, [(names, keep)])
-        return out, tuple(states[name] for name in names)
+        logits = self.model.run_with_hooks(tokens, [(names, keep)] if output_hidden_states else [])
+        out = self.output_class(
+            loss=None if labels is None else self.loss(logits, labels),
+            logits=logits,
+            hidden_states=tuple(states[name] for name in names) if output_hidden_states else None,
+        )
+        return out if return_dict is not False else out.to_tuple()
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean loss of `logits` against `labels`."""
+        raise NotImplementedError
 
     def masked(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """`input_ids` (B, T) as the model reads them under `attention_mask` (B, T): right padding only (see the
+        """`input_ids` (B, T) as the model reads them under `attention_mask` (B, T), right padding only (see the
         module's docstring); the pad token at masked positions where the model has one."""
         if attention_mask is None or bool(attention_mask.all()):
             return input_ids
@@ -100,22 +102,14 @@ class MixitPreTrainedModel(PreTrainedModel):
 
 
 class MixitForCausalLM(MixitPreTrainedModel, GenerationMixin):
-    """A mixit language model: ``logits`` (B, T, vocab_size); ``generate()`` recomputes the whole sequence at each
-    step (mixit keeps no cache of keys and values), within the model's n_ctx."""
+    """A mixit language model; ``generate()`` recomputes the whole sequence at each step (mixit keeps no cache of
+    keys and values), within the model's n_ctx."""
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> CausalLMOutput | tuple[Any, ...]:
-        """Logits (B, T, vocab_size) and, with `labels` (B, T), the mean next-token loss over labels not -100."""
-        logits, hidden = self.run(input_ids, attention_mask, output_hidden_states)
-        loss = None if labels is None else self.loss_function(logits, labels, vocab_size=self.model.cfg.vocab_size)
-        out = CausalLMOutput(loss=loss, logits=logits, hidden_states=hidden)
-        return out if return_dict is not False else out.to_tuple()
+    output_class = CausalLMOutput
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """transformers' own next-token loss: shifted, labels -100 ignored."""
+        return self.loss_function(logits, labels, vocab_size=self.model.cfg.vocab_size)
 
     def prepare_inputs_for_generation(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
@@ -125,18 +119,10 @@ class MixitForCausalLM(MixitPreTrainedModel, GenerationMixin):
 
 
 class MixitForSequenceClassification(MixitPreTrainedModel):
-    """A mixit classifier: ``logits`` (B, n_classes)."""
+    """A mixit classifier."""
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> SequenceClassifierOutput | tuple[Any, ...]:
-        """Logits (B, n_classes) and, with `labels` (B,), the mean cross-entropy loss."""
-        logits, hidden = self.run(input_ids, attention_mask, output_hidden_states)
-        loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
-        out = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=hidden)
-        return out if return_dict is not False else out.to_tuple()
+    output_class = SequenceClassifierOutput
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The cross-entropy of `logits` (B, n_classes) against class `labels` (B,)."""
+        return torch.nn.functional.cross_entropy(logits, labels)
