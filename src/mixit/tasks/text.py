@@ -1,23 +1,14 @@
-"""Real-text tasks (docs/tasks.md, "Real text"): language modelling (`lm`)
-and sentiment classification (`sentiment`).
+"""Real-text tasks (docs/tasks.md, "Real text"): language modelling (`lm`) and sentiment classification
+(`sentiment`) on a dataset of `mixit.text.corpora`, tokenized by `mixit.text.tokenizer`.
 
-Both read a named dataset (`mixit.text.corpora`; offline embedded defaults),
-tokenize it with a tokenizer trained on the training split or named by the
-user (`mixit.text.tokenizer`), and cache the tokens. A run keeps its tokenizer
-in RUN_DIR/tokenizer.json (`save_artifacts`); `mixit eval`, `mixit sample`
-and ``--resume`` rebuild the task with that file, so a run can be evaluated
-exactly even after the cache is deleted.
+A run keeps its tokenizer in RUN_DIR/tokenizer.json; `mixit eval`, `mixit sample` and ``--resume`` rebuild the
+task from that file, so a run evaluates exactly even after the cache is deleted. Construction reads nothing:
+the data is built the first time a run needs it (`data`), once per process; the shape facts come from the
+parameters where they decide them (`planned_vocab_size`, `Sentiment.n_classes`).
 
-Construction reads nothing: the data (corpus, tokenizer, token streams) is
-built the first time a run needs it (`data`), once per process. The shape
-facts come from the parameters where they decide them (`planned_vocab_size`,
-`Sentiment.n_classes`) and from the built data otherwise.
-
-Training order. Each epoch visits every training item (a packed lm sequence,
-or a sentiment example) exactly once, in an order drawn from
-``default_rng([data_seed, 1, epoch])``; training batch ``step`` holds items
-``step * batch_size ...`` of that endless sequence, so a batch depends only on
-(data_seed, step) and ``--resume`` sees the batches it would have seen.
+Each epoch visits every training item (a packed lm sequence, or a sentiment example) once, in an order drawn
+from ``default_rng([data_seed, 1, epoch])``; training batch ``step`` holds items ``step * batch_size ...`` of
+that endless sequence, so a batch depends only on (data_seed, step) and ``--resume`` sees the same batches.
 """
 
 from __future__ import annotations
@@ -34,6 +25,7 @@ import numpy as np
 import torch
 
 from mixit.config import TaskConfig, check
+from mixit.models.attention import ATTENTION
 from mixit.tasks.base import IGNORE, TASKS, Batch, Examples, ParamCounts, SequenceTask, Task, binomial_se
 from mixit.text.cache import load_or_build_array
 from mixit.text.corpora import LABEL_CLASSES, LABELLED, LM_CORPORA, known_min_words, load_corpus, load_labelled
@@ -89,14 +81,9 @@ class TextSource:
 
 
 def planned_vocab_size(source: TextSource) -> int | None:
-    """The tokenizer's size where the parameters decide it, known without reading the data; else None.
-
-    Only for a BPE on an embedded dataset read whole, to a `vocab` it surely reaches (`bpe_reaches`,
-    `known_min_words`): up to MIN_VOCAB + EMBEDDED_MIN_WORDS entries (27,258 on English, 15,258 on the
-    movie snippets) with a held-out fraction of at most 0.5 and max_documents 0, as the defaults are.
-    Elsewhere (a tokenizer file, a hub or local dataset, a part of an embedded one, a larger vocab) the
-    BPE may stop short of `vocab` entries, and only the tokenizer itself tells.
-    """
+    """The tokenizer's size where the parameters decide it, known without reading the data; else None: a
+    BPE on an embedded dataset read whole, to a `vocab` it surely reaches (`bpe_reaches`, `known_min_words`).
+    Elsewhere the BPE may stop short of `vocab` entries, and only the tokenizer itself tells."""
     if source.tokenizer != "bpe":
         return None
     check_bpe_vocab(source.vocab)
@@ -179,11 +166,6 @@ class TextTask(Task):
         """PAD's id: fixed in a BPE trained here (`BPE_PAD_ID`), read from a tokenizer file otherwise."""
         return BPE_PAD_ID if self.cfg.tokenizer == "bpe" else self.tokenizer.pad_id
 
-    @property
-    def reference_len(self) -> int:
-        """The reference builds its text models for the tokens they read (its max_seq_len)."""
-        return self.input_len
-
     def save_artifacts(self, run_dir: Path) -> None:
         """Keep the tokenizer with the run (evaluation and sampling read it from there)."""
         self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
@@ -203,13 +185,9 @@ class TextTask(Task):
 
 
 def split_held_out(stream: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """The held-out token stream dealt into two, validation and test, a document at a time: the held-out
-    documents numbered 0, 1, 2, ... in stream order, the even ones are the validation stream and the odd
-    ones the test stream (each document with its EOS). Cut at its middle token if it holds one document.
-
-    Alternating, not halving: the held-out documents come in the corpus's order, which drifts (source,
-    topic, length), so a first half and a second half are not alike (their losses were measured 0.75 nats
-    apart); every other document gives both streams the same mix.
+    """The held-out token stream dealt into validation (the even-numbered documents, each with its EOS) and
+    test (the odd ones); cut at its middle token if it holds one document. Alternating, not halving: the
+    corpus's order drifts (source, topic, length), and its two halves' losses were measured 0.75 nats apart.
     """
     starts = np.flatnonzero(stream[:-1] == eos_id) + 1  # where a document starts, the first excepted
     if not len(starts):
@@ -308,24 +286,15 @@ class LMData(TextData):
 
 @TASKS.register("lm")
 class LanguageModeling(TextTask, SequenceTask):
-    """Next-token prediction on real text, packed into fixed-length sequences
-    (docs/tasks.md, "lm").
+    """Next-token prediction on real text (docs/tasks.md, "lm").
 
-    Documents are tokenized, each followed by EOS, and concatenated into one
-    stream per split. Training sequence i is stream[i*length : i*length +
-    length + 1]: the model reads `length` tokens and predicts each next one,
-    consecutive sequences share one boundary token, and so every next-token
-    prediction of the training stream is made exactly once per epoch (the last
-    partial sequence, fewer than `length` tokens, is left out). The held-out
-    split is dealt into two a document at a time (`split_held_out`): the
-    even-numbered documents are the validation split, the odd ones the test
-    split, each packed the same way; the first `val_size` (`test_size`)
-    sequences of each (spread evenly over it when there are more) are the
-    validation (test) set (``test_seed`` does not apply). Every position is
-    scored. Metrics: `loss`, the mean cross-entropy in nats per token (the
-    paper's "log perplexity"), `perplexity` = exp(loss), `token_acc`, and
-    `unigram_loss`, the cross-entropy of the training split's add-one-smoothed
-    unigram distribution on the same targets (the floor a model must beat).
+    Documents are tokenized, each followed by EOS, into one stream per split. Training sequence i is
+    stream[i*length : i*length + length + 1], so every next-token prediction of the training stream is made
+    once per epoch (a last partial sequence is left out). The held-out documents are dealt alternately to
+    validation and test (`split_held_out`), packed the same way; `val_size` (`test_size`) sequences spread over
+    each are the validation (test) set (``test_seed`` does not apply). Metrics: `loss` (nats per token, the
+    paper's "log perplexity"), `perplexity`, `token_acc`, and `unigram_loss`, the training split's
+    add-one-smoothed unigram on the same targets (the floor a model must beat).
     """
 
     name = "lm"
@@ -463,19 +432,13 @@ class SentimentData(TextData):
 
 @TASKS.register("sentiment")
 class Sentiment(TextTask):
-    """Binary (or n-class) text classification: read a text, output its label
-    (docs/tasks.md, "sentiment").
+    """Binary (or n-class) text classification: read a text, output its label (docs/tasks.md, "sentiment").
 
-    Texts are tokenized, truncated to `length` tokens (the first ones) and
-    right-padded with PAD; a batch is cut to its longest text. The model's
-    classifier head pools the final hidden states (``--pooling last`` or
-    ``mean``, ignoring padding) into class logits. Following the reference
-    code, MixiT reads the whole text (non-causal, rows centred over the real
-    tokens) and softmax attention stays causal like the Hugging Face Llama
-    classifier; ``--causal true|false`` overrides either. Metrics: `accuracy`
-    and `majority_baseline`, the accuracy of always answering the training
-    split's most frequent label. The test set is the dataset's own held-out
-    split (``test_seed`` does not apply).
+    Texts are tokenized, truncated to their first `length` tokens and right-padded with PAD; a batch is cut
+    to its longest text. The classifier head pools the final hidden states (``--pooling``) into class logits;
+    whether the model reads causally is the attention kind's default (`Attention.classifies_causally`) unless
+    ``--causal`` says. Metrics: `accuracy` and `majority_baseline`, the accuracy of always answering the
+    training split's most frequent label. The test set is the dataset's own held-out split.
     """
 
     name = "sentiment"
@@ -500,7 +463,7 @@ class Sentiment(TextTask):
             "head": "classifier",
             "n_classes": self.n_classes,
             "pad_id": self.pad_id,
-            "causal": attention == "softmax",
+            "causal": ATTENTION.get(attention).classifies_causally,
         }
 
     @functools.cached_property
