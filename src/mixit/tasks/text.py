@@ -133,10 +133,9 @@ class TextConfig(TaskConfig):
 
 @dataclass(frozen=True)
 class TextData:
-    """What both text tasks build from their source: the tokenizer, and facts about the dataset."""
+    """What both text tasks build from their source: at least the tokenizer."""
 
     tokenizer: TextTokenizer
-    info: dict[str, Any]
 
 
 class TextTask(Task):
@@ -214,22 +213,15 @@ def documents(stream: np.ndarray, eos_id: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=2)
-def _lm_data(source: TextSource) -> tuple[TextTokenizer, np.ndarray, np.ndarray, dict[str, Any]]:
-    """(tokenizer, train tokens, held-out tokens, info), built once per process and cached on disk."""
+def _lm_data(source: TextSource) -> tuple[TextTokenizer, np.ndarray, np.ndarray]:
+    """(tokenizer, train tokens, held-out tokens), built once per process and cached on disk."""
     data = load_corpus(source.name, source.data_dir or None, source.max_documents, source.held_out)
     tok = _tokenizer_for(source, data.train.texts)
     streams = []
     for split in (data.train, data.test):
         key = f"lm-{texts_fingerprint(split.texts)}-{tok.fingerprint()}"
         streams.append(load_or_build_array(key, functools.partial(encode_documents, tok, split.texts)))
-    info = {
-        **data.info,
-        "train_documents": len(data.train),
-        "held_out_documents": len(data.test),
-        "train_tokens": len(streams[0]),
-        "held_out_tokens": len(streams[1]),
-    }
-    return tok, streams[0], streams[1], info
+    return tok, streams[0], streams[1]
 
 
 @dataclass
@@ -313,7 +305,7 @@ class LanguageModeling(TextTask, SequenceTask):
     def data(self) -> LMData:
         """The tokenizer and the token streams, built (or read from the cache) the first time data is needed."""
         c = self.cfg
-        tok, train, held_out, info = _lm_data(c.source())
+        tok, train, held_out = _lm_data(c.source())
         streams = dict(zip(SPLITS, (train, *split_held_out(held_out, tok.eos_id))))
         if c.packing:
             docs = {}
@@ -329,7 +321,7 @@ class LanguageModeling(TextTask, SequenceTask):
             )
         counts_by_token = np.bincount(train, minlength=tok.vocab_size).astype(np.float64) + 1.0
         unigram_logp = torch.from_numpy(np.log(counts_by_token / counts_by_token.sum()))
-        return LMData(tok, info, streams, held_out, docs, counts, unigram_logp)
+        return LMData(tok, streams, held_out, docs, counts, unigram_logp)
 
     def sequences(self, split: str, index: np.ndarray) -> Examples:
         """Sequences number `index` of `split` (one of SPLITS) and their loss masks: (len(index), length + 1) each.
@@ -377,8 +369,8 @@ Labelled = tuple[np.ndarray, np.ndarray]
 
 
 @functools.lru_cache(maxsize=2)
-def _sentiment_data(source: TextSource, length: int) -> tuple[TextTokenizer, Labelled, Labelled, dict[str, Any]]:
-    """(tokenizer, training split, held-out split, info), built once per process."""
+def _sentiment_data(source: TextSource, length: int) -> tuple[TextTokenizer, Labelled, Labelled]:
+    """(tokenizer, training split, held-out split), built once per process."""
     data = load_labelled(source.name, source.data_dir or None, source.max_documents, source.held_out)
     tok = _tokenizer_for(source, data.train.texts)
     splits = []
@@ -388,8 +380,7 @@ def _sentiment_data(source: TextSource, length: int) -> tuple[TextTokenizer, Lab
             ids = ids[:length] or [tok.eos_id]  # truncate; an empty text reads as EOS alone
             rows[i, : len(ids)] = ids
         splits.append((rows, np.asarray(split.labels, dtype=np.int64)))
-    info = {**data.info, "train_examples": len(data.train), "test_examples": len(data.test)}
-    return tok, splits[0], splits[1], info
+    return tok, splits[0], splits[1]
 
 
 @dataclass
@@ -470,7 +461,7 @@ class Sentiment(TextTask):
     def data(self) -> SentimentData:
         """The texts tokenized, split three ways, built the first time data is needed."""
         c = self.cfg
-        tok, train_set, test_set, info = _sentiment_data(c.source(), c.length)
+        tok, train_set, test_set = _sentiment_data(c.source(), c.length)
         # The validation set is split off the training split: a fixed random min(val_size, a fifth) of it.
         n_train = len(train_set[1])
         _, val_size = self.data_config.sizes
@@ -485,7 +476,7 @@ class Sentiment(TextTask):
         train = (train_set[0][~is_val], train_set[1][~is_val])
         majority = int(np.bincount(train[1], minlength=n_classes).argmax())
         val = (train_set[0][is_val], train_set[1][is_val])
-        return SentimentData(tok, info, train, val, test_set, n_classes, majority)
+        return SentimentData(tok, train, val, test_set, n_classes, majority)
 
     def _batch(self, rows: np.ndarray, labels: np.ndarray) -> Batch:
         width = int((rows != self.data.tokenizer.pad_id).sum(axis=1).max())

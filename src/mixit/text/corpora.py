@@ -132,12 +132,13 @@ def hash_split(texts: list[str], labels: list[int] | None, fraction: float) -> t
     """The texts (and labels) split by `held_out` into a training and a held-out split, each in input order."""
     if not 0 < fraction < 1:
         raise UsageError(f"the held-out fraction must be in (0, 1), got {fraction}")
-    sides: tuple[list[int], list[int]] = ([], [])
-    for i, text in enumerate(texts):
-        sides[held_out(text, fraction)].append(i)
-    return tuple(  # type: ignore[return-value]
-        TextSplit([texts[i] for i in side], None if labels is None else [labels[i] for i in side]) for side in sides
-    )
+    held = [held_out(text, fraction) for text in texts]
+
+    def side(is_held: bool) -> TextSplit:
+        keep = [i for i, h in enumerate(held) if h == is_held]
+        return TextSplit([texts[i] for i in keep], None if labels is None else [labels[i] for i in keep])
+
+    return side(False), side(True)
 
 
 def _limit(split: TextSplit, max_documents: int) -> TextSplit:
