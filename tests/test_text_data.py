@@ -120,6 +120,16 @@ def test_local_file_problems_are_usage_errors(tmp_path):
         load_corpus(str(tmp_path / "empty"))
 
 
+def test_an_unreadable_file_is_refused_in_one_line_naming_it(tmp_path, capfd):
+    (tmp_path / "x.parquet").write_bytes(b"garbage")
+    with pytest.raises(UsageError, match=r"x\.parquet could not be read \(Parquet file size is 7 bytes"):
+        load_corpus(str(tmp_path / "x.parquet"))
+    assert capfd.readouterr().err == ""  # the reader's own log line is silenced
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(UsageError, match="the training split is empty"):
+        load_corpus(str(tmp_path / "empty.jsonl"))
+
+
 def write_mixed_corpus(root):
     """A directory of every local format, with the corner cases on which readers disagree: paragraph breaks
     of blank lines, lines of spaces or tabs and Windows line ends; null and empty texts; a .json file of

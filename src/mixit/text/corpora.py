@@ -208,7 +208,7 @@ def _datasets():
         f"{install_hint('hf')} (or use the embedded default)",
     )
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a failed read is our one-line refusal, not a log
     return datasets
 
 
@@ -360,6 +360,8 @@ def _read_local(path: Path, labelled: bool) -> TextSplit:
         # Cells as written: "NA" and numbers in the text column stay text, an empty cell is an empty text.
         "csv": {"sep": "\t" if path.suffix == ".tsv" else ",", "converters": {"text": str}, "keep_default_na": False},
     }
+    if not path.stat().st_size:  # nothing to read (datasets refuses an empty file)
+        return TextSplit([])
     ds_lib = _datasets()
     try:  # a file name is not a pattern: escape the glob characters `datasets` would expand
         table = ds_lib.load_dataset(
