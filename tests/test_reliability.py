@@ -428,7 +428,7 @@ def test_a_tokenizer_whose_ids_pass_its_size_is_refused(tmp_path, monkeypatch, c
     check_refused(args, tmp_path, "is corrupt: it holds token id 4,000,000,000", capsys)
 
 
-def test_local_files_leave_no_cache_behind_and_hub_copies_cache_under_mixit_cache(tmp_path, monkeypatch):
+def test_local_files_and_hub_copies_cache_under_mixit_cache_only(tmp_path, monkeypatch):
     from mixit.text.corpora import load_corpus
 
     cache = tmp_path / "mixit-cache"
@@ -438,7 +438,8 @@ def test_local_files_leave_no_cache_behind_and_hub_copies_cache_under_mixit_cach
     monkeypatch.setenv("HF_HOME", str(hf_default))
     write_jsonl(tmp_path / "docs.jsonl", [{"text": f"document {i} " * 20} for i in range(30)])
     load_corpus(str(tmp_path / "docs.jsonl"))
-    assert not cache.exists() and not hf_default.exists()
+    assert any((cache / "hf-datasets").rglob("*.arrow")) and not hf_default.exists()
+    shutil.rmtree(cache)
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -109,7 +109,7 @@ def test_local_directory_uses_the_split_its_file_names_give(tmp_path):
 
 
 def test_local_file_problems_are_usage_errors(tmp_path):
-    with pytest.raises(UsageError, match="record 1 has no label field"):
+    with pytest.raises(UsageError, match="its records have no 'label' field"):
         load_labelled(str(write_jsonl(tmp_path / "x.jsonl", [{"text": "a"}, {"text": "b"}])))
     with pytest.raises(UsageError, match="has no labels"):
         load_labelled(str(write_text_corpus(tmp_path / "c.txt")))
@@ -118,6 +118,16 @@ def test_local_file_problems_are_usage_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UsageError, match="no readable text files"):
         load_corpus(str(tmp_path / "empty"))
+
+
+def test_an_unreadable_file_is_refused_in_one_line_naming_it(tmp_path, capfd):
+    (tmp_path / "x.parquet").write_bytes(b"garbage")
+    with pytest.raises(UsageError, match=r"x\.parquet could not be read \(Parquet file size is 7 bytes"):
+        load_corpus(str(tmp_path / "x.parquet"))
+    assert capfd.readouterr().err == ""  # the reader's own log line is silenced
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(UsageError, match="the training split is empty"):
+        load_corpus(str(tmp_path / "empty.jsonl"))
 
 
 def write_mixed_corpus(root):
@@ -253,8 +263,11 @@ def test_yelp_layout_reads_text_and_label(tmp_path):
     assert set(data.train.labels) <= {0, 1}
 
 
-def test_hub_dataset_missing_from_local_copy_names_the_pattern(tmp_path):
-    with pytest.raises(UsageError, match=r"train-\*.parquet"):
+def test_hub_dataset_missing_from_local_copy_names_the_folder_and_split(tmp_path):
+    with pytest.raises(UsageError, match="has no folder plain_text"):
+        load_labelled("yelp_polarity", data_dir=str(tmp_path))
+    _parquet(tmp_path / "plain_text" / "train-00000-of-00001.parquet", sentiment_rows(20))
+    with pytest.raises(UsageError, match=r"could not be loaded \(it has no test split\)"):
         load_labelled("yelp_polarity", data_dir=str(tmp_path))
 
 

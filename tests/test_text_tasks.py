@@ -189,7 +189,7 @@ def test_sentiment_validation_set_is_split_off_the_training_split(reviews):
     n_train = len(train_rows) + len(val_rows)
     assert len(val_rows) == 100 and len(full.data.val[0]) == n_train // 5  # at most a fifth of the training split
     # The two parts tile the dataset's training split: every text in exactly one of them.
-    _, (original, _), _, _ = _sentiment_data(task.cfg.source(), task.cfg.length)
+    _, (original, _), _ = _sentiment_data(task.cfg.source(), task.cfg.length)
     both = np.concatenate([val_rows, train_rows])
     assert len(both) == len(original)
     assert sorted(map(tuple, both.tolist())) == sorted(map(tuple, original.tolist()))

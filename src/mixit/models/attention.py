@@ -62,6 +62,9 @@ class Attention(nn.Module):
     any_variant: ClassVar[bool] = False
     """True for a kind any variant may take, its freeze rule applied as it is; False for a kind the variants name
     (softmax, mixing), which only a variant naming it, or one taking any kind (random), may take."""
+    classifies_causally: ClassVar[bool] = False
+    """The default ``causal`` of a sequence classifier on this kind: as in the reference code, softmax attention
+    reads causally (the Hugging Face Llama classifier) and the mixing kinds read the whole text."""
     hook_pattern: HookPoint
 
     @property
@@ -213,6 +216,7 @@ class SoftmaxAttention(Attention):
     """Multi-head softmax attention with RoPE on Q and K, causal unless the
     config says otherwise (then padded keys are masked out)."""
 
+    classifies_causally = True
     rope_cos: torch.Tensor  # (n_ctx, d_head) buffer
     rope_sin: torch.Tensor  # (n_ctx, d_head) buffer
 

@@ -1,23 +1,14 @@
-"""Real-text tasks (docs/tasks.md, "Real text"): language modelling (`lm`)
-and sentiment classification (`sentiment`).
+"""Real-text tasks (docs/tasks.md, "Real text"): language modelling (`lm`) and sentiment classification
+(`sentiment`) on a dataset of `mixit.text.corpora`, tokenized by `mixit.text.tokenizer`.
 
-Both read a named dataset (`mixit.text.corpora`; offline embedded defaults),
-tokenize it with a tokenizer trained on the training split or named by the
-user (`mixit.text.tokenizer`), and cache the tokens. A run keeps its tokenizer
-in RUN_DIR/tokenizer.json (`save_artifacts`); `mixit eval`, `mixit sample`
-and ``--resume`` rebuild the task with that file, so a run can be evaluated
-exactly even after the cache is deleted.
+A run keeps its tokenizer in RUN_DIR/tokenizer.json; `mixit eval`, `mixit sample` and ``--resume`` rebuild the
+task from that file, so a run evaluates exactly even after the cache is deleted. Construction reads nothing:
+the data is built the first time a run needs it (`data`), once per process; the shape facts come from the
+parameters where they decide them (`planned_vocab_size`, `Sentiment.n_classes`).
 
-Construction reads nothing: the data (corpus, tokenizer, token streams) is
-built the first time a run needs it (`data`), once per process. The shape
-facts come from the parameters where they decide them (`planned_vocab_size`,
-`Sentiment.n_classes`) and from the built data otherwise.
-
-Training order. Each epoch visits every training item (a packed lm sequence,
-or a sentiment example) exactly once, in an order drawn from
-``default_rng([data_seed, 1, epoch])``; training batch ``step`` holds items
-``step * batch_size ...`` of that endless sequence, so a batch depends only on
-(data_seed, step) and ``--resume`` sees the batches it would have seen.
+Each epoch visits every training item (a packed lm sequence, or a sentiment example) once, in an order drawn
+from ``default_rng([data_seed, 1, epoch])``; training batch ``step`` holds items ``step * batch_size ...`` of
+that endless sequence, so a batch depends only on (data_seed, step) and ``--resume`` sees the same batches.
 """
 
 from __future__ import annotations
@@ -34,6 +25,7 @@ import numpy as np
 import torch
 
 from mixit.config import TaskConfig, check
+from mixit.models.attention import ATTENTION
 from mixit.tasks.base import IGNORE, TASKS, Batch, Examples, ParamCounts, SequenceTask, Task, binomial_se
 from mixit.text.cache import load_or_build_array
 from mixit.text.corpora import LABEL_CLASSES, LABELLED, LM_CORPORA, known_min_words, load_corpus, load_labelled
@@ -89,14 +81,9 @@ class TextSource:
 
 
 def planned_vocab_size(source: TextSource) -> int | None:
-    """The tokenizer's size where the parameters decide it, known without reading the data; else None.
-
-    Only for a BPE on an embedded dataset read whole, to a `vocab` it surely reaches (`bpe_reaches`,
-    `known_min_words`): up to MIN_VOCAB + EMBEDDED_MIN_WORDS entries (27,258 on English, 15,258 on the
-    movie snippets) with a held-out fraction of at most 0.5 and max_documents 0, as the defaults are.
-    Elsewhere (a tokenizer file, a hub or local dataset, a part of an embedded one, a larger vocab) the
-    BPE may stop short of `vocab` entries, and only the tokenizer itself tells.
-    """
+    """The tokenizer's size where the parameters decide it, known without reading the data; else None: a
+    BPE on an embedded dataset read whole, to a `vocab` it surely reaches (`bpe_reaches`, `known_min_words`).
+    Elsewhere the BPE may stop short of `vocab` entries, and only the tokenizer itself tells."""
     if source.tokenizer != "bpe":
         return None
     check_bpe_vocab(source.vocab)
@@ -146,10 +133,9 @@ class TextConfig(TaskConfig):
 
 @dataclass(frozen=True)
 class TextData:
-    """What both text tasks build from their source: the tokenizer, and facts about the dataset."""
+    """What both text tasks build from their source: at least the tokenizer."""
 
     tokenizer: TextTokenizer
-    info: dict[str, Any]
 
 
 class TextTask(Task):
@@ -179,11 +165,6 @@ class TextTask(Task):
         """PAD's id: fixed in a BPE trained here (`BPE_PAD_ID`), read from a tokenizer file otherwise."""
         return BPE_PAD_ID if self.cfg.tokenizer == "bpe" else self.tokenizer.pad_id
 
-    @property
-    def reference_len(self) -> int:
-        """The reference builds its text models for the tokens they read (its max_seq_len)."""
-        return self.input_len
-
     def save_artifacts(self, run_dir: Path) -> None:
         """Keep the tokenizer with the run (evaluation and sampling read it from there)."""
         self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
@@ -203,13 +184,9 @@ class TextTask(Task):
 
 
 def split_held_out(stream: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """The held-out token stream dealt into two, validation and test, a document at a time: the held-out
-    documents numbered 0, 1, 2, ... in stream order, the even ones are the validation stream and the odd
-    ones the test stream (each document with its EOS). Cut at its middle token if it holds one document.
-
-    Alternating, not halving: the held-out documents come in the corpus's order, which drifts (source,
-    topic, length), so a first half and a second half are not alike (their losses were measured 0.75 nats
-    apart); every other document gives both streams the same mix.
+    """The held-out token stream dealt into validation (the even-numbered documents, each with its EOS) and
+    test (the odd ones); cut at its middle token if it holds one document. Alternating, not halving: the
+    corpus's order drifts (source, topic, length), and its two halves' losses were measured 0.75 nats apart.
     """
     starts = np.flatnonzero(stream[:-1] == eos_id) + 1  # where a document starts, the first excepted
     if not len(starts):
@@ -236,22 +213,15 @@ def documents(stream: np.ndarray, eos_id: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=2)
-def _lm_data(source: TextSource) -> tuple[TextTokenizer, np.ndarray, np.ndarray, dict[str, Any]]:
-    """(tokenizer, train tokens, held-out tokens, info), built once per process and cached on disk."""
+def _lm_data(source: TextSource) -> tuple[TextTokenizer, np.ndarray, np.ndarray]:
+    """(tokenizer, train tokens, held-out tokens), built once per process and cached on disk."""
     data = load_corpus(source.name, source.data_dir or None, source.max_documents, source.held_out)
     tok = _tokenizer_for(source, data.train.texts)
     streams = []
     for split in (data.train, data.test):
         key = f"lm-{texts_fingerprint(split.texts)}-{tok.fingerprint()}"
         streams.append(load_or_build_array(key, functools.partial(encode_documents, tok, split.texts)))
-    info = {
-        **data.info,
-        "train_documents": len(data.train),
-        "held_out_documents": len(data.test),
-        "train_tokens": len(streams[0]),
-        "held_out_tokens": len(streams[1]),
-    }
-    return tok, streams[0], streams[1], info
+    return tok, streams[0], streams[1]
 
 
 @dataclass
@@ -308,24 +278,15 @@ class LMData(TextData):
 
 @TASKS.register("lm")
 class LanguageModeling(TextTask, SequenceTask):
-    """Next-token prediction on real text, packed into fixed-length sequences
-    (docs/tasks.md, "lm").
+    """Next-token prediction on real text (docs/tasks.md, "lm").
 
-    Documents are tokenized, each followed by EOS, and concatenated into one
-    stream per split. Training sequence i is stream[i*length : i*length +
-    length + 1]: the model reads `length` tokens and predicts each next one,
-    consecutive sequences share one boundary token, and so every next-token
-    prediction of the training stream is made exactly once per epoch (the last
-    partial sequence, fewer than `length` tokens, is left out). The held-out
-    split is dealt into two a document at a time (`split_held_out`): the
-    even-numbered documents are the validation split, the odd ones the test
-    split, each packed the same way; the first `val_size` (`test_size`)
-    sequences of each (spread evenly over it when there are more) are the
-    validation (test) set (``test_seed`` does not apply). Every position is
-    scored. Metrics: `loss`, the mean cross-entropy in nats per token (the
-    paper's "log perplexity"), `perplexity` = exp(loss), `token_acc`, and
-    `unigram_loss`, the cross-entropy of the training split's add-one-smoothed
-    unigram distribution on the same targets (the floor a model must beat).
+    Documents are tokenized, each followed by EOS, into one stream per split. Training sequence i is
+    stream[i*length : i*length + length + 1], so every next-token prediction of the training stream is made
+    once per epoch (a last partial sequence is left out). The held-out documents are dealt alternately to
+    validation and test (`split_held_out`), packed the same way; `val_size` (`test_size`) sequences spread over
+    each are the validation (test) set (``test_seed`` does not apply). Metrics: `loss` (nats per token, the
+    paper's "log perplexity"), `perplexity`, `token_acc`, and `unigram_loss`, the training split's
+    add-one-smoothed unigram on the same targets (the floor a model must beat).
     """
 
     name = "lm"
@@ -344,7 +305,7 @@ class LanguageModeling(TextTask, SequenceTask):
     def data(self) -> LMData:
         """The tokenizer and the token streams, built (or read from the cache) the first time data is needed."""
         c = self.cfg
-        tok, train, held_out, info = _lm_data(c.source())
+        tok, train, held_out = _lm_data(c.source())
         streams = dict(zip(SPLITS, (train, *split_held_out(held_out, tok.eos_id))))
         if c.packing:
             docs = {}
@@ -360,7 +321,7 @@ class LanguageModeling(TextTask, SequenceTask):
             )
         counts_by_token = np.bincount(train, minlength=tok.vocab_size).astype(np.float64) + 1.0
         unigram_logp = torch.from_numpy(np.log(counts_by_token / counts_by_token.sum()))
-        return LMData(tok, info, streams, held_out, docs, counts, unigram_logp)
+        return LMData(tok, streams, held_out, docs, counts, unigram_logp)
 
     def sequences(self, split: str, index: np.ndarray) -> Examples:
         """Sequences number `index` of `split` (one of SPLITS) and their loss masks: (len(index), length + 1) each.
@@ -408,8 +369,8 @@ Labelled = tuple[np.ndarray, np.ndarray]
 
 
 @functools.lru_cache(maxsize=2)
-def _sentiment_data(source: TextSource, length: int) -> tuple[TextTokenizer, Labelled, Labelled, dict[str, Any]]:
-    """(tokenizer, training split, held-out split, info), built once per process."""
+def _sentiment_data(source: TextSource, length: int) -> tuple[TextTokenizer, Labelled, Labelled]:
+    """(tokenizer, training split, held-out split), built once per process."""
     data = load_labelled(source.name, source.data_dir or None, source.max_documents, source.held_out)
     tok = _tokenizer_for(source, data.train.texts)
     splits = []
@@ -419,8 +380,7 @@ def _sentiment_data(source: TextSource, length: int) -> tuple[TextTokenizer, Lab
             ids = ids[:length] or [tok.eos_id]  # truncate; an empty text reads as EOS alone
             rows[i, : len(ids)] = ids
         splits.append((rows, np.asarray(split.labels, dtype=np.int64)))
-    info = {**data.info, "train_examples": len(data.train), "test_examples": len(data.test)}
-    return tok, splits[0], splits[1], info
+    return tok, splits[0], splits[1]
 
 
 @dataclass
@@ -463,19 +423,13 @@ class SentimentData(TextData):
 
 @TASKS.register("sentiment")
 class Sentiment(TextTask):
-    """Binary (or n-class) text classification: read a text, output its label
-    (docs/tasks.md, "sentiment").
+    """Binary (or n-class) text classification: read a text, output its label (docs/tasks.md, "sentiment").
 
-    Texts are tokenized, truncated to `length` tokens (the first ones) and
-    right-padded with PAD; a batch is cut to its longest text. The model's
-    classifier head pools the final hidden states (``--pooling last`` or
-    ``mean``, ignoring padding) into class logits. Following the reference
-    code, MixiT reads the whole text (non-causal, rows centred over the real
-    tokens) and softmax attention stays causal like the Hugging Face Llama
-    classifier; ``--causal true|false`` overrides either. Metrics: `accuracy`
-    and `majority_baseline`, the accuracy of always answering the training
-    split's most frequent label. The test set is the dataset's own held-out
-    split (``test_seed`` does not apply).
+    Texts are tokenized, truncated to their first `length` tokens and right-padded with PAD; a batch is cut
+    to its longest text. The classifier head pools the final hidden states (``--pooling``) into class logits;
+    whether the model reads causally is the attention kind's default (`Attention.classifies_causally`) unless
+    ``--causal`` says. Metrics: `accuracy` and `majority_baseline`, the accuracy of always answering the
+    training split's most frequent label. The test set is the dataset's own held-out split.
     """
 
     name = "sentiment"
@@ -500,14 +454,14 @@ class Sentiment(TextTask):
             "head": "classifier",
             "n_classes": self.n_classes,
             "pad_id": self.pad_id,
-            "causal": attention == "softmax",
+            "causal": ATTENTION.get(attention).classifies_causally,
         }
 
     @functools.cached_property
     def data(self) -> SentimentData:
         """The texts tokenized, split three ways, built the first time data is needed."""
         c = self.cfg
-        tok, train_set, test_set, info = _sentiment_data(c.source(), c.length)
+        tok, train_set, test_set = _sentiment_data(c.source(), c.length)
         # The validation set is split off the training split: a fixed random min(val_size, a fifth) of it.
         n_train = len(train_set[1])
         _, val_size = self.data_config.sizes
@@ -522,7 +476,7 @@ class Sentiment(TextTask):
         train = (train_set[0][~is_val], train_set[1][~is_val])
         majority = int(np.bincount(train[1], minlength=n_classes).argmax())
         val = (train_set[0][is_val], train_set[1][is_val])
-        return SentimentData(tok, info, train, val, test_set, n_classes, majority)
+        return SentimentData(tok, train, val, test_set, n_classes, majority)
 
     def _batch(self, rows: np.ndarray, labels: np.ndarray) -> Batch:
         width = int((rows != self.data.tokenizer.pad_id).sum(axis=1).max())

@@ -5,11 +5,11 @@ and the Hugging Face datasets it downloads or converts.
 
     tokenizers/     trained BPE tokenizers
     tokens/         token streams of tokenized corpora
-    hf-datasets/    Hugging Face `datasets` files (hub downloads, local copies of hub repositories)
+    hf-datasets/    Hugging Face `datasets` files (hub downloads, Arrow copies of local files)
 
 Everything here can be deleted at any time (``rm -r`` the directory): it is
 rebuilt on demand, and a run directory never depends on it (it keeps its own
-tokenizer). Local text files are read directly and never copied here.
+tokenizer).
 """
 
 from __future__ import annotations

@@ -7,32 +7,27 @@
     load_labelled("movies")                 # embedded movie snippets (sentiment default)
     load_labelled("yelp_polarity")
 
-Every loader returns a `TextDataset`: a train and a held-out split of
-documents (and labels, for classification).
+Every loader returns a `TextDataset`: a train and a held-out split of documents (and labels, for
+classification). The held-out split is the source's own where it has one (wikitext validation, yelp test,
+local files named train / validation / test); otherwise a document is held out when a hash of its text falls
+below the held-out fraction (`held_out`), so the split is the same on every machine and identical documents
+land on the same side.
 
-Held-out splits. Where the source has one (wikitext validation, yelp test, a
-local directory with files named train/validation/test) it is used. Otherwise
-each document goes to the held-out split when a hash of its text falls below
-the held-out fraction: the split depends only on the text, so it is the same
-on every machine, and identical documents always land on the same side, so no
-held-out text is ever trained on.
+Embedded data (``mixit/data/``, rebuilt by scripts/build_text_data.py; see PROVENANCE.md there): six Jane
+Austen novels, Moby Dick and the King James Bible, one document per chapter; and 10,605 Rotten Tomatoes
+snippets with mean human sentiment scores in [-4, 4] (Hutto & Gilbert 2014), labelled positive when the score
+is above 0 and negative below (score exactly 0: dropped). They need nothing beyond the base install.
 
-Embedded data (``mixit/data/``, rebuilt by scripts/build_text_data.py; see
-PROVENANCE.md there): six Jane Austen novels, Moby Dick and the King James
-Bible, one document per chapter; and 10,605 Rotten Tomatoes snippets with mean
-human sentiment scores in [-4, 4] (Hutto & Gilbert 2014), labelled positive
-when the score is above 0 and negative below (score exactly 0: dropped).
-
-Hub datasets go through Hugging Face `datasets` (``pip install 'mixit-transformers[hf]'``).
-Before contacting the hub we check in at most 3 s that huggingface.co is
-reachable, so an offline machine gets a one-line error instead of a long
-retry loop; with HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1 only the local
-datasets cache is tried.
+Hub datasets and local files are read by Hugging Face `datasets` (``pip install 'mixit-transformers[hf]'``),
+which keeps its Arrow copies under the mixit cache (`hf_cache_dir`). Before contacting the hub we check in at
+most 3 s that huggingface.co is reachable, so an offline machine gets a one-line error instead of a long retry
+loop; with HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1 only the local datasets cache is tried.
 """
 
 from __future__ import annotations
 
 import csv
+import glob
 import hashlib
 import io
 import json
@@ -52,7 +47,9 @@ from mixit.text.cache import hf_cache_dir
 from mixit.version import install_hint
 
 HUB_HOST = "huggingface.co"
-LOCAL_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".csv", ".tsv")
+FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
+"""The `datasets` builder that reads each local file suffix."""
+LOCAL_SUFFIXES = tuple(FORMATS)
 
 
 @dataclass
@@ -80,10 +77,10 @@ class HubSpec:
     repo: str
     config: str | None
     splits: dict[str, str]  # our split ("train", "test") -> hub split name
-    files: dict[str, str]  # hub split name -> glob of its parquet files in a local copy of the repository
+    local_dir: str  # the folder of the config's parquet files in a local copy of the repository
     label_column: str | None = None
     wikitext_articles: bool = False  # rows are lines; rebuild articles from their " = Title = " headings
-    default_max_documents: int = 0  # 0: all
+    default_max_documents: int = 0  # 0: all; else stream only this many
 
 
 HUB: dict[str, HubSpec] = {
@@ -91,21 +88,21 @@ HUB: dict[str, HubSpec] = {
         "Salesforce/wikitext",
         "wikitext-103-raw-v1",
         {"train": "train", "test": "validation"},
-        {"train": "wikitext-103-raw-v1/train-*.parquet", "validation": "wikitext-103-raw-v1/validation-*.parquet"},
+        "wikitext-103-raw-v1",
         wikitext_articles=True,
     ),
     "fineweb-edu": HubSpec(
         "HuggingFaceFW/fineweb-edu",
         "sample-10BT",
         {"train": "train"},
-        {"train": "sample/10BT/*.parquet"},
+        "sample/10BT",
         default_max_documents=100_000,
     ),
     "yelp_polarity": HubSpec(
         "fancyzhx/yelp_polarity",
         "plain_text",
         {"train": "train", "test": "test"},
-        {"train": "plain_text/train-*.parquet", "test": "plain_text/test-*.parquet"},
+        "plain_text",
         label_column="label",
     ),
 }
@@ -132,20 +129,16 @@ def held_out(text: str, fraction: float) -> bool:
 
 
 def hash_split(texts: list[str], labels: list[int] | None, fraction: float) -> tuple[TextSplit, TextSplit]:
-    train_i: list[int] = []
-    test_i: list[int] = []
-    for i, text in enumerate(texts):
-        (test_i if held_out(text, fraction) else train_i).append(i)
-
-    def take(idx: list[int]) -> TextSplit:
-        return TextSplit([texts[i] for i in idx], None if labels is None else [labels[i] for i in idx])
-
-    return take(train_i), take(test_i)
-
-
-def _check_fraction(fraction: float) -> None:
+    """The texts (and labels) split by `held_out` into a training and a held-out split, each in input order."""
     if not 0 < fraction < 1:
         raise UsageError(f"the held-out fraction must be in (0, 1), got {fraction}")
+    held = [held_out(text, fraction) for text in texts]
+
+    def side(is_held: bool) -> TextSplit:
+        keep = [i for i, h in enumerate(held) if h == is_held]
+        return TextSplit([texts[i] for i in keep], None if labels is None else [labels[i] for i in keep])
+
+    return side(False), side(True)
 
 
 def _limit(split: TextSplit, max_documents: int) -> TextSplit:
@@ -155,10 +148,10 @@ def _limit(split: TextSplit, max_documents: int) -> TextSplit:
 
 
 # -- embedded data -----------------------------------------------------------
-def _embedded(name: str) -> bytes:
+def _embedded(name: str) -> str:
     path = resources.files("mixit") / "data" / name
     try:
-        return lzma.decompress(path.read_bytes())
+        return lzma.decompress(path.read_bytes()).decode()
     except FileNotFoundError:
         raise UsageError(
             f"embedded data file mixit/data/{name} is missing from this installation; "
@@ -168,31 +161,54 @@ def _embedded(name: str) -> bytes:
 
 def english_documents() -> list[dict[str, str]]:
     """The embedded English corpus: dicts with source, title and text, one per chapter."""
-    return [json.loads(line) for line in _embedded("english.jsonl.xz").decode().splitlines() if line.strip()]
+    return [json.loads(line) for line in _embedded("english.jsonl.xz").splitlines() if line.strip()]
 
 
 def movie_snippets() -> tuple[list[str], list[int]]:
     """The embedded movie snippets with a nonzero score: texts, labels (1 = score > 0)."""
-    rows = csv.DictReader(
-        io.StringIO(_embedded("movie_snippets.tsv.xz").decode()), delimiter="\t", quoting=csv.QUOTE_NONE
-    )
-    texts, labels = [], []
-    for row in rows:
-        score = float(row["score"])
-        if score != 0:
-            texts.append(row["text"])
-            labels.append(int(score > 0))
-    return texts, labels
+    rows = csv.DictReader(io.StringIO(_embedded("movie_snippets.tsv.xz")), delimiter="\t", quoting=csv.QUOTE_NONE)
+    scored = [(row["text"], float(row["score"])) for row in rows]
+    return [text for text, score in scored if score], [int(score > 0) for _, score in scored if score]
+
+
+# -- labels ------------------------------------------------------------------
+MAX_CLASSES = 100_000
+"""Labels are class ids in [0, MAX_CLASSES): a label sizes the classifier head and the label counts, so a
+stray huge one is refused before anything is allocated."""
+
+
+def _label(value: Any) -> int:
+    """`value` as a class id: an integer in [0, MAX_CLASSES), or a float or string that is exactly one."""
+    number = float(value) if isinstance(value, str | float) else value
+    if isinstance(number, float) and number.is_integer():
+        number = int(number)
+    if isinstance(number, int) and not isinstance(number, bool) and 0 <= number < MAX_CLASSES:
+        return number
+    raise ValueError(value)
+
+
+def labels_of(values: Iterable[Any], where: str) -> list[int]:
+    """The class labels `values` (`_label`), or UsageError naming `where` and the first bad one."""
+    labels = []
+    for value in values:
+        try:
+            labels.append(_label(value))
+        except ValueError:
+            raise UsageError(
+                f"{where}: 'label' must hold integers in [0, {MAX_CLASSES:,}) (class ids 0, 1, ...), found {value!r}"
+            ) from None
+    return labels
 
 
 # -- Hugging Face datasets ---------------------------------------------------
 def _datasets():
     datasets = require(
         "datasets",
-        "this dataset is read through Hugging Face `datasets`, which is not installed; "
+        "hub datasets and local files are read through Hugging Face `datasets`, which is not installed; "
         f"{install_hint('hf')} (or use the embedded default)",
     )
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a failed read is our one-line refusal, not a log
     return datasets
 
 
@@ -212,6 +228,13 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def _first_line(error: BaseException) -> str:
+    """An exception as one short line (`datasets` wraps the reader's error as the cause)."""
+    error = error.__cause__ or error
+    text = " ".join(str(error).split())
+    return text[:200] if text else type(error).__name__
+
+
 def _wikitext_articles(lines: list[str]) -> list[str]:
     """Wikitext rows (one per line) regrouped into articles at their level-1 headings ' = Title = '."""
     heading = re.compile(r"^ = [^=].* = $")
@@ -223,20 +246,16 @@ def _wikitext_articles(lines: list[str]) -> list[str]:
     return [text for text in ("".join(a).strip() for a in articles) if text]
 
 
-def _rows(table, spec: HubSpec, max_documents: int) -> TextSplit:
-    """Text (and labels) of one split, as a list of documents."""
-    if "text" not in table.column_names:
-        raise UsageError(f"{spec.repo}: expected a 'text' column, found {', '.join(table.column_names)}")
+def _hub_split(table, spec: HubSpec, max_documents: int) -> TextSplit:
+    """The documents (and labels) of one split of a hub dataset."""
+    columns = ["text"] + ([spec.label_column] if spec.label_column else [])
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise UsageError(f"{spec.repo}: expected a {missing[0]!r} column, found {', '.join(table.column_names)}")
     texts = list(table["text"])
     if spec.wikitext_articles:
         return _limit(TextSplit(_wikitext_articles(texts)), max_documents)
-    labels = None
-    if spec.label_column is not None:
-        if spec.label_column not in table.column_names:
-            raise UsageError(
-                f"{spec.repo}: expected a {spec.label_column!r} column, found {', '.join(table.column_names)}"
-            )
-        labels = labels_of(table[spec.label_column], spec.repo)
+    labels = labels_of(table[spec.label_column], spec.repo) if spec.label_column else None
     return _limit(TextSplit(texts, labels), max_documents)
 
 
@@ -248,52 +267,37 @@ def load_hub(
     spec = HUB[name]
     ds_lib = _datasets()
     max_documents = max_documents or spec.default_max_documents
-    if data_dir:
-        root = Path(data_dir)
-        if not root.is_dir():
-            raise UsageError(f"data_dir {root} is not a directory")
-        files = {}
-        for hub_split, pattern in spec.files.items():
-            matches = sorted(root.glob(pattern))
-            if not matches:
-                raise UsageError(
-                    f"data_dir {root} has no files matching {pattern} (a local copy of {spec.repo} should have them)"
-                )
-            files[hub_split] = [str(p) for p in matches]
-        loaded = ds_lib.load_dataset("parquet", data_files=files, cache_dir=str(hf_cache_dir()))
+    local = Path(data_dir or ".", spec.local_dir)
+    if data_dir and not local.is_dir():
+        raise UsageError(f"data_dir {data_dir} has no folder {spec.local_dir} (a local copy of {spec.repo} has one)")
+    if not data_dir and not _offline() and not hub_reachable():
+        raise UsageError(
+            f"dataset {name} ({spec.repo}) needs the Hugging Face hub, and {HUB_HOST} cannot be "
+            f"reached from here; pass -p data_dir=LOCAL_COPY, or use the embedded default"
+        )
+    source = str(local) if data_dir else f"hf://{spec.repo}/{spec.config}"
+    stream = not data_dir and spec.default_max_documents > 0  # a sample of a very large dataset: only what is used
+    try:  # a local copy's splits are told by its file names (train-*, validation-*, test-*; else all train)
+        if data_dir:
+            loaded = ds_lib.load_dataset("parquet", data_dir=str(local), cache_dir=str(hf_cache_dir()))
+        else:
+            loaded = ds_lib.load_dataset(spec.repo, spec.config, streaming=stream, cache_dir=str(hf_cache_dir()))
+        missing = [hub for hub in spec.splits.values() if hub not in loaded]
+        if missing:
+            raise ValueError(f"it has no {missing[0]} split")
         tables = {ours: loaded[hub] for ours, hub in spec.splits.items()}
-        source = str(root)
-    else:
-        if not _offline() and not hub_reachable():
-            raise UsageError(
-                f"dataset {name} ({spec.repo}) needs the Hugging Face hub, and {HUB_HOST} cannot be "
-                f"reached from here; pass -p data_dir=LOCAL_COPY, or use the embedded default"
-            )
-        stream = spec.default_max_documents > 0
-        tables = {}
-        try:
-            for ours, hub in spec.splits.items():
-                if stream:  # a sample of a very large dataset: read only what is used
-                    it = ds_lib.load_dataset(
-                        spec.repo, spec.config, split=hub, streaming=True, cache_dir=str(hf_cache_dir())
-                    )
-                    rows = list(it.take(max_documents))
-                    tables[ours] = ds_lib.Dataset.from_list(rows)
-                else:
-                    tables[ours] = ds_lib.load_dataset(spec.repo, spec.config, split=hub, cache_dir=str(hf_cache_dir()))
-        except Exception as e:  # datasets raises many kinds (ConnectionError, FileNotFoundError, ValueError...)
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise UsageError(
-                f"dataset {name} ({spec.repo}) could not be loaded ({first}); "
-                f"pass -p data_dir=LOCAL_COPY, or use the embedded default"
-            ) from None
-        source = f"hf://{spec.repo}/{spec.config}"
-    train = _rows(tables["train"], spec, max_documents)
+        if stream:
+            tables = {ours: ds_lib.Dataset.from_list(list(t.take(max_documents))) for ours, t in tables.items()}
+    except Exception as e:  # datasets raises many kinds (ConnectionError, FileNotFoundError, ValueError...)
+        raise UsageError(
+            f"dataset {name} ({source}) could not be loaded ({_first_line(e)}); "
+            f"pass -p data_dir=LOCAL_COPY, or use the embedded default"
+        ) from None
+    train = _hub_split(tables["train"], spec, max_documents)
     if "test" in tables:
-        test = _rows(tables["test"], spec, 0)
+        test = _hub_split(tables["test"], spec, 0)
         split_rule = f"the source's own {spec.splits['test']} split"
     else:
-        _check_fraction(held_out_fraction)
         train, test = hash_split(train.texts, train.labels, held_out_fraction)
         split_rule = f"hash split, held-out fraction {held_out_fraction}"
     return TextDataset(name, train, test, {"source": source, "split": split_rule})
@@ -311,31 +315,25 @@ def _local_files(root: Path) -> list[Path]:
     resolved = root.resolve()
     if any(resolved == Path(s) or Path(s) in resolved.parents for s in SPECIAL_FILESYSTEMS):
         raise UsageError(f"{root} is on a special filesystem ({', '.join(SPECIAL_FILESYSTEMS)}); give a data directory")
+    files, seen = [], 0
     if root.is_file():
-        files = [root] if root.suffix in LOCAL_SUFFIXES else []
-    else:
-        files, seen = [], 0
-        for here, dirs, names in os.walk(root, followlinks=False):
-            depth = len(Path(here).relative_to(root).parts)
-            dirs[:] = sorted(
-                d for d in dirs if depth < MAX_DEPTH and str(Path(here, d).resolve()) not in SPECIAL_FILESYSTEMS
-            )
-            for name in sorted(names):
-                seen += 1
-                if seen > MAX_FILES:
-                    raise UsageError(f"{root} holds more than {MAX_FILES:,} files; give a directory of text files")
-                if Path(name).suffix in LOCAL_SUFFIXES:
-                    files.append(Path(here, name))
-        files.sort()
+        files = [root] if root.suffix in FORMATS else []
+    for here, dirs, names in os.walk(root, followlinks=False):  # nothing when root is a file
+        depth = len(Path(here).relative_to(root).parts)
+        dirs[:] = [d for d in dirs if depth < MAX_DEPTH and str(Path(here, d).resolve()) not in SPECIAL_FILESYSTEMS]
+        seen += len(names)
+        if seen > MAX_FILES:
+            raise UsageError(f"{root} holds more than {MAX_FILES:,} files; give a directory of text files")
+        files += [Path(here, name) for name in names if Path(name).suffix in FORMATS]
     if not files:
         raise UsageError(
-            f"{root}: no readable text files; allowed: {', '.join(LOCAL_SUFFIXES)} (a file, or a directory of them)"
+            f"{root}: no readable text files; allowed: {', '.join(FORMATS)} (a file, or a directory of them)"
         )
-    return files
+    return sorted(files)
 
 
 def _split_of(path: Path, root: Path) -> str | None:
-    """'train' or 'test' when a path names its split (train / validation, valid, val, test), else None."""
+    """'train' or 'test' when a path names its split (train / validation, valid, val, dev, test), else None."""
     rel = str(path.relative_to(root)).lower() if root.is_dir() else path.name.lower()
     if re.search(r"(^|[^a-z])train", rel):
         return "train"
@@ -344,99 +342,59 @@ def _split_of(path: Path, root: Path) -> str | None:
     return None
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    """The records of a .jsonl, .json, .csv, .tsv or .parquet file, read directly (nothing is cached)."""
-    if path.suffix == ".jsonl":
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and "text" in data and isinstance(data["text"], list):  # columns
-            return [dict(zip(data, row)) for row in zip(*data.values())]
-        if not isinstance(data, list):
-            raise ValueError("expected a list of records or a mapping of columns")
-        return data
-    if path.suffix in (".csv", ".tsv"):
-        with open(path, newline="", encoding="utf-8") as f:
-            return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
-    parquet = require("pyarrow.parquet", f"{path}: reading .parquet needs pyarrow: {install_hint('hf')}")
-    return parquet.read_table(path).to_pylist()
-
-
-MAX_CLASSES = 100_000
-"""Labels are class ids in [0, MAX_CLASSES): a label sizes the classifier head and the label counts, so a
-stray huge one is refused before anything is allocated."""
-
-
-def _label(value: Any) -> int:
-    """A class label: an integer in [0, MAX_CLASSES), or a number or string that is exactly one; anything else
-    raises ValueError."""
-    if isinstance(value, bool):
-        raise ValueError(value)
-    number: Any = value
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            raise ValueError(value) from None
-    if isinstance(number, float) and number.is_integer():
-        number = int(number)
-    if isinstance(number, int) and 0 <= number < MAX_CLASSES:
-        return number
-    raise ValueError(value)
-
-
-def labels_of(values: Iterable[Any], where: str) -> list[int]:
-    """The class labels `values` (`_label`), or UsageError naming `where` and the first bad one."""
-    try:
-        return [_label(v) for v in values]
-    except ValueError as e:
-        raise UsageError(
-            f"{where}: 'label' must hold integers in [0, {MAX_CLASSES:,}) (class ids 0, 1, ...), found {e.args[0]!r}"
-        ) from None
-
-
 def _read_local(path: Path, labelled: bool) -> TextSplit:
-    """Documents (and labels) of one local file.
+    """Documents (and labels) of one local file, read by `datasets` (`FORMATS`).
 
-    .txt: one document per paragraph block (text between blank lines);
-    .jsonl/.json/.parquet: a 'text' field per record; .csv/.tsv: a header
-    with a 'text' column. Labelled data also needs an integer 'label'.
-    Empty texts are skipped, and counted in `TextSplit.skipped`.
+    .txt: one document per paragraph block (text between blank lines); .jsonl/.json/.parquet: a 'text' field
+    per record (a .json file may also hold a mapping of columns); .csv/.tsv: a header with a 'text' column.
+    Labelled data also needs an integer 'label'. Empty texts are skipped, and counted in `TextSplit.skipped`.
     """
-    if path.suffix == ".txt":
-        if labelled:
-            raise UsageError(
-                f"{path}: a .txt file has no labels; use .jsonl, .json, .parquet, .csv or .tsv "
-                f"with 'text' and 'label' columns"
-            )
-        blocks = re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace"))
+    if path.suffix == ".txt" and labelled:
+        raise UsageError(
+            f"{path}: a .txt file has no labels; use .jsonl, .json, .parquet, .csv or .tsv "
+            "with 'text' and 'label' columns"
+        )
+    builder = FORMATS[path.suffix]
+    options: dict[str, dict[str, Any]] = {
+        "text": {"sample_by": "document", "encoding_errors": "replace"},  # paragraphs are cut below
+        # Cells as written: "NA" and numbers in the text column stay text, an empty cell is an empty text.
+        "csv": {"sep": "\t" if path.suffix == ".tsv" else ",", "converters": {"text": str}, "keep_default_na": False},
+    }
+    if not path.stat().st_size:  # nothing to read (datasets refuses an empty file)
+        return TextSplit([])
+    ds_lib = _datasets()
+    try:  # a file name is not a pattern: escape the glob characters `datasets` would expand
+        table = ds_lib.load_dataset(
+            builder,
+            data_files=glob.escape(str(path)),
+            split="train",
+            cache_dir=str(hf_cache_dir()),
+            **options.get(builder, {}),
+        )
+    except Exception as e:
+        raise UsageError(f"{path} could not be read ({_first_line(e)})") from None
+    columns = table.to_dict()
+    if builder == "text":
+        blocks = re.split(r"\n\s*\n", "".join(columns["text"]))
         return TextSplit([b.strip() for b in blocks if b.strip()])
-    try:
-        records = _records(path)
-    except (OSError, ValueError, UnicodeDecodeError, csv.Error) as e:
-        raise UsageError(f"{path} could not be read ({' '.join(str(e).split())[:200]})") from None
-    needed = ["text"] + (["label"] if labelled else [])
-    for i, record in enumerate(records):
-        missing = [c for c in needed if not isinstance(record, dict) or c not in record]
-        if missing:
-            raise UsageError(f"{path}: record {i + 1} has no {', '.join(missing)} field")
-    bad = next((r["text"] for r in records if r["text"] is not None and not isinstance(r["text"], str)), None)
+    if path.suffix == ".json" and len(table) == 1 and isinstance(columns.get("text", [None])[0], list):
+        columns = {name: values[0] for name, values in columns.items()}  # one mapping of columns
+    missing = [c for c in ("text", "label")[: 1 + labelled] if c not in columns]
+    if missing:
+        raise UsageError(f"{path}: its records have no {missing[0]!r} field (found: {', '.join(columns)})")
+    bad = next((t for t in columns["text"] if t is not None and not isinstance(t, str)), None)
     if bad is not None:
         raise UsageError(f"{path}: 'text' must hold strings, found {bad!r}")
-    kept = [r for r in records if r["text"] is not None and r["text"].strip()]  # empty cells are skipped
-    texts = [r["text"] for r in kept]
-    labels = None
-    if labelled:
-        labels = labels_of((r["label"] for r in kept), str(path))
-    return TextSplit(texts, labels, skipped=len(records) - len(kept))
+    kept = [i for i, text in enumerate(columns["text"]) if text is not None and text.strip()]
+    labels = labels_of((columns["label"][i] for i in kept), str(path)) if labelled else None
+    return TextSplit([columns["text"][i] for i in kept], labels, skipped=len(columns["text"]) - len(kept))
 
 
 def _concat(splits: list[TextSplit]) -> TextSplit:
     """One split holding the documents (and labels) of several, in order."""
-    labelled = splits[0].labels is not None
     return TextSplit(
         [t for s in splits for t in s.texts],
-        [y for s in splits for y in s.labels or ()] if labelled else None,
+        None if splits[0].labels is None else [y for s in splits for y in s.labels or ()],
         skipped=sum(s.skipped for s in splits),
     )
 
@@ -453,7 +411,6 @@ def load_local(
         train, test = _limit(_concat(by_split["train"]), max_documents), _concat(by_split["test"])
         rule = "the files' own train / held-out split"
     else:
-        _check_fraction(held_out_fraction)
         everything = _limit(_concat([s for splits in by_split.values() for s in splits]), max_documents)
         train, test = hash_split(everything.texts, everything.labels, held_out_fraction)
         rule = f"hash split, held-out fraction {held_out_fraction}"
@@ -481,23 +438,6 @@ def known_min_words(name: str, labelled: bool, max_documents: int, held_out_frac
 
 
 # -- entry points ------------------------------------------------------------
-def _looks_like_path(name: str) -> bool:
-    return os.sep in name or "/" in name or Path(name).suffix in LOCAL_SUFFIXES or Path(name).exists()
-
-
-def _embedded_dataset(
-    name: str, file: str, texts: list[str], labels: list[int] | None, max_documents: int, held_out_fraction: float
-) -> TextDataset:
-    _check_fraction(held_out_fraction)
-    train, test = hash_split(texts, labels, held_out_fraction)
-    return TextDataset(
-        name,
-        _limit(train, max_documents),
-        test,
-        {"source": f"embedded mixit/data/{file}", "split": f"hash split, held-out fraction {held_out_fraction}"},
-    )
-
-
 def load_corpus(
     name: str = "english", data_dir: str | None = None, max_documents: int = 0, held_out_fraction: float = 0.05
 ) -> TextDataset:
@@ -516,13 +456,14 @@ def _load(name: str, labelled: bool, data_dir: str | None, max_documents: int, h
     """`name` as the embedded data, a hub dataset of its catalogue (LABELLED or LM_CORPORA), or a local path."""
     catalogue = LABELLED if labelled else LM_CORPORA
     if name == catalogue[0]:  # the embedded one
-        if labelled:
-            return _embedded_dataset(name, "movie_snippets.tsv.xz", *movie_snippets(), max_documents, held_out_fraction)
-        texts = [d["text"] for d in english_documents()]
-        return _embedded_dataset(name, "english.jsonl.xz", texts, None, max_documents, held_out_fraction)
+        file = "movie_snippets.tsv.xz" if labelled else "english.jsonl.xz"
+        texts, labels = movie_snippets() if labelled else ([d["text"] for d in english_documents()], None)
+        train, test = hash_split(texts, labels, held_out_fraction)
+        info = {"source": f"embedded mixit/data/{file}", "split": f"hash split, held-out fraction {held_out_fraction}"}
+        return TextDataset(name, _limit(train, max_documents), test, info)
     if name in HUB and name in catalogue:
         return load_hub(name, data_dir, max_documents, held_out_fraction)
-    if _looks_like_path(name):
+    if os.sep in name or "/" in name or Path(name).suffix in FORMATS or Path(name).exists():
         return load_local(name, labelled=labelled, max_documents=max_documents, held_out_fraction=held_out_fraction)
     what, suffixes = ("dataset", LOCAL_SUFFIXES[1:]) if labelled else ("corpus", LOCAL_SUFFIXES)
     raise UsageError(

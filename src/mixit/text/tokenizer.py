@@ -1,17 +1,10 @@
-"""Tokenizers for the real-text tasks: a byte-level BPE trained on a task's
-training split (cached), or a tokenizer file the user names.
+"""Tokenizers for the real-text tasks: a byte-level BPE trained on a task's training split (cached), or a
+tokenizer file the user names, through Hugging Face `tokenizers`.
 
-Every tokenizer here has two special tokens the tasks rely on:
-
-    <|endoftext|>   separates documents when the lm task packs them
-    <|pad|>         right padding of sentiment inputs; never produced from text
-
-Text that happens to spell a special token is encoded as ordinary text, so
-these ids come only from the tasks. A byte-level BPE encodes any string (every byte is in its alphabet) and decodes
-it back exactly, so there is no unknown token. Training is deterministic: the
-same texts and vocabulary size give the same tokenizer, which the cache relies
-on. The run directory keeps its own copy (``tokenizer.json``), and evaluation,
-sampling and resuming read that copy, so a run never depends on the cache.
+Every tokenizer here has two special tokens: <|endoftext|> (EOS) separates the lm task's documents and
+<|pad|> (PAD) right-pads sentiment inputs. Text that spells one is encoded as ordinary text, so these ids come
+only from the tasks. A byte-level BPE encodes any string and decodes it back exactly (no unknown token), and
+its training is deterministic, which the cache relies on; a run keeps its own copy (``tokenizer.json``).
 """
 
 from __future__ import annotations
@@ -38,12 +31,8 @@ class TextTokenizer:
     """A `tokenizers.Tokenizer` with the EOS and PAD ids the tasks need."""
 
     def __init__(self, tokenizer):
-        missing = [t for t in SPECIALS if tokenizer.token_to_id(t) is None]
-        if missing:
-            tokenizer.add_special_tokens(missing)
-        # Text that spells a special token ("<|pad|>") is encoded as ordinary
-        # text: only the tasks place EOS and PAD, so PAD never comes from data.
-        tokenizer.encode_special_tokens = True
+        tokenizer.add_special_tokens([t for t in SPECIALS if tokenizer.token_to_id(t) is None])
+        tokenizer.encode_special_tokens = True  # text spelling "<|pad|>" is ordinary text: only tasks place PAD
         self._tok = tokenizer
         self.eos_id: int = tokenizer.token_to_id(EOS)
         self.pad_id: int = tokenizer.token_to_id(PAD)
@@ -152,13 +141,8 @@ def texts_fingerprint(texts: Iterable[str]) -> str:
 
 
 def get_tokenizer(spec: str, train_texts: Sequence[str], vocab_size: int) -> TextTokenizer:
-    """The tokenizer a task asks for.
-
-    spec "bpe": a byte-level BPE of `vocab_size` trained on `train_texts`,
-    cached under the mixit cache directory by a hash of the texts and the size.
-    Anything else: a path to a tokenizer.json file or a directory holding one
-    (`vocab_size` is then ignored; the file decides).
-    """
+    """The tokenizer a task asks for: "bpe", a BPE of `vocab_size` trained on `train_texts` and cached by a
+    hash of the texts and the size; else a tokenizer.json file or a directory holding one (its own size)."""
     if spec != "bpe":
         return TextTokenizer.load(spec)
     import tokenizers
@@ -174,21 +158,13 @@ def get_tokenizer(spec: str, train_texts: Sequence[str], vocab_size: int) -> Tex
 
 
 def encode_documents(tok: TextTokenizer, documents: Sequence[str], chunk: int = 1000) -> np.ndarray:
-    """All documents as one token stream, each followed by EOS: int32 (n_tokens,).
+    """All documents as one token stream, each followed by EOS: int32 (n_tokens,). Encoded `chunk` documents
+    at a time, with a progress bar on a terminal for a large corpus (minutes, once: the stream is cached)."""
+    from tqdm.auto import trange
 
-    Shows a progress bar on a terminal when there are many documents (a large
-    corpus takes minutes; the result is cached, so this happens once)."""
-    from tqdm.auto import tqdm
-
-    pieces = []
-    bar = tqdm(
-        total=len(documents), desc="tokenizing", unit="doc", disable=None if len(documents) > 20 * chunk else True
-    )
-    for start in range(0, len(documents), chunk):
-        batch = documents[start : start + chunk]
-        for ids in tok.encode_batch(batch):
-            pieces.append(np.asarray(ids, dtype=np.int32))
-            pieces.append(np.asarray([tok.eos_id], dtype=np.int32))
-        bar.update(len(batch))
-    bar.close()
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+    pieces = [np.zeros(0, dtype=np.int32)]
+    quiet = True if len(documents) <= 20 * chunk else None  # None: a bar only on a terminal
+    for start in trange(0, len(documents), chunk, desc="tokenizing", disable=quiet):
+        for ids in tok.encode_batch(documents[start : start + chunk]):
+            pieces.append(np.asarray([*ids, tok.eos_id], dtype=np.int32))
+    return np.concatenate(pieces)
