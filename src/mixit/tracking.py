@@ -71,9 +71,8 @@ def tracking_state(run: Run) -> dict[str, dict[str, Any]]:
 
 def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | Path | None = None) -> tuple[Sink, ...]:
     """`names` (or one name) as sinks, each once, in order; refused in one line if one is unknown, its package (or
-    accelerate, which drives it) is missing, or its settings cannot work (each kind's `check`). `option` is the flag
-    that named them; `run_dir`, the run they will write, whose own directories and tracking.json are checked too
-    if it exists."""
+    accelerate) is missing, or its settings cannot work (each kind's `check`). `option`: the flag that named them;
+    `run_dir`: the run they will write, whose own directories and tracking.json are checked too if it exists."""
     chosen: list[Sink] = []
     for name in [names] if isinstance(names, str) else names:
         if name not in SINKS:
@@ -82,10 +81,8 @@ def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | P
             for package in (name, "accelerate"):
                 require(package, f"{option} {name} needs the {package} package: {install_hint(name)}")
             chosen.append(cast(Sink, name))
-    run = Run(run_dir) if run_dir is not None else None
-    if run is not None and run.state() == "absent":
-        run = None  # a new run's directory is checked as it is made
-    held = tracking_state(run) if run is not None and chosen else {}
+    run = None if run_dir is None or Run(run_dir).state() == "absent" else Run(run_dir)  # a new run: checked as made
+    held = tracking_state(run) if run is not None else {}
     for name in chosen:
         try:
             KINDS[name].check(run, held.get(name))
@@ -155,9 +152,8 @@ class Naming:
 
     def check_sent(self, sinks: Sequence[Sink], option: str = "--logger") -> None:
         """Refuse a project or name given for runs that no sink receives: it would be accepted and do nothing."""
-        given = [
-            flag for flag, value in (("--tracking-project", self.project), ("--tracking-name", self.name)) if value
-        ]
+        options = {"--tracking-project": self.project, "--tracking-name": self.name}
+        given = [flag for flag, value in options.items() if value]
         if given and not sinks:
             raise UsageError(
                 f"{' and '.join(given)} name runs in a tracking sink, and {option} names none; "
@@ -233,8 +229,8 @@ Held = Mapping[str, Any] | None
 
 
 class SinkKind:
-    """One sink in one session: the accelerate tracker that writes it, and what mixit adds around it: its checks,
-    what identifies the run there, and what it holds already. One subclass per sink, in `KINDS`."""
+    """One sink in one session: the accelerate tracker that writes it, and what mixit adds: its checks, what
+    identifies the run there, and what it holds already. One subclass per sink, in `KINDS`."""
 
     name: str
     held: Collection[tuple[str, int]] = ()
@@ -242,12 +238,12 @@ class SinkKind:
 
     @staticmethod
     def check(run: Run | None, held: Held) -> None:
-        """Refuse settings the sink cannot work with (one line naming the setting to change), before any work.
-        `run`: the run it will write, if it exists already."""
+        """Refuse, in one line naming what to set, settings the sink cannot work with. `run`: the run it will write,
+        if it exists already."""
 
     def new_ids(self, grouping: Grouping) -> dict[str, Any]:
-        """What will identify a run new to the sink, recorded before it starts: a session killed at once continues
-        the same run."""
+        """What identifies a run new to the sink, recorded before it starts (a session killed at once goes on
+        with the same run)."""
         return {}
 
     def start(self, run: Run, ids: dict[str, Any], grouping: Grouping, resumed: bool) -> None:
@@ -264,7 +260,7 @@ class SinkKind:
         self.tracker.log(dict(values), step=step)
 
     def summary(self, step: int, values: Mapping[str, float]) -> None:
-        """The run's summary at `step`, the steps trained: points, unless the sink keeps summaries apart."""
+        """The run's summary at `step`, the steps trained: as points, unless the sink keeps summaries apart."""
         self.log(step, values)
 
     def finish(self, completed: bool) -> None:
@@ -296,17 +292,14 @@ class TensorBoard(SinkKind):
             path.unlink()
         self._start(TensorBoardTracker("tensorboard", run.path))
         config = run.config.to_dict()
-        named = {"name": grouping.name, "project": grouping.project, "group": grouping.group}
-        tags = ", ".join(f"{k}={v}" for k, v in {**{k: v for k, v in named.items() if v}, **grouping.tags}.items())
+        about = {"name": grouping.name, "project": grouping.project, "group": grouping.group, **grouping.tags}
+        tags = ", ".join(f"{k}={v}" for k, v in about.items() if v)
         code = "\n".join("    " + line for line in json.dumps(config, indent=2).splitlines())  # markdown: code
         self.tracker.log({"config": code, "tags": tags}, step=0)
         # The HParams tab's values: the config flattened (a list as JSON, null left out), a study's run's study, role.
-        flat = {
-            k: v if v is None or isinstance(v, (str, int, float)) else json.dumps(v)
-            for k, v in flatten(config, keep_empty=True).items()
-        }
         study = {"study": grouping.group, "role": grouping.tags.get("role")} if grouping.group else {}
-        self.hparams = {k: v for k, v in {**flat, **study}.items() if v is not None}
+        values = {**flatten(config, keep_empty=True), **study}.items()
+        self.hparams = {k: v if isinstance(v, (str, int, float)) else json.dumps(v) for k, v in values if v is not None}
 
     def summary(self, step: int, values: Mapping[str, float]) -> None:
         """The summary as scalars, then the run's hparams as a session of TensorBoard's hparams plugin in the run's
@@ -425,10 +418,8 @@ class Mlflow(SinkKind):
         elif scheme in ("", "file", "sqlite") and uri not in ("databricks", "databricks-uc", "uc"):  # on this machine
             if scheme == "sqlite":  # sqlite:///relative.db, sqlite:////absolute.db: the database's directory
                 store = Path(uri.partition(":///")[2].partition("?")[0] or "mlflow.db").parent
-            elif scheme == "file":
-                store = Path(urllib.request.url2pathname(urllib.parse.urlsplit(uri).path))
-            else:
-                store = Path(uri)
+            else:  # a path, or a file: URI
+                store = Path(importlib.import_module("mlflow.utils.file_utils").local_file_uri_to_path(uri))
             fix = recorded or "set MLFLOW_TRACKING_URI to a writable place"
             check_writable(store, f"MLflow keeps its store there: {fix}")
 
@@ -439,7 +430,8 @@ class Mlflow(SinkKind):
         from accelerate.tracking import MLflowTracker
 
         mlflow = importlib.import_module("mlflow")
-        mlflow.set_tracking_uri(ids["tracking_uri"])
+        if ids["tracking_uri"] != mlflow.get_tracking_uri():  # a resumed run, in another store than MLflow uses now
+            mlflow.set_tracking_uri(ids["tracking_uri"])  # for the rest of the process: MLflow's fluent API reads it
         experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or grouping.project or grouping.group or DEFAULT_PROJECT
         # Made here, not by accelerate's start: MLflow's own takes the experiment a study's other worker made
         # at the same moment, where accelerate's fails.
@@ -558,12 +550,7 @@ class Feed:
 
 
 def feeder(
-    run_dir: str | Path,
-    cfg: RunConfig,
-    logger: Sequence[str],
-    resume: bool,
-    naming: Naming,
-    grouping: Grouping | None,
+    run_dir: str | Path, cfg: RunConfig, logger: Sequence[str], resume: bool, naming: Naming, grouping: Grouping | None
 ) -> Callable[[Run, Sequence[Mapping[str, Any]]], Feed] | None:
     """What `train` asks of tracking, checked before any work: the session's sinks (`logger`, and on resume those
     the run remembers), refused in one line if one cannot work or if `naming` names runs no sink receives; None if
