@@ -111,6 +111,18 @@ def test_an_unreachable_mlflow_server_is_refused_at_once(tmp_path, capsys, monke
     refused(capsys, argv, study, f"--logger mlflow: no server answers at {closed_url}")
 
 
+def test_an_mlflow_session_leaves_the_tracking_uri_to_the_environment(tmp_path, capsys, monkeypatch, closed_url):
+    """A session sent to MLflow does not pin MLflow's tracking URI for the rest of the process: a later command in
+    it checks the store MLFLOW_TRACKING_URI names by then."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert main(["train", *TRAIN, "--logger", "mlflow", "--out", str(tmp_path / "first")]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", closed_url)
+    out = tmp_path / "second"
+    line = refused(capsys, ["train", *TRAIN, "--logger", "mlflow", "--out", str(out)], out)
+    assert f"--logger mlflow: no server answers at {closed_url}" in line
+
+
 @pytest.mark.parametrize(
     "uri, wanted",
     [
