@@ -156,8 +156,10 @@ class Config:
         names = [f.name for f in fields]
         unknown = sorted(set(data) - set(names))
         check(not unknown, f"unknown {cls.what}(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
-        no_default = dataclasses.MISSING
-        missing = [f.name for f in fields if f.name not in data and f.default == f.default_factory == no_default]
+        required = [
+            f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        missing = [name for name in required if name not in data]
         check(not missing, f"missing {cls.what}(s) {', '.join(missing)}")
         values = dict(data)
         for name, hint in field_hints(cls).items():
