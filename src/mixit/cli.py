@@ -165,26 +165,20 @@ def say(message: str) -> None:
     print(f"... {message}", file=sys.stderr, flush=True)
 
 
-def resumes(what: str) -> str:
-    """What continues an interrupted litmus or study."""
-    return f"the same command again resumes the {what}, each run from its last checkpoint"
-
-
 class Interrupted(KeyboardInterrupt):
-    """A Ctrl-C whose message says what to do next (``mixit train``'s resume command)."""
+    """A Ctrl-C whose message says what to do next, instead of `Command.again` (``mixit train``'s resume command)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Command:
     """A subcommand of ``mixit``: `run` calls the library with the parsed options, prints the result and gives the
-    exit status; `summary` is its line in ``mixit --help``; `interrupted` and `again` say what continues its work
-    after a Ctrl-C or a mended fault of the machine; `writes` names its option for where it writes, of which a
-    fault that names no file is said."""
+    exit status; `summary` is its line in ``mixit --help``; `again` says what continues its work after a Ctrl-C or
+    a mended fault of the machine; `writes` names its option for where it writes, of which a fault that names no
+    file is said."""
 
     run: Callable[[Mapping[str, Any]], int]
     parser: Callable[[], Parser]
     summary: str
-    interrupted: str = "run the command again"
     again: str = "run the command again"
     writes: str | None = None
 
@@ -244,16 +238,15 @@ COMMANDS: dict[str, Command] = {
         "seed by seed, with the gap and its interval.",
         lambda result, args: print(f"{result['text']}\nwritten to {result['out']}"),
         {"say": say},
-        interrupted=resumes("litmus"),
-        again=resumes("litmus"),
+        again="the same command again resumes the litmus, each run from its last checkpoint",
         writes="out",
     ),
     "reproduce": command(
         reproduce,
         "Run the paper's comparison (or a study file of your own) and write its report.",
         lambda result, args: print(result.get("listing") or result["text"]),
-        interrupted=resumes("study"),
-        again=resumes("study") + " (with --retry-failed, the runs that failed too)",
+        again="the same command again resumes the study, each run from its last checkpoint (with --retry-failed, "
+        "the runs that failed too)",
         writes="out",
     ),
     "report": command(
@@ -341,7 +334,7 @@ def run_command(argv: Sequence[str] | None) -> int:
     except Exception as e:  # a fault of the machine met once work was under way; anything else is raised again
         return say_fault(command, e, options, world)
     except KeyboardInterrupt as e:
-        what = str(e) if isinstance(e, Interrupted) else COMMANDS[command].interrupted
+        what = str(e) if isinstance(e, Interrupted) else COMMANDS[command].again
         print(f"mixit {command}: interrupted; {what}", file=sys.stderr)
         return 130
 
