@@ -1,25 +1,11 @@
 """Typed, validated configuration: the model, the optimisation, the data a task draws, and the base of every
-task's parameters.
+task's parameters (the run as a whole is `mixit.experiment.RunConfig`).
 
-Each option is declared exactly once, as a dataclass field with a type, a
-default and a docstring. Everything else is generated from these
-declarations: the command line and its ``--help`` (`mixit.cli`), ``mixit
-list``, ``config.json`` and the checks below. Adding an option is one field
-here (docs/extending.md shows it).
-
-Validation happens once, at construction (``__post_init__``): every value
-is read by its field's type as jsonargparse reads it (`typed`), wherever it
-comes from: a flag, a config file, ``--slurm``, a dict from Python (the string
-``"10"`` for an int is 10, as ``--steps 10`` is; a bool is not an int; floats
-must be finite), then checked against its range. A mapping with a key the
-class does not have is refused by `Config.from_dict`, so a config file cannot
-carry a typo silently. Every failure is a `UsageError` naming the key, the
-value and what is allowed, the type named as --help names it (`help_type`).
-
-The run as a whole (task, variant, these, the task's parameters) is
-`mixit.experiment.RunConfig`, a `Config` too.
-Names follow one glossary: d_model, n_layers, n_heads, d_head, d_mlp, n_ctx,
-vocab_size (docs/model.md).
+Each option is one dataclass field with a type, a default and a docstring; the command line, its --help, ``mixit
+list`` and ``config.json`` are generated from them (docs/extending.md). At construction every value is read by
+its field's type as jsonargparse reads the command line (`typed`: ``"10"`` for an int is 10), then checked
+against its range; `Config.from_dict` refuses unknown keys. Each failure is a `UsageError` naming the key, the
+value and what is allowed. Names follow the glossary of docs/model.md.
 """
 
 from __future__ import annotations
@@ -48,8 +34,8 @@ def check(ok: bool, message: str) -> None:
 
 
 def help_type(hint: Any) -> str:
-    """A type hint in the words of the command line, for --help and for messages: "int", "Path", "int or null",
-    "one of a, b or c", "comma-separated list of int", "comma-separated list, each one of a or b"."""
+    """A type hint in the words of the command line, for --help and refusals: "int", "int or null", "one of a, b
+    or c", "comma-separated list of int", "comma-separated list, each one of a or b"."""
     origin, args = get_origin(hint), get_args(hint)
     if origin is Literal:
         return "one of " + alternatives([str(a) for a in args])
@@ -74,29 +60,28 @@ def alternatives(names: Sequence[str]) -> str:
 
 @functools.cache
 def _reader(hint: Any) -> Any:
-    # Required unless the type allows null: jsonargparse otherwise takes null for a value of any type.
     from jsonargparse import ArgumentParser  # here, not above: see `typed`
 
     parser = ArgumentParser(exit_on_error=False)
+    # Required unless the type allows null: jsonargparse otherwise takes null for a value of any type.
     parser.add_argument("--value", type=hint, required=type(None) not in get_args(hint))
     return parser
 
 
 @functools.lru_cache(maxsize=2**16)
 def _read(hint: Any, kind: str, value: Any) -> Any:
-    # Remembered, since a parse takes jsonargparse about half a millisecond and a run's configs have some 60
-    # values, mostly the same from run to run; `kind` names type(value), so that 1, 1.0 and True are told apart.
+    # A parse costs about 0.5 ms and a run's configs hold some 60 values, mostly the same from run to run;
+    # `kind` is type(value)'s name, so that 1, 1.0 and True are told apart.
     return _reader(hint).parse_object({"value": value}).value
 
 
 def typed(name: str, hint: Any, value: Any) -> Any:
-    """`value`, given for `name`, as jsonargparse reads a value of type `hint`, as it reads one from the command
-    line (an int given for a float becomes a float, a list for a tuple a tuple, the string "5" for an int 5);
-    else a `UsageError` naming `name`, the value and the type (`help_type`). A float must be finite, and a field
-    typed as a config must hold one: jsonargparse takes inf and nan, and any object for a dataclass.
+    """`value`, given for `name`, as jsonargparse reads a value of type `hint` (the string "5" for an int is 5, a
+    list for a tuple a tuple), else a `UsageError` naming `name`, the value and the type. Two rules are mixit's:
+    a float must be finite, and a field typed as a config must hold one.
 
-    Without jsonargparse, `value` is returned as it is: that is the model code a `--to hub` export ships, loaded
-    where mixit is not installed, and its config's values were typed when its run was written."""
+    Without jsonargparse (the model code of a ``--to hub`` export, loaded where mixit is not installed) `value`
+    is returned as it is: it was typed when its run was written."""
     try:
         from jsonargparse import ArgumentError
     except ImportError:
@@ -118,7 +103,6 @@ def typed(name: str, hint: Any, value: Any) -> Any:
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
-_DOCS: dict[type, dict[str, str]] = {}
 
 
 def field_hints(cls: type) -> dict[str, Any]:
@@ -130,33 +114,28 @@ def field_hints(cls: type) -> dict[str, Any]:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring written under each field of `cls` (and its bases), on one line; not a class variable's."""
+    """The docstring under each field of dataclass `cls` (and its bases), on one line."""
     import docstring_parser  # here, not above: the model code a --to hub export ships imports this module
 
-    if cls not in _DOCS:
-        docs: dict[str, str] = {}
-        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-        for klass in reversed(cls.__mro__):
-            if dataclasses.is_dataclass(klass):
-                for param in docstring_parser.parse_from_object(klass).params:
-                    if param.arg_name in fields:
-                        docs[param.arg_name] = " ".join((param.description or "").split())
-        _DOCS[cls] = docs
-    return _DOCS[cls]
+    fields, docs = {f.name for f in dataclasses.fields(cls)}, {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            for param in docstring_parser.parse_from_object(klass).params:
+                if param.arg_name in fields:
+                    docs[param.arg_name] = " ".join((param.description or "").split())
+    return docs
 
 
 def short_doc(obj: object) -> str:
-    """The first sentence-line of an object's docstring."""
+    """The first line of an object's docstring."""
     import docstring_parser
 
     return (docstring_parser.parse_from_object(obj).short_description or "").strip()
 
 
 class Config:
-    """Base of the config dataclasses: each value typed at construction (`typed`),
-    `from_dict` that refuses unknown keys, `to_dict` for JSON. A field may
-    itself be a config (the model of a run): `from_dict` builds it from its
-    mapping, `to_dict` writes it as one."""
+    """Base of the config dataclasses: each value typed at construction (`typed`), then `validate`d; `from_dict`
+    refuses unknown keys and builds a field typed as a config from its mapping; `to_dict` gives JSON data."""
 
     what: ClassVar[str] = "option"  # how error messages name one field of this config
 
@@ -170,36 +149,31 @@ class Config:
 
     @classmethod
     def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
-        """Build from a mapping, refusing keys that are not fields."""
+        """Build from a mapping, refusing keys that are not fields and missing required ones."""
         if not isinstance(data, Mapping):
             raise UsageError(f"{cls.what}s must be a mapping of names to values, got {type(data).__name__}")
-        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        names = [f.name for f in fields]
         unknown = sorted(set(data) - set(names))
         check(not unknown, f"unknown {cls.what}(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
-        missing = [
-            f.name
-            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-            if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        required = [
+            f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         ]
+        missing = [name for name in required if name not in data]
         check(not missing, f"missing {cls.what}(s) {', '.join(missing)}")
-        hints = field_hints(cls)
-        return cls(**{name: _built(hints[name], value) for name, value in data.items()})
+        values = dict(data)
+        for name, hint in field_hints(cls).items():
+            config = isinstance(hint, type) and issubclass(hint, Config)
+            if config and name in values and not isinstance(values[name], hint):
+                values[name] = hint.from_dict(values[name])
+        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON data: a nested config as its mapping, a tuple as a list."""
-        return dataclasses.asdict(self, dict_factory=_json_fields)  # type: ignore[call-overload]
-
-
-def _built(hint: Any, value: Any) -> Any:
-    """`value` of a field of type `hint`: a config's mapping built into it by its `from_dict`, else as it is."""
-    if isinstance(hint, type) and issubclass(hint, Config) and not isinstance(value, hint):
-        return hint.from_dict(value)
-    return value
-
-
-def _json_fields(items: list[tuple[str, Any]]) -> dict[str, Any]:
-    """`dataclasses.asdict`'s mapping of each config, nested ones included, with its tuples as lists."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in items}
+        return dataclasses.asdict(
+            self,  # type: ignore[call-overload]
+            dict_factory=lambda items: {k: list(v) if isinstance(v, tuple) else v for k, v in items},
+        )
 
 
 def flatten(nested: Mapping[str, Any], prefix: str = "", keep_empty: bool = False) -> dict[str, Any]:
@@ -214,8 +188,11 @@ def flatten(nested: Mapping[str, Any], prefix: str = "", keep_empty: bool = Fals
     return flat
 
 
-def positive_int(name: str, value: int) -> None:
-    check(value > 0, f"{name} must be a positive integer, got {value!r}")
+def positive_int(*names: str, of: Any) -> None:
+    """Refuse unless each field `names` of `of` is a positive integer."""
+    for name in names:
+        value = getattr(of, name)
+        check(value > 0, f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass
@@ -302,18 +279,8 @@ class ModelConfig(Config):
             registry.get(getattr(self, name))
         if self.d_mlp is None:
             self.d_mlp = 4 * self.d_model
-        for name in (
-            "vocab_size",
-            "n_ctx",
-            "d_model",
-            "n_layers",
-            "n_heads",
-            "d_mlp",
-            "base_width",
-            "down_base_width",
-            "base_n_layers",
-        ):
-            positive_int(name, getattr(self, name))
+        sizes = ("vocab_size", "n_ctx", "d_model", "n_layers", "n_heads", "d_mlp")
+        positive_int(*sizes, "base_width", "down_base_width", "base_n_layers", of=self)
         check(
             self.d_model % self.n_heads == 0,
             f"n_heads must divide d_model: d_model={self.d_model} is not a multiple of n_heads={self.n_heads}",
@@ -413,7 +380,7 @@ class TrainConfig(Config):
     fraction: 0.01 is one point; loss in nats)."""
 
     def validate(self) -> None:
-        positive_int("steps", self.steps)
+        positive_int("steps", of=self)
         # Cadences that scale with the run's length unless given: resolved here, so
         # config.json records the numbers that were used.
         if self.warmup_steps is None:
@@ -424,8 +391,8 @@ class TrainConfig(Config):
             self.checkpoint_every = max(self.steps // 4, 1)
         if self.log_every is None:
             self.log_every = max(min(50, self.steps // 20), 1)
-        for name in ("batch_size", "eval_every", "log_every", "checkpoint_every", "eval_batch_size", "grad_accum"):
-            positive_int(name, getattr(self, name))
+        cadences = ("eval_every", "log_every", "checkpoint_every")
+        positive_int("batch_size", *cadences, "eval_batch_size", "grad_accum", "patience", of=self)
         check(self.warmup_steps >= 0, f"warmup_steps must be an integer >= 0, got {self.warmup_steps}")
         check(self.lr > 0, f"lr must be > 0, got {self.lr}")
         check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
@@ -435,7 +402,6 @@ class TrainConfig(Config):
         )
         check(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         check(self.grad_clip >= 0, f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
-        positive_int("patience", self.patience)
         check(self.min_delta >= 0, f"min_delta must be >= 0, got {self.min_delta}")
 
     def lr_at(self, step: int | float) -> float:
@@ -484,8 +450,7 @@ class DataConfig(Config):
     def validate(self) -> None:
         if self.val_size is None:
             self.val_size = self.test_size
-        positive_int("test_size", self.test_size)
-        positive_int("val_size", self.val_size)
+        positive_int("test_size", "val_size", of=self)
         for name in ("data_seed", "test_seed"):
             value = getattr(self, name)
             check(0 <= value < 2**63, f"{name} must be an integer in [0, 2^63), got {value}")
