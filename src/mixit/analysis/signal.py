@@ -288,8 +288,7 @@ def signal_command(options: SignalOptions) -> tuple[dict[str, Any], list[Path]]:
     """
     files = (options.out / "signal.json", options.out / "signal.png")
     check_output_dir(options.out, tuple(f.name for f in files))
-    if options.seeds < 1:
-        raise UsageError(f"seeds must be a positive integer, got {options.seeds}")
+    check(options.seeds >= 1, f"seeds must be a positive integer, got {options.seeds}")
     probe = Probe(
         d_model=options.d_model,
         n_heads=options.n_heads,
