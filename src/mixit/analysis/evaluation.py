@@ -1,8 +1,6 @@
-"""`mixit eval SOURCE`: a trained model's metrics on its task's fixed test set, measured again.
-
-SOURCE is whatever `mixit.load` opens: a run directory (its latest checkpoint), a directory written by
-`mixit export` (either format), or the Hub repo id of one. The test set is rebuilt from the config that each
-records; an export holds its run's whole config, so it is the run's own test set, drawn from the same seeds.
+"""`mixit eval SOURCE`: a trained model's metrics on its task's fixed test set, measured again. SOURCE is a run
+directory (its latest checkpoint), a `mixit export` directory or its Hub repo id (`mixit.load`); the test set is
+rebuilt from the config each records, so it is the run's own, drawn from the same seeds.
 """
 
 from __future__ import annotations

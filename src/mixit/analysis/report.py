@@ -1,27 +1,14 @@
-"""`mixit analyze RUN_DIR`: every analysis of a trained run, written to RUN_DIR/analysis/.
+"""`mixit analyze RUN_DIR`: every analysis of a trained run, written to RUN_DIR/analysis/ (its files are listed
+in `mixit.run`): the head scores and in-context gap (`mixit.analysis.induction`), every head's pattern on one
+input and a MixiT model's fixed matrices (`mixit.analysis.attention_maps`), token similarity after each layer,
+trained and at initialisation (`mixit.analysis.signal`), a retrieval run's accuracy by number of stored pairs
+(the paper's Fig. 2), with --over-time the head scores and test metrics at every checkpoint held, and
+summary.md, the findings in words.
 
-    head_scores.json / .png     previous-token, induction, duplicate-token scores per layer and
-                                head, the in-context gap on repeated random sequences, and how much
-                                the attention patterns change between two such batches
-                                (pattern_input_dependence: 0 for MixiT)
-    attention.npz / .png        every head's pattern on one input (a test example by default), its
-                                tokens, and their names (`Task.token_names`), which label the figure
-    fixed_patterns.npz / .png   the input-independent matrices (MixiT and the other fixed-pattern kinds)
-    signal.json                 token similarity after each layer, trained and at initialisation
-    retrieval_by_pairs.json     retrieval runs only: test accuracy by the number of stored pairs
-                                (the paper's Fig. 2)
-    over_time.json / .png       with over_time (--over-time): the head scores and the test metrics
-                                at every checkpoint the run holds, and the strongest head's score
-                                of each kind against step (train with --keep-checkpoints log)
-    summary.md                  the strongest heads and the numbers above, in words
-
-The files are derived from the run's checkpoints (the latest, and with over_time every one held)
-and are rewritten by each `analyze`; nothing else in the run directory is touched. Every checkpoint is
-read before the first file is written, so a damaged one is refused with analysis/ as it was.
-
-An exported model (a directory of `mixit export`, or its Hub repo id) is analysed the same way, with the task
-its config records, into the directory of --out (the export itself is never written into); over_time needs a
-run's checkpoints, which an export does not hold.
+The files are rewritten by each `analyze`, and nothing else in the run directory is touched. Every checkpoint is
+read before the first file is written, so a damaged one is refused with analysis/ as it was. An exported model
+(a directory of `mixit export`, or its Hub repo id) is analysed the same way, with the task its config records,
+into the directory of --out; over_time needs a run's checkpoints, which an export does not hold.
 """
 
 from __future__ import annotations
@@ -40,7 +27,7 @@ from mixit.analysis.attention_maps import (
     plot_pattern_grid,
     plot_score_tables,
 )
-from mixit.analysis.induction import head_scores, strongest
+from mixit.analysis.induction import SCORE_KINDS, head_scores, strongest
 from mixit.analysis.signal import token_similarity
 from mixit.checkpoint import load_model_state
 from mixit.config import ModelConfig, check
@@ -52,9 +39,6 @@ from mixit.run import Analysis, Loaded, Run
 from mixit.tasks.base import Batch
 from mixit.training.evaluate import evaluate
 from mixit.training.loop import ACCURACIES
-
-SCORE_KINDS = ("previous_token", "induction", "duplicate_token")
-"""The head scores, by name (`mixit.analysis.induction.head_scores`)."""
 
 
 def analyze_run(
@@ -92,29 +76,49 @@ def analyze_run(
     path, run, analysis = analysis_target(run_dir, out, over_time)
     check_output_dir(analysis.path)  # before any computing
     loaded = load(path, device)
-    test_inputs = loaded.task.test_batch().inputs
+    model, task = loaded.model, loaded.task
+    test_inputs = task.test_batch().inputs
     x = pattern_input(test_inputs, loaded.cfg.model, example, tokens)
     # Every checkpoint is read (a damaged one refused) before anything is written into analysis/.
     history = over_time_history(run, loaded, batch, seed) if over_time and run is not None else None
     analysis.prepare()
-    name = f"{loaded.cfg.task}/{loaded.cfg.variant} ({Path(run_dir).name}, {loaded.checkpoint.name})"
+    label = f"{loaded.cfg.task}/{loaded.cfg.variant}"
+    name = f"{label} ({Path(run_dir).name}, {loaded.checkpoint.name})"
 
-    scores = head_scores(loaded.model, loaded.task.analysis_tokens(), batch=batch, seed=seed)
+    scores = head_scores(model, task.analysis_tokens(), batch=batch, seed=seed)
     analysis.write_head_scores(scores)
     plot_score_tables(scores, analysis.figure_path("head_scores"), f"head scores: {name}")
-    has_fixed = write_patterns(analysis, loaded.model, x, name, loaded.task.token_names())
-    signal = write_signal(analysis, loaded, test_inputs[: min(len(test_inputs), batch)])
+    patterns = attention_patterns(model, x)
+    token_names = task.token_names()
+    labels = [token_names[t] for t in x.tolist()]
+    analysis.write_arrays("attention", patterns=patterns, tokens=x.numpy(), names=np.array(labels, dtype=str))
+    plot_pattern_grid(patterns, analysis.figure_path("attention"), f"attention patterns: {name}", labels=labels)
+    fixed = fixed_patterns(model)
+    if fixed is not None:
+        analysis.write_arrays("fixed_patterns", patterns=fixed)
+        plot_pattern_grid(fixed, analysis.figure_path("fixed_patterns"), f"fixed mixing matrices: {name}")
+    probe = test_inputs[:batch].to(next(model.parameters()).device)
+    # A fresh model is the run's as initialised: what the variant froze changes no forward pass.
+    fresh = Transformer(loaded.cfg.model).to(probe.device)
+    signal = {"trained": token_similarity(model, probe), "init": token_similarity(fresh, probe)}
+    analysis.write_signal(signal)
     files = []
     if loaded.cfg.task == "retrieval":  # the only task whose examples vary in how much they store
-        by_pairs = retrieval_by_pairs(loaded.model, loaded.task.test_batch(), batch)
-        files.append(analysis.write_retrieval_by_pairs(by_pairs).name)
+        files.append(analysis.write_retrieval_by_pairs(retrieval_by_pairs(model, task.test_batch(), batch)).name)
 
     findings = summarize(scores, signal)
     if history is not None:
-        draw_over_time(analysis, loaded, history, Path(run_dir).name)
+        metric = history["metric"]
+        plot_over_time(
+            history["steps"],
+            {kind: [h["score"] for h in history["strongest"][kind]] for kind in SCORE_KINDS},
+            {f"test {metric}": [t[metric] for t in history["test"]]},
+            f"{label} ({Path(run_dir).name}): strongest head against step",
+            analysis.figure_path("over_time"),
+        )
         findings["over_time"] = over_time_line(history)
         files += [analysis.write_over_time(history).name, analysis.figure_path("over_time").name]
-    text = render_summary(name, findings, has_fixed, files)
+    text = render_summary(name, findings, fixed is not None, files)
     analysis.write_summary(text)
     return {**findings, "summary": text, "out_dir": str(analysis.path)}
 
@@ -158,79 +162,32 @@ def pattern_input(
     return torch.as_tensor(list(tokens), dtype=torch.long)
 
 
-def write_patterns(
-    analysis: Analysis, model: Transformer, x: torch.Tensor, name: str, token_names: Sequence[str]
-) -> bool:
-    """Save and draw every head's pattern on `x` (its tokens labelled by `token_names`, the task's name of
-    each id), and a MixiT model's fixed matrices; whether it has them."""
-    patterns = attention_patterns(model, x)
-    labels = [token_names[t] for t in x.tolist()]
-    analysis.write_arrays("attention", patterns=patterns, tokens=x.numpy(), names=np.array(labels, dtype=str))
-    plot_pattern_grid(patterns, analysis.figure_path("attention"), f"attention patterns: {name}", labels=labels)
-    fixed = fixed_patterns(model)
-    if fixed is None:
-        return False
-    analysis.write_arrays("fixed_patterns", patterns=fixed)
-    plot_pattern_grid(fixed, analysis.figure_path("fixed_patterns"), f"fixed mixing matrices: {name}")
-    return True
-
-
-def write_signal(analysis: Analysis, loaded: Loaded, inputs: torch.Tensor) -> dict[str, Any]:
-    """Token similarity after each layer on `inputs` (N, T), trained and at initialisation; written."""
-    probe = inputs.to(next(loaded.model.parameters()).device)
-    fresh = Transformer(loaded.cfg.model)  # as initialised; what the variant froze changes no forward pass
-    signal = {
-        "trained": token_similarity(loaded.model, probe),
-        "init": token_similarity(fresh.to(probe.device), probe),
-    }
-    analysis.write_signal(signal)
-    return signal
-
-
 def over_time_history(run: Run, loaded: Loaded, batch: int, seed: int) -> dict[str, Any]:
     """Score the heads (`head_scores` with `batch` and `seed`) and evaluate the test set at every checkpoint
-    `run` holds (what over_time.json holds); nothing is written.
-
-    The model of `loaded` is loaded with each checkpoint in turn, and with its own again at the end."""
+    `run` holds (what over_time.json holds); nothing is written. The model of `loaded` is loaded with each
+    checkpoint in turn, and with its own again at the end."""
     steps = run.checkpoints()
     model, task = loaded.model, loaded.task
-    device = next(model.parameters()).device
-    records = []
+    scores, tests = [], []
     for step in steps:
         load_model_state(model, run.checkpoint(step))
-        scores = head_scores(model, task.analysis_tokens(), batch=batch, seed=seed)
-        test = evaluate(model, task, device, loaded.cfg.train.eval_batch_size)
-        records.append((scores, test))
+        scores.append(head_scores(model, task.analysis_tokens(), batch=batch, seed=seed))
+        tests.append(evaluate(model, task, next(model.parameters()).device, loaded.cfg.train.eval_batch_size))
     load_model_state(model, loaded.checkpoint)
-    metric = next((m for m in ACCURACIES if m in records[-1][1]), "loss")
     return {
         "steps": steps,
-        "metric": metric,
-        "test": [test for _, test in records],
-        "strongest": {kind: [_strongest(s[kind]) for s, _ in records] for kind in SCORE_KINDS},
-        "scores": {kind: [s[kind] for s, _ in records] for kind in SCORE_KINDS},
-        "icl_gap": [None if s["icl"] is None else s["icl"]["loss_gap"] for s, _ in records],
-        "probe": records[-1][0]["probe"],
+        "metric": next((m for m in ACCURACIES if m in tests[-1]), "loss"),
+        "test": tests,
+        "strongest": {kind: [best(s[kind]) for s in scores] for kind in SCORE_KINDS},
+        "scores": {kind: [s[kind] for s in scores] for kind in SCORE_KINDS},
+        "icl_gap": [None if s["icl"] is None else s["icl"]["loss_gap"] for s in scores],
+        "probe": scores[-1]["probe"],
     }
 
 
-def draw_over_time(analysis: Analysis, loaded: Loaded, history: dict[str, Any], name: str) -> None:
-    """Draw over_time.png of run `name`: the strongest head's score of each kind and the test metric against
-    step."""
-    title = f"{loaded.cfg.task}/{loaded.cfg.variant} ({name}): strongest head against step"
-    curves = {kind: [h["score"] for h in history["strongest"][kind]] for kind in SCORE_KINDS}
-    plot_over_time(
-        history["steps"],
-        curves,
-        {f"test {history['metric']}": [t[history["metric"]] for t in history["test"]]},
-        title,
-        analysis.figure_path("over_time"),
-    )
-
-
-def _strongest(table: list[list[float]]) -> dict[str, Any]:
-    layer, head, score = strongest(table)
-    return {"layer": layer, "head": head, "score": score}
+def best(table: list[list[float]]) -> dict[str, Any]:
+    """`strongest` of a [layer][head] table, by name: {"layer", "head", "score"}."""
+    return dict(zip(("layer", "head", "score"), strongest(table)))
 
 
 def over_time_line(history: dict[str, Any]) -> str:
@@ -242,8 +199,7 @@ def over_time_line(history: dict[str, Any]) -> str:
         f"Over training ({len(steps)} checkpoint{'s' if len(steps) != 1 else ''}, steps {steps[0]}-{steps[-1]}): "
         f"strongest induction score {induction[0]:.3f} -> {induction[-1]:.3f}"
     )
-    rises = [(induction[i] - induction[i - 1], i) for i in range(1, len(steps))]
-    rise, i = max(rises, default=(0.0, 0))
+    rise, i = max(((induction[i] - induction[i - 1], i) for i in range(1, len(steps))), default=(0.0, 0))
     if round(rise, 3) > 0:  # where a phase change would show
         line += f" (largest rise, {rise:+.3f}, between steps {steps[i - 1]} and {steps[i]})"
     return line + f"; test {metric} {test[0]:.3f} -> {test[-1]:.3f}."
@@ -256,12 +212,9 @@ def retrieval_by_pairs(model: torch.nn.Module, batch: Batch, chunk: int = 500) -
 
     An example with k pairs asks at position 2k, the only scored one (docs/tasks.md, "retrieval")."""
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     preds = torch.cat(
         [model(batch.inputs[i : i + chunk].to(device)).argmax(-1).cpu() for i in range(0, len(batch), chunk)]
     )  # (N, L-1)
-    model.train(was_training)
     position = batch.mask.float().argmax(dim=1)[:, None]  # (N, 1) the scored position
     right = (preds.gather(1, position) == batch.targets.gather(1, position))[:, 0]  # (N,)
     pairs = position[:, 0] // 2  # (N,)
@@ -272,19 +225,13 @@ def retrieval_by_pairs(model: torch.nn.Module, batch: Batch, chunk: int = 500) -
 
 
 def summarize(scores: dict[str, Any], signal: dict[str, Any]) -> dict[str, Any]:
-    ind_layer, ind_head, ind = strongest(scores["induction"])
-    prev_layer, prev_head, prev = strongest(scores["previous_token"])
-    dup_layer, dup_head, dup = strongest(scores["duplicate_token"])
+    """The findings of summary.md from head_scores.json (`scores`) and signal.json (`signal`)."""
+    findings: dict[str, Any] = {kind: best(scores[kind]) for kind in ("induction", "previous_token", "duplicate_token")}
     # The previous-token head an induction head would read from sits in a lower layer.
-    below = scores["previous_token"][:ind_layer]
-    feeder = strongest(below) if below else None
+    below = scores["previous_token"][: findings["induction"]["layer"]]
     return {
-        "induction": {"layer": ind_layer, "head": ind_head, "score": ind},
-        "previous_token": {"layer": prev_layer, "head": prev_head, "score": prev},
-        "duplicate_token": {"layer": dup_layer, "head": dup_head, "score": dup},
-        "previous_token_below_induction": (
-            None if feeder is None else {"layer": feeder[0], "head": feeder[1], "score": feeder[2]}
-        ),
+        **findings,
+        "previous_token_below_induction": best(below) if below else None,
         "icl": scores["icl"],
         # None for an analysis written before the input dependence was measured.
         "pattern_input_dependence": scores.get("pattern_input_dependence"),
@@ -294,26 +241,21 @@ def summarize(scores: dict[str, Any], signal: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_summary(name: str, f: dict[str, Any], has_fixed: bool, files: Sequence[str] = ()) -> str:
-    icl = f["icl"]
+    """summary.md of `name` from its findings `f` (`summarize`), naming the files written beside it."""
+
+    def head(label: str, h: dict[str, Any], note: str = "") -> str:
+        return f"- Strongest {label}: layer {h['layer']}, head {h['head']} (score {h['score']:.3f}{note})."
+
     lines = [
         f"# Analysis of {name}",
         "",
-        f"- Strongest induction head: layer {f['induction']['layer']}, head {f['induction']['head']} "
-        f"(score {f['induction']['score']:.3f}; 1 = all attention on the token after the previous occurrence).",
-        f"- Strongest previous-token head: layer {f['previous_token']['layer']}, head "
-        f"{f['previous_token']['head']} (score {f['previous_token']['score']:.3f}).",
+        head("induction head", f["induction"], "; 1 = all attention on the token after the previous occurrence"),
+        head("previous-token head", f["previous_token"]),
     ]
-    feeder = f["previous_token_below_induction"]
-    if feeder is not None:
-        lines.append(
-            f"- Strongest previous-token head below the induction head: layer {feeder['layer']}, "
-            f"head {feeder['head']} (score {feeder['score']:.3f})."
-        )
-    lines.append(
-        f"- Strongest duplicate-token head: layer {f['duplicate_token']['layer']}, head "
-        f"{f['duplicate_token']['head']} (score {f['duplicate_token']['score']:.3f})."
-    )
-    if icl is not None:
+    if f["previous_token_below_induction"] is not None:
+        lines.append(head("previous-token head below the induction head", f["previous_token_below_induction"]))
+    lines.append(head("duplicate-token head", f["duplicate_token"]))
+    if (icl := f["icl"]) is not None:
         lines.append(
             f"- In-context learning on repeated random sequences: next-token loss "
             f"{icl['loss_first_copy']:.3f} on the first copy, {icl['loss_second_copy']:.3f} on the second "

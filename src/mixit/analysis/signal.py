@@ -1,20 +1,11 @@
 """Signal propagation at initialisation: do token representations collapse with depth?
 
-The paper's depth experiment (docs/model.md, "The paper's numbers") reports that
-the covariance between token representations of the random transformer rises
-from 0.0022 at 2 layers to 0.054 at 32 while MixiT's stays flat: rank
-collapse, the residual stream of every token drifting towards one shared
-vector. This module measures that for freshly initialised models:
-
-    pairwise_stats(h)          cosine, covariance and RMS of one residual stream (B, T, d)
-    token_similarity(model, x) those statistics after the embedding and after every block
-    signal_propagation(...)    the same for fresh models over variants x depths x seeds (`Probe`)
-    plot_signal(result, path)  cosine and covariance against depth, one line per variant (a Figure; saved
-                               to `path` if one is given)
-
-Rank collapse shows as cosine -> 1 (and covariance -> 1) as depth grows.
-The paper does not give its normalisation of the covariance; ours is defined
-in `pairwise_stats`, so only the trend, not the values, compares with it.
+The paper's depth experiment (docs/model.md, "The paper's numbers") reports that the covariance between token
+representations of the random transformer rises from 0.0022 at 2 layers to 0.054 at 32 while MixiT's stays
+flat: rank collapse, every token's residual stream drifting towards one shared vector, which shows here as
+cosine -> 1 (and covariance -> 1) with depth. `pairwise_stats` measures one stream, `token_similarity` every
+layer of a model, `signal_propagation` fresh models over variants x depths x seeds, and `plot_signal` draws
+it. The paper does not give its normalisation of the covariance, so only the trend compares with it.
 """
 
 from __future__ import annotations
@@ -27,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from mixit.config import ModelConfig, typed
+from mixit.analysis.attention_maps import saved
+from mixit.config import ModelConfig, check, typed
 from mixit.errors import UsageError
 from mixit.experiment import model_config
 from mixit.files import check_output_dir, write_json
@@ -44,20 +36,20 @@ if TYPE_CHECKING:
 TOKEN_SEED_OFFSET = 7919
 # Set by the sweep itself (`Probe` and the depths); refused in model_overrides.
 _OWN_KEYS = ("vocab_size", "n_ctx", "d_model", "n_heads", "n_layers", "attention", "seed")
+STATS = ("cosine", "covariance", "norm")
 
 
 def pairwise_stats(h: torch.Tensor) -> dict[str, float]:
-    """Similarity between the T token representations of each sequence, averaged over the batch.
+    """Similarity between the T token representations of each sequence of h (B, T, d), T >= 2, averaged over
+    the batch. For one sequence X (T, d):
 
-    h: (B, T, d) with T >= 2. For one sequence X (T, d):
       cosine      mean over pairs i != j of cos(X_i, X_j) (a zero row counts as cosine 0);
-      covariance  mean over i != j of C_ij, where C = Xn Xn^T / d and Xn = X / rms(X),
-                  rms(X) = sqrt(mean of X^2 over all T*d entries). So the mean diagonal
-                  of C is exactly 1, and the value is comparable across depths however
-                  the residual stream grows or shrinks. Without the RMS division it would
-                  be the mean pairwise dot product / d. This normalisation is ours: the
-                  paper's is not known. Features are not centred, as in a Gram matrix.
+      covariance  mean over i != j of C_ij, C = Xn Xn^T / d with Xn = X / rms(X) and rms(X) the root mean
+                  square of all T*d entries: the mean diagonal of C is exactly 1, so the value compares across
+                  depths however the stream grows. This normalisation is ours (the paper's is not known);
+                  features are not centred, as in a Gram matrix.
       norm        rms(X), showing whether the residual stream explodes or vanishes.
+
     Identical rows give cosine 1 and covariance 1; orthogonal rows give 0 and 0.
     """
     if h.dim() != 3 or h.shape[1] < 2:
@@ -75,31 +67,21 @@ def pairwise_stats(h: torch.Tensor) -> dict[str, float]:
 
 @torch.no_grad()
 def token_similarity(model: Transformer, tokens: torch.Tensor) -> dict[str, list[float]]:
-    """`pairwise_stats` of the residual stream after the embedding and after each block.
+    """`pairwise_stats` of the residual stream after the embedding and after each block, on `tokens` (B, T),
+    2 <= T <= n_ctx.
 
-    model: a `Transformer`; tokens: (B, T) ids with 2 <= T <= n_ctx. Runs in eval
-    mode without gradients and restores the model's mode. Returns lists of
-    n_layers + 1 floats under "cosine", "covariance" and "norm": entry 0 is the
-    embedding (plus position embedding where the model has one), entry l the
-    stream after block l, read from the model's hook points (``blocks.0.hook_resid_pre``,
-    ``blocks.{l-1}.hook_resid_post``) during one forward pass. The final norm and the LM head
-    are not included.
+    Returns n_layers + 1 floats under each of `STATS`: entry 0 is the stream entering block 0 (embedding, plus
+    positions where the model has them, ``blocks.0.hook_resid_pre``), entry l the stream leaving block l - 1
+    (``blocks.{l-1}.hook_resid_post``), read in one forward pass; the final norm and LM head are left out.
     """
     if tokens.dim() != 2 or not 2 <= tokens.shape[1] <= model.cfg.n_ctx:
         raise UsageError(
             f"tokens must have shape (B, T) with 2 <= T <= n_ctx={model.cfg.n_ctx}, got {tuple(tokens.shape)}"
         )
-    was_training = model.training
-    model.eval()
-    try:
-        tokens = tokens.to(next(model.parameters()).device)
-        # The residual stream entering block 0 (embedding plus positions), then leaving each block.
-        names = ["blocks.0.hook_resid_pre", *(f"blocks.{i}.hook_resid_post" for i in range(model.cfg.n_layers))]
-        _, cache = model.run_with_cache(tokens, names_filter=names)
-        per_layer = [pairwise_stats(cache[name]) for name in names]  # each (B, T, d_model)
-    finally:
-        model.train(was_training)
-    return {key: [stats[key] for stats in per_layer] for key in ("cosine", "covariance", "norm")}
+    names = ["blocks.0.hook_resid_pre", *(f"blocks.{i}.hook_resid_post" for i in range(model.cfg.n_layers))]
+    _, cache = model.run_with_cache(tokens.to(next(model.parameters()).device), names_filter=names)
+    per_layer = [pairwise_stats(cache[name]) for name in names]  # each (B, T, d_model)
+    return {key: [stats[key] for stats in per_layer] for key in STATS}
 
 
 @dataclass(frozen=True)
@@ -145,53 +127,39 @@ class Probe:
 
 def _check_inputs(variants: Sequence[str], depths: Sequence[int], probe: Probe) -> None:
     """Refuse, with one line, a sweep no model or measurement could be made of."""
-    if isinstance(variants, str):
-        raise UsageError(f"variants must be a non-empty list of names, got the string {variants!r}")
-    if not variants:
-        raise UsageError(f"variants must be a non-empty list of names; allowed: {', '.join(VARIANTS)}")
+    check(
+        bool(variants) and not isinstance(variants, str),
+        f"variants must be a non-empty list of names (allowed: {', '.join(VARIANTS)}), got {variants!r}",
+    )
     for v in variants:
         VARIANTS.get(v)
-    if len(set(variants)) != len(variants):
-        raise UsageError(f"variants must not repeat, got {list(variants)}")
-    if not depths or not all(typed("depths", int, d) > 0 for d in depths):
-        raise UsageError(f"depths must be a non-empty list of positive integers, got {list(depths)!r}")
-    seeds, batch, n_ctx = probe.seeds, probe.batch, probe.n_ctx
-    if not seeds:
-        raise UsageError(f"seeds must be a non-empty list of integers, got {list(seeds)!r}")
-    typed("seeds", tuple[int, ...], seeds)
-    if typed("batch", int, batch) <= 0:
-        raise UsageError(f"batch must be a positive integer, got {batch!r}")
-    if typed("n_ctx", int, n_ctx) < 2:
-        raise UsageError(f"n_ctx must be an integer >= 2 (similarity needs two tokens), got {n_ctx!r}")
+    check(len(set(variants)) == len(variants), f"variants must not repeat, got {list(variants)}")
+    check(
+        bool(depths) and all(typed("depths", int, d) > 0 for d in depths),
+        f"depths must be a non-empty list of positive integers, got {list(depths)!r}",
+    )
+    check(bool(probe.seeds), f"seeds must be a non-empty list of integers, got {list(probe.seeds)!r}")
+    typed("seeds", tuple[int, ...], probe.seeds)
+    check(typed("batch", int, probe.batch) > 0, f"batch must be a positive integer, got {probe.batch!r}")
+    check(
+        typed("n_ctx", int, probe.n_ctx) >= 2,
+        f"n_ctx must be an integer >= 2 (similarity needs two tokens), got {probe.n_ctx!r}",
+    )
     typed("shaped", bool, probe.shaped)
     taken = sorted(set(probe.model_overrides or {}) & set(_OWN_KEYS))
-    if taken:
-        raise UsageError(f"model_overrides may not set {', '.join(taken)}: the sweep sets them itself")
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value)."""
-    a = np.asarray(values, dtype=np.float64)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+    check(not taken, f"model_overrides may not set {', '.join(taken)}: the sweep sets them itself")
 
 
 def signal_propagation(variants: Sequence[str], depths: Sequence[int], probe: Probe | None = None) -> dict[str, Any]:
-    """Token similarity of freshly initialised models, for every variant x depth, averaged over seeds.
+    """Token similarity (`token_similarity`) of freshly initialised models (`Probe.model`) for every variant x
+    depth, averaged over the probe's seeds, on random ids (`Probe.inputs`, the same for every variant of a seed).
 
-    For each (variant, depth, seed) a new `Transformer` is built (`Probe.model`: the variant's own
-    settings) and `token_similarity` is measured on `probe.batch` random sequences of n_ctx uniformly
-    random ids (`Probe.inputs`: every variant of one seed sees the same inputs). A variant matters here
-    only through its attention kind: freezing decides what training may change and leaves the forward
-    pass at initialisation untouched, so "standard" and "random" (the paper's random transformer: a
-    softmax model of which only the embeddings and head are trained) give identical numbers.
+    A variant matters here only through its attention kind: freezing leaves the forward pass at initialisation
+    untouched, so "standard" and "random" (the paper's random transformer) give identical numbers.
 
-    Returns a JSON-serialisable dict:
-        {"config": {every setting, the resulting model settings, mixit version},
-         "results": {variant: {str(depth): {
-             "cosine", "cosine_std", "covariance", "covariance_std", "norm", "norm_std":
-                 after the last block, mean and sample std over seeds;
-             "per_layer_cosine", "per_layer_covariance", "per_layer_norm":
-                 depth + 1 values (embedding, then each block), means over seeds}}}}
+    Returns {"config": every setting, the model settings and the mixit version, "results": {variant:
+    {str(depth): the last block's "cosine", "covariance" and "norm", each also as its sample std over seeds
+    ("cosine_std", ...), and their depth + 1 per-layer means ("per_layer_cosine", ...)}}}, as JSON types.
     """
     probe = probe or Probe()
     _check_inputs(variants, depths, probe)
@@ -211,14 +179,13 @@ def signal_propagation(variants: Sequence[str], depths: Sequence[int], probe: Pr
     )
     inputs = {s: probe.inputs(s) for s in probe.seeds}
     results = {v: {str(depth): _measure(probe, v, depth, inputs) for depth in depths} for v in variants}
-    model = {k: v for k, v in vars(next(iter(example.values()))).items() if k not in _OWN_KEYS}
     return {
         "config": {
             "variants": variants,
             "depths": depths,
             **vars(probe),
             "attention": {v: example[v].attention for v in variants},
-            "model": model,
+            "model": {k: v for k, v in vars(example[variants[0]]).items() if k not in _OWN_KEYS},
             "mixit_version": __version__,
         },
         "results": results,
@@ -226,36 +193,32 @@ def signal_propagation(variants: Sequence[str], depths: Sequence[int], probe: Pr
 
 
 def _measure(probe: Probe, variant: str, depth: int, inputs: dict[int, torch.Tensor]) -> dict[str, Any]:
-    """One point of the sweep: the last block's statistics (mean and std over seeds), and each layer's means."""
+    """One point of the sweep: the last block's statistics (mean and sample std over seeds, 0 for one seed), and
+    each layer's means."""
     runs = [token_similarity(Transformer(probe.model(variant, depth, s)), inputs[s]) for s in probe.seeds]
     entry: dict[str, Any] = {}
-    for key in ("cosine", "covariance", "norm"):
-        entry[key], entry[f"{key}_std"] = _mean_std([r[key][-1] for r in runs])
-    for key in ("cosine", "covariance", "norm"):
-        entry[f"per_layer_{key}"] = np.mean([r[key] for r in runs], axis=0).tolist()
-    return entry
+    for key in STATS:
+        last = np.asarray([r[key][-1] for r in runs], dtype=np.float64)
+        entry[key], entry[f"{key}_std"] = float(last.mean()), float(last.std(ddof=1)) if len(runs) > 1 else 0.0
+    return {**entry, **{f"per_layer_{key}": np.mean([r[key] for r in runs], axis=0).tolist() for key in STATS}}
 
 
 def plot_signal(result: dict[str, Any], path: str | Path | None = None) -> Figure:
-    """Two panels from a `signal_propagation` result: last-layer cosine and covariance against depth; saved
-    to `path` if one is given. pyplot does not hold the Figure: a caller that only wants the file drops it.
+    """Two panels from a `signal_propagation` result: last-layer cosine and covariance against depth (log2
+    axis), one line per variant with error bars of one seed standard deviation; saved to `path` if one is given.
 
-    One line per variant with error bars of one seed standard deviation; depth
-    on a log2 axis. Variants that coincide at initialisation (standard and
-    random) would hide each other, so later lines get smaller markers and
-    thinner lines, and the legend names the variant a line repeats.
+    Variants that coincide at initialisation (standard and random) would hide each other, so later lines get
+    smaller markers and thinner lines, and the legend names the variant a line repeats.
     """
     from matplotlib.figure import Figure
 
     cfg = result["config"]
     depths = cfg["depths"]
-    markers, dashes = "osD^vx*P", ["-", "--", ":", "-."]
     fig = Figure(figsize=(11, 4.4), layout="constrained")
-    axes = fig.subplots(1, 2)
-    panels = [
-        ("cosine", "mean cosine similarity between tokens"),
-        ("covariance", "mean off-diagonal token covariance\n(RMS-normalised Gram / d)"),
-    ]
+    panels = {
+        "cosine": "mean cosine similarity between tokens",
+        "covariance": "mean off-diagonal token covariance\n(RMS-normalised Gram / d)",
+    }
     results = list(result["results"].items())
     labels = []
     for i, (variant, by_depth) in enumerate(results):
@@ -263,16 +226,14 @@ def plot_signal(result: dict[str, Any], path: str | Path | None = None) -> Figur
         labels.append(
             f"{variant} ({cfg['attention'][variant]} attention" + (f"; identical to {same[0]})" if same else ")")
         )
-    for ax, (key, label) in zip(axes, panels):
+    for ax, (key, label) in zip(fig.subplots(1, 2), panels.items()):
         for i, (_, by_depth) in enumerate(results):
-            mean = [by_depth[str(d)][key] for d in depths]
-            std = [by_depth[str(d)][f"{key}_std"] for d in depths]
             ax.errorbar(
                 depths,
-                mean,
-                yerr=std,
-                marker=markers[i % len(markers)],
-                linestyle=dashes[i % len(dashes)],
+                [by_depth[str(d)][key] for d in depths],
+                yerr=[by_depth[str(d)][f"{key}_std"] for d in depths],
+                marker="osD^vx*P"[i % 8],
+                linestyle=["-", "--", ":", "-."][i % 4],
                 capsize=3,
                 markersize=max(9 - 2.5 * i, 3),
                 linewidth=max(2.2 - 0.6 * i, 0.8),
@@ -280,8 +241,7 @@ def plot_signal(result: dict[str, Any], path: str | Path | None = None) -> Figur
             )
         ax.set_xscale("log", base=2)
         ax.set_xticks(depths, [str(d) for d in depths])
-        ax.set_xlabel("depth (number of blocks)")
-        ax.set_ylabel(label)
+        ax.set(xlabel="depth (number of blocks)", ylabel=label)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     settings = "shaped (signal-propagation) settings" if cfg["shaped"] else "standard settings"
@@ -291,9 +251,7 @@ def plot_signal(result: dict[str, Any], path: str | Path | None = None) -> Figur
         f"n_ctx={cfg['n_ctx']}, {settings}{extra}, {len(cfg['seeds'])} seeds",
         fontsize=10,
     )
-    if path is not None:
-        fig.savefig(path, dpi=110)
-    return fig
+    return saved(fig, path)
 
 
 @dataclass(frozen=True)
@@ -330,8 +288,7 @@ def signal_command(options: SignalOptions) -> tuple[dict[str, Any], list[Path]]:
     """
     files = (options.out / "signal.json", options.out / "signal.png")
     check_output_dir(options.out, tuple(f.name for f in files))
-    if options.seeds < 1:
-        raise UsageError(f"seeds must be a positive integer, got {options.seeds}")
+    check(options.seeds >= 1, f"seeds must be a positive integer, got {options.seeds}")
     probe = Probe(
         d_model=options.d_model,
         n_heads=options.n_heads,
