@@ -100,20 +100,20 @@ def analyze_run(
     name = f"{loaded.cfg.task}/{loaded.cfg.variant} ({Path(run_dir).name}, {loaded.checkpoint.name})"
 
     scores = head_scores(loaded.model, loaded.task.analysis_tokens(), batch=batch, seed=seed)
-    analysis.write_head_scores(scores)
+    analysis.write("head_scores", scores)
     plot_score_tables(scores, analysis.figure_path("head_scores"), f"head scores: {name}")
     has_fixed = write_patterns(analysis, loaded.model, x, name, loaded.task.token_names())
     signal = write_signal(analysis, loaded, test_inputs[: min(len(test_inputs), batch)])
     files = []
     if loaded.cfg.task == "retrieval":  # the only task whose examples vary in how much they store
         by_pairs = retrieval_by_pairs(loaded.model, loaded.task.test_batch(), batch)
-        files.append(analysis.write_retrieval_by_pairs(by_pairs).name)
+        files.append(analysis.write("retrieval_by_pairs", by_pairs).name)
 
     findings = summarize(scores, signal)
     if history is not None:
         draw_over_time(analysis, loaded, history, Path(run_dir).name)
         findings["over_time"] = over_time_line(history)
-        files += [analysis.write_over_time(history).name, analysis.figure_path("over_time").name]
+        files += [analysis.write("over_time", history).name, analysis.figure_path("over_time").name]
     text = render_summary(name, findings, has_fixed, files)
     analysis.write_summary(text)
     return {**findings, "summary": text, "out_dir": str(analysis.path)}
@@ -183,7 +183,7 @@ def write_signal(analysis: Analysis, loaded: Loaded, inputs: torch.Tensor) -> di
         "trained": token_similarity(loaded.model, probe),
         "init": token_similarity(fresh.to(probe.device), probe),
     }
-    analysis.write_signal(signal)
+    analysis.write("signal", signal)
     return signal
 
 
