@@ -104,10 +104,15 @@ def save_checkpoint(
         tmp.mkdir()
         try:
             save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / MODEL))
-            opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
-            save_file(opt_tensors, str(tmp / OPTIMIZER))
+            # AdamW's state: tensors only, by "<param index>.<name>"; its param groups go to state.json.
+            opt = optimizer.state_dict()
+            moments = {
+                f"{i}.{k}": v.detach().cpu().contiguous() for i, per in opt["state"].items() for k, v in per.items()
+            }
+            save_file(moments, str(tmp / OPTIMIZER))
             scaler = precision.state_dict() if precision is not None else {}
-            write_json(tmp / STATE, {"step": step, "optimizer": opt_meta, "scaler": scaler, "keep": keep})
+            meta = {"step": step, "optimizer": {"param_groups": opt["param_groups"]}, "scaler": scaler, "keep": keep}
+            write_json(tmp / STATE, meta)
             for file in (tmp / MODEL, tmp / OPTIMIZER):
                 give_open_mode(file)  # safetensors' own is 0600
                 _fsync(file)
@@ -153,7 +158,11 @@ def load_training_state(optimizer: torch.optim.Optimizer, ckpt: Path, precision:
     """Load checkpoint `ckpt`'s optimizer state (and fp16's gradient scale); return its step."""
     with damaged(ckpt, REPLAY):  # an entry missing or of another type: `damaged` names the checkpoint
         meta = read_json(ckpt / STATE, "checkpoint state.json")
-        optimizer.load_state_dict(_unflatten_optimizer(_load_tensors(ckpt / OPTIMIZER), meta["optimizer"]))
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for name, tensor in _load_tensors(ckpt / OPTIMIZER).items():
+            i, key = name.split(".", 1)
+            state.setdefault(int(i), {})[key] = tensor
+        optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer"]["param_groups"]})
         if precision is not None:
             precision.load_state_dict(meta.get("scaler", {}))
         step = meta["step"]
@@ -178,28 +187,6 @@ def _is_kept(ckpt: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(state, dict) and state.get("keep") is True
-
-
-def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """An optimizer's state_dict as safetensors can hold it: its tensors by "<param index>.<name>", and the rest
-    (param groups, non-tensor entries) as JSON."""
-    tensors, scalars = {}, {}
-    for idx, per_param in state["state"].items():
-        for key, value in per_param.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{idx}.{key}"] = value.detach().cpu().contiguous()
-            else:
-                scalars[f"{idx}.{key}"] = value
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
-
-
-def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
-    """The optimizer state_dict that `_flatten_optimizer` split."""
-    state: dict[int, dict[str, Any]] = {}
-    for flat, value in list(tensors.items()) + list(meta["scalars"].items()):
-        idx, key = flat.split(".", 1)
-        state.setdefault(int(idx), {})[key] = value
-    return {"state": state, "param_groups": meta["param_groups"]}
 
 
 def _load_tensors(file: Path) -> dict[str, torch.Tensor]:

@@ -74,7 +74,7 @@ def read_json(path: Path, what: str) -> Any:
 def remove_temporary(directory: Path) -> None:
     """Remove the temporary files that killed `write_text` calls left in `directory` (not below it). Only the
     holder of the directory's lock may: another process's write may be under way."""
-    for path in Path(directory).iterdir():
+    for path in Path(directory).glob(".*.tmp"):  # none where there is no such directory
         if TEMPORARY.fullmatch(path.name) and path.is_file():
             path.unlink(missing_ok=True)
 

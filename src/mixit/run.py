@@ -36,7 +36,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
@@ -211,8 +211,7 @@ class Run:
         under analysis/ only."""
         self._lock.stamp()
         remove_temporary(self.path)
-        if self.checkpoints_dir.is_dir():
-            remove_temporary(self.checkpoints_dir)
+        remove_temporary(self.checkpoints_dir)
         for partial in partial_checkpoints(self.checkpoints_dir):
             shutil.rmtree(partial, ignore_errors=True)
 
@@ -352,6 +351,7 @@ class MetricsLog:
         self._file.close()
 
 
+@dataclass(frozen=True)
 class Analysis:
     """A run's analysis directory, written by `mixit analyze` (its files: module docstring).
 
@@ -359,13 +359,8 @@ class Analysis:
     file not written. A figure (`FIGURES`) is drawn at `figure_path`; `figure` is the drawing if there is one.
     """
 
-    JSON = ("head_scores", "signal", "retrieval_by_pairs", "over_time")
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __repr__(self) -> str:
-        return f"Analysis({str(self.path)!r})"
+    path: Path
+    JSON: ClassVar[tuple[str, ...]] = ("head_scores", "signal", "retrieval_by_pairs", "over_time")
 
     def prepare(self) -> None:
         """Create the directory for writing, refusing a file in its place (files already there are rewritten)."""
