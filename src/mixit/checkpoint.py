@@ -3,21 +3,17 @@
     checkpoints/latest          the name of the newest complete checkpoint directory
     checkpoints/step_0000500/   one checkpoint:
         model.safetensors       parameters and persistent buffers (MixiT matrices)
-        optimizer.safetensors   AdamW moments, flattened
-        state.json              step, optimizer hyper-parameters, fp16's gradient scale, and whether it is kept
+        optimizer.safetensors   AdamW's moments, by "<param index>.<name>"
+        state.json              step, optimizer param groups, fp16's gradient scale, and whether it is kept
 
 The functions take the checkpoints directory `root` (`Run.checkpoints_dir`) or one checkpoint's directory
-`ckpt`: the run's layout stays `Run`'s, the protocol below stays here. No pickle: tensors go to safetensors,
-the rest to JSON.
-
-The protocol, which makes a write killed at any moment harmless:
+`ckpt`. No pickle: tensors go to safetensors, the rest to JSON. A write killed at any moment is harmless:
 - a checkpoint is written under a temporary name (step_0000500.tmp), flushed to disk and renamed, so a directory
   named step_NNNNNNN is complete (`partial_checkpoints` lists the others, for the next session to remove); a
-  write that fails (a full disk) removes its temporary directory at once, to fill the disk no further;
+  failed write (a full disk) removes its temporary directory at once, to fill the disk no further;
 - ``latest`` is pointed at it only then, so a run killed mid-write resumes from the previous checkpoint;
-- every other checkpoint not kept is then removed. A checkpoint records in its state.json whether it is kept,
-  and a kept one is never removed, whatever a later session keeps: a run holds its kept checkpoints and its
-  newest one, and nothing else.
+- every other checkpoint is then removed unless its state.json says it is kept: a run holds its kept
+  checkpoints and its newest one, whatever a later session (a resume) keeps.
 """
 
 from __future__ import annotations
@@ -104,7 +100,7 @@ def save_checkpoint(
         tmp.mkdir()
         try:
             save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / MODEL))
-            # AdamW's state: tensors only, by "<param index>.<name>"; its param groups go to state.json.
+            # AdamW's state: tensors only (module docstring); its param groups go to state.json.
             opt = optimizer.state_dict()
             moments = {
                 f"{i}.{k}": v.detach().cpu().contiguous() for i, per in opt["state"].items() for k, v in per.items()
