@@ -116,11 +116,11 @@ def test_analysis_reads_what_it_wrote(tmp_path):
     analysis.prepare()
     analysis.prepare()  # an analysis again rewrites the files
     scores = {"induction": [[0.25, 0.5]], "icl": None}
-    assert analysis.write_head_scores(scores).parent == run.analysis_dir
-    analysis.write_signal({"trained": {"cosine": [0.1]}, "init": {"cosine": [0.2]}})
-    analysis.write_retrieval_by_pairs({"3": {"accuracy": 1.0, "examples": 4}})
+    assert analysis.write("head_scores", scores) == tmp_path / "analysis" / "head_scores.json"
+    analysis.write("signal", {"trained": {"cosine": [0.1]}, "init": {"cosine": [0.2]}})
+    analysis.write("retrieval_by_pairs", {"3": {"accuracy": 1.0, "examples": 4}})
     assert analysis.over_time() is None
-    analysis.write_over_time({"steps": [1, 2, 4]})
+    analysis.write("over_time", {"steps": [1, 2, 4]})
     assert analysis.over_time() == {"steps": [1, 2, 4]}
     assert analysis.head_scores() == scores
     assert analysis.signal() == {"trained": {"cosine": [0.1]}, "init": {"cosine": [0.2]}}
@@ -128,6 +128,8 @@ def test_analysis_reads_what_it_wrote(tmp_path):
     assert not run.analysed  # the summary, written last, marks the analysis complete
     analysis.write_summary("# Analysis\n")
     assert run.analysed and analysis.summary() == "# Analysis\n"
+    with pytest.raises(ValueError, match="unknown analysis file 'loss'"):
+        analysis.write("loss", {})
 
 
 def test_figures_and_their_arrays(tmp_path):
@@ -146,10 +148,10 @@ def test_figures_and_their_arrays(tmp_path):
 
 def test_analysis_refuses_a_file_in_its_place_and_a_corrupt_file(tmp_path):
     run = Run(tmp_path)
-    run.analysis_dir.write_text("not a directory")
+    run.analysis.path.write_text("not a directory")
     with pytest.raises(UsageError, match="exists and is not a directory"):
         run.analysis.prepare()
-    run.analysis_dir.unlink()
+    run.analysis.path.unlink()
     run.analysis.prepare()
     (run.analysis.path / "signal.json").write_text("[1, 2]")
     with pytest.raises(UsageError, match="not a JSON object"):

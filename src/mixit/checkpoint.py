@@ -3,21 +3,17 @@
     checkpoints/latest          the name of the newest complete checkpoint directory
     checkpoints/step_0000500/   one checkpoint:
         model.safetensors       parameters and persistent buffers (MixiT matrices)
-        optimizer.safetensors   AdamW moments, flattened
-        state.json              step, optimizer hyper-parameters, fp16's gradient scale, and whether it is kept
+        optimizer.safetensors   AdamW's moments, by "<param index>.<name>"
+        state.json              step, optimizer param groups, fp16's gradient scale, and whether it is kept
 
-The functions take the checkpoints directory `root` (`Run.checkpoints_dir`), or one checkpoint's directory
-`ckpt`, so that a run's layout stays `Run`'s and the protocol of its checkpoints stays here. No pickle: tensors
-go to safetensors, the rest to JSON.
-
-The protocol, which makes a write killed at any moment harmless:
-- a checkpoint is written under a temporary name (step_0000500.tmp), flushed to disk, and renamed: a
-  directory named step_NNNNNNN is complete (`partial_checkpoints` lists the others, for the next session to remove);
-  a write that fails (a full disk) removes its temporary directory at once, so as to fill the disk no further;
+The functions take the checkpoints directory `root` (`Run.checkpoints_dir`) or one checkpoint's directory
+`ckpt`. No pickle: tensors go to safetensors, the rest to JSON. A write killed at any moment is harmless:
+- a checkpoint is written under a temporary name (step_0000500.tmp), flushed to disk and renamed, so a directory
+  named step_NNNNNNN is complete (`partial_checkpoints` lists the others, for the next session to remove); a
+  failed write (a full disk) removes its temporary directory at once, to fill the disk no further;
 - ``latest`` is pointed at it only then, so a run killed mid-write resumes from the previous checkpoint;
-- `save_checkpoint` then removes every other checkpoint that is not kept. Each checkpoint records in its state.json
-  whether it is kept; a kept one is never removed, whatever a later session (a resume) keeps, so a run
-  holds its kept checkpoints and its newest one, and nothing else.
+- every other checkpoint is then removed unless its state.json says it is kept: a run holds its kept
+  checkpoints and its newest one, whatever a later session (a resume) keeps.
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mixit.errors import FaultRefused, UsageError, damaged, machine_fault
+from mixit.errors import UsageError, damaged, machine_fault
 from mixit.files import give_open_mode, read_json, write_json, write_text
 from mixit.precision import Precision
 
@@ -60,8 +56,6 @@ def checkpoint_path(root: Path, step: int) -> Path:
 
 def checkpoint_steps(root: Path) -> list[int]:
     """The steps of the complete checkpoints in `root`, in order: the kept ones and the newest."""
-    if not root.is_dir():
-        return []
     digits = [child.name.removeprefix(STEP_PREFIX) for child in root.glob(f"{STEP_PREFIX}*") if child.is_dir()]
     return sorted(int(d) for d in digits if d.isdigit())
 
@@ -81,7 +75,7 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def partial_checkpoints(root: Path) -> list[Path]:
     """The checkpoint directories of killed writes (still under their temporary names)."""
-    return sorted(root.glob(f"{STEP_PREFIX}*.tmp")) if root.is_dir() else []
+    return sorted(root.glob(f"{STEP_PREFIX}*.tmp"))
 
 
 def save_checkpoint(
@@ -92,12 +86,12 @@ def save_checkpoint(
     precision: Precision | None = None,
     keep: bool = False,
 ) -> Path:
-    """Write checkpoint `step`, point ``latest`` at it, then remove every other checkpoint not kept.
+    """Write checkpoint `step` (recording `keep`: module docstring), point ``latest`` at it, then remove every
+    other checkpoint not kept.
 
-    With `keep`, the checkpoint records that it is kept: no later save removes it (module docstring).
-    A kept checkpoint of `step` already there (a session killed between writing it and pointing
-    ``latest`` at it, then resumed: resumption is bit-exact, so it holds what would be written) is
-    left as it is, so that no moment of the rewrite finds it missing."""
+    A kept checkpoint of `step` already there (a session killed before pointing ``latest`` at it, then resumed:
+    resumption is bit-exact, so it holds what would be written) is left as it is, so that no moment of a
+    rewrite finds it missing."""
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(root, step)
     if not _is_kept(final):
@@ -105,14 +99,27 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            _write_files(tmp, step, model, optimizer, precision, keep)
+            save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / MODEL))
+            # AdamW's state: tensors only (module docstring); its param groups go to state.json.
+            opt = optimizer.state_dict()
+            moments = {
+                f"{i}.{k}": v.detach().cpu().contiguous() for i, per in opt["state"].items() for k, v in per.items()
+            }
+            save_file(moments, str(tmp / OPTIMIZER))
+            scaler = precision.state_dict() if precision is not None else {}
+            meta = {"step": step, "optimizer": {"param_groups": opt["param_groups"]}, "scaler": scaler, "keep": keep}
+            write_json(tmp / STATE, meta)
+            for file in (tmp / MODEL, tmp / OPTIMIZER):
+                give_open_mode(file)  # safetensors' own is 0600
+                _fsync(file)
+            _fsync(tmp)
         except BaseException:  # a failed write (a full disk) leaves no half checkpoint behind, to fill it further
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     write_text(root / LATEST, final.name + "\n")
-    _fsync_dir(root)
+    _fsync(root)
     for old in checkpoint_steps(root):
         held = checkpoint_path(root, old)
         if held != final and not _is_kept(held):
@@ -121,8 +128,7 @@ def save_checkpoint(
 
 
 def load_model_state(model: nn.Module, ckpt: Path) -> None:
-    """Load checkpoint `ckpt`'s parameters and buffers into `model`, refusing any mismatch (`REPLAY` says what to
-    do about a damaged checkpoint)."""
+    """Load checkpoint `ckpt`'s parameters and buffers into `model`, refusing any mismatch."""
     with damaged(ckpt / MODEL, REPLAY):
         state = _load_tensors(ckpt / MODEL)
         why = mismatch(state, model.state_dict())
@@ -132,8 +138,8 @@ def load_model_state(model: nn.Module, ckpt: Path) -> None:
 
 
 def mismatch(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> str | None:
-    """How `tensors`, read from a file, differ from a model's `expected` tensors, in names or in shapes; None where
-    they do not (a checkpoint's, `mixit.export`'s)."""
+    """How `tensors`, read from a file (a checkpoint's, an export's), differ from a model's `expected` tensors in
+    names or shapes; None where they do not."""
     if set(tensors) != set(expected):
         missing = sorted(set(expected) - set(tensors))[:3]
         extra = sorted(set(tensors) - set(expected))[:3]
@@ -146,50 +152,24 @@ def mismatch(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, torch.T
 
 def load_training_state(optimizer: torch.optim.Optimizer, ckpt: Path, precision: Precision | None = None) -> int:
     """Load checkpoint `ckpt`'s optimizer state (and fp16's gradient scale); return its step."""
-    with damaged(ckpt, REPLAY):
+    with damaged(ckpt, REPLAY):  # an entry missing or of another type: `damaged` names the checkpoint
         meta = read_json(ckpt / STATE, "checkpoint state.json")
-        tensors = _load_tensors(ckpt / OPTIMIZER)
-        try:
-            optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optimizer"]))
-            if precision is not None:
-                precision.load_state_dict(meta.get("scaler", {}))
-            step = meta["step"]
-        except (KeyError, ValueError, TypeError) as e:
-            raise UsageError(f"checkpoint {ckpt} has a corrupt optimizer state ({e})") from None
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for name, tensor in _load_tensors(ckpt / OPTIMIZER).items():
+            i, key = name.split(".", 1)
+            state.setdefault(int(i), {})[key] = tensor
+        optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer"]["param_groups"]})
+        if precision is not None:
+            precision.load_state_dict(meta.get("scaler", {}))
+        step = meta["step"]
         if not is_count(step) or ckpt.name != checkpoint_path(ckpt.parent, step).name:
             raise UsageError(f"checkpoint {ckpt} has a corrupt state.json (step {step!r}, not its own step)")
     return step
 
 
-def _write_files(
-    directory: Path,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    precision: Precision | None,
-    keep: bool,
-) -> None:
-    """Write checkpoint `step`'s files into the empty `directory`, flushed to disk before the rename that makes
-    the checkpoint complete."""
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, str(directory / MODEL))
-    opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
-    save_file(opt_tensors, str(directory / OPTIMIZER))
-    scaler = precision.state_dict() if precision is not None else {}
-    write_json(directory / STATE, {"step": step, "optimizer": opt_meta, "scaler": scaler, "keep": keep})
-    for file in (MODEL, OPTIMIZER):
-        give_open_mode(directory / file)  # safetensors' own is 0600
-        with open(directory / file, "rb") as f:
-            os.fsync(f.fileno())
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename or a new file inside `directory` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
+def _fsync(path: Path) -> None:
+    """Flush the file `path` to disk, or the entries of the directory `path` (a rename or a new file in it)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -205,35 +185,14 @@ def _is_kept(ckpt: Path) -> bool:
     return isinstance(state, dict) and state.get("keep") is True
 
 
-def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """An optimizer's state_dict as safetensors can hold it: its tensors by "<param index>.<name>", and the rest
-    (param groups, non-tensor entries) as JSON."""
-    tensors, scalars = {}, {}
-    for idx, per_param in state["state"].items():
-        for key, value in per_param.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{idx}.{key}"] = value.detach().cpu().contiguous()
-            else:
-                scalars[f"{idx}.{key}"] = value
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
-
-
-def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
-    """The optimizer state_dict that `_flatten_optimizer` split."""
-    state: dict[int, dict[str, Any]] = {}
-    for flat, value in list(tensors.items()) + list(meta["scalars"].items()):
-        idx, key = flat.split(".", 1)
-        state.setdefault(int(idx), {})[key] = value
-    return {"state": state, "param_groups": meta["param_groups"]}
-
-
 def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of checkpoint file `file`, refused in words that name it (`damaged` adds what to do); a fault of
+    the machine (no permission, too many open files) is raised as it is, for `damaged` to say as such."""
     try:
         return load_file(str(file))
     except FileNotFoundError:
         raise UsageError(f"checkpoint file {file} is missing") from None
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        fault = machine_fault(e, file)  # no permission, too many open files: said as such, not as corruption
-        if fault is not None:
-            raise FaultRefused(str(fault)) from None
+        if machine_fault(e) is not None:
+            raise
         raise UsageError(f"checkpoint file {file} is corrupt or unreadable ({e})") from None

@@ -1,21 +1,12 @@
 """The exceptions mixit raises for bad user input and for faults of the machine, and the category of its own
 warnings.
 
-Anything a user can get wrong (an option, a value, a combination, a run
-directory, a checkpoint file) raises `UsageError` before any work starts. The
-CLI prints its message on one line and exits with status 2; the Python API lets
-it propagate.
-
-A fault of the machine (a full disk, no permission, a read-only filesystem, a name too long for its
-filesystem, too many open files: `FAULTS`) is said in one line too, naming the path and what to do
-(`machine_fault`, the one place that words it). Found by a check before any work, it is a refusal like
-any other: `faults_refused` raises it as a UsageError. Met once work is under way, it is a `MachineFault`
-(`faults_said`), which the CLI prints on one line with exit status 1 (docs/reliability.md, "Faults of the
-machine").
-
-What mixit warns about through `warnings.warn` (empty texts skipped in a corpus)
-is a `MixitWarning`: the CLI prints it as one ``mixit: warning: ...`` line, like
-its other warnings; the Python API leaves it to the `warnings` module.
+Anything a user can get wrong (an option, a value, a run directory, a checkpoint file) raises `UsageError`
+before any work starts: the CLI prints it on one line and exits with status 2. A fault of the machine (a full
+disk, no permission, a read-only filesystem, a name too long, too many open files: `WORDS`) is one line too,
+worded by `machine_fault`: a refusal where a check finds it before any work (`faults_refused`), a `MachineFault`
+with exit status 1 where work is under way (`faults_said`; docs/reliability.md, "Faults of the machine").
+A `MixitWarning` is printed by the CLI as one ``mixit: warning: ...`` line.
 """
 
 import contextlib
@@ -37,24 +28,22 @@ class UsageError(ValueError):
 
 
 class FaultRefused(UsageError):
-    """A fault of the machine found by a check before any work (`faults_refused`): a refusal whose line already
-    says what to do, which no reader adds to (`damaged`)."""
+    """A fault of the machine found by a check before any work (`faults_refused`); `damaged` adds nothing to it."""
 
 
 class MachineFault(OSError):
-    """A fault of the machine met while work was under way (a full disk, say): its message is one line naming the
-    path and what to do (`machine_fault`). An OSError, as the error it stands for, with that error's errno."""
+    """A fault of the machine met while work was under way: one line naming the path and what to do
+    (`machine_fault`), with the errno of the error it stands for."""
 
 
 FAULTS: tuple[type[Exception], ...] = (OSError, SafetensorError)
-"""What a fault of the machine is raised as: an OSError, or safetensors' error, which gives the OS error's number
-only in its message (``I/O error: No space left on device (os error 28)``)."""
+"""What a fault of the machine is raised as: an OSError, or safetensors' error, whose message alone holds the
+OS error's number (``I/O error: No space left on device (os error 28)``)."""
 
 ACCESS = "give this user access to it, or choose a path of your own"
 
 RUST_ERRNO = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
 """Where a SafetensorError's message holds the OS error's number (safetensors' wordings of Rust's io::Error)."""
-
 
 WORDS: dict[int, tuple[str, str, str]] = {
     errno.ENOSPC: ("no space left on device writing {path}", "no space left on device", "free some space on it"),
@@ -86,15 +75,6 @@ WORDS: dict[int, tuple[str, str, str]] = {
 what to do ({limit}: this process's limit of open files)."""
 
 
-def open_files_limit() -> str:
-    """How many files this process may hold open (its soft RLIMIT_NOFILE, what ``ulimit -n`` says). `resource` is
-    imported here, not at the top: it is Unix-only, and this module travels in every Hub export."""
-    import resource
-
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
-
-
 def fault_errno(error: BaseException) -> int | None:
     """The errno of `error` if it is a fault of the machine (one of `WORDS`), else None."""
     number: int | None = None
@@ -106,10 +86,8 @@ def fault_errno(error: BaseException) -> int | None:
 
 
 def machine_fault(error: BaseException, path: str | PathLike[str] | None = None, then: str = "") -> MachineFault | None:
-    """The fault of the machine that `error` is (`fault_errno`), as a MachineFault whose message is one line: what
-    happened at the error's own file (else at `path`; a SafetensorError names none), what to do, and `then` what
-    continues the work, if given. None if `error` is no such fault (a bug, a missing file: not said here). A
-    MachineFault already is one, and is returned as it is."""
+    """`error` as a MachineFault (`fault_line`, at the error's own file, else at `path`), or None where it is no
+    fault of the machine (a bug, a missing file). A MachineFault is returned as it is."""
     if isinstance(error, MachineFault):
         return error
     number = fault_errno(error)
@@ -121,11 +99,15 @@ def machine_fault(error: BaseException, path: str | PathLike[str] | None = None,
 
 
 def fault_line(number: int, path: str | PathLike[str] | None = None, then: str = "") -> str:
-    """The one line that says the fault of the machine with errno `number` (one of `WORDS`): what happened (at
-    `path`, if known), what to do, and `then` what continues the work, if given."""
+    """The one line that says the fault with errno `number` (one of `WORDS`): what happened (at `path`, if known),
+    what to do, and `then` what continues the work, if given."""
+    import resource  # here, not at the top: Unix-only, and this module travels in every Hub export
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     at, nowhere, fix = WORDS[number]
     what = at.format(path=path) if path is not None else nowhere
-    return f"{what}; {fix.format(limit=open_files_limit())}" + (f", then {then}" if then else "")
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else soft
+    return f"{what}; {fix.format(limit=limit)}" + (f", then {then}" if then else "")
 
 
 def require(module: str, refusal: str) -> ModuleType:
@@ -142,9 +124,8 @@ class MixitWarning(UserWarning):
 
 
 def show_warning(shown: Callable[..., None], message: Warning | str, category: type[Warning], *where: Any) -> None:
-    """Show a warning as the command line says its others: one ``mixit: warning: ...`` line for mixit's own
-    (`MixitWarning`); any other as it was shown before (`shown`, with its file and line `where`). The CLI and a
-    study's worker processes install it as ``warnings.showwarning``."""
+    """A `warnings.showwarning` for the CLI and a study's workers: a `MixitWarning` as one ``mixit: warning: ...``
+    line, any other as `shown` (the previous one) shows it, with its file and line `where`."""
     if issubclass(category, MixitWarning):
         print(f"mixit: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
     else:
@@ -152,22 +133,9 @@ def show_warning(shown: Callable[..., None], message: Warning | str, category: t
 
 
 @contextlib.contextmanager
-def faults_refused(path: str | PathLike[str] | None = None) -> Iterator[None]:
-    """Within: a fault of the machine is found by a check, before any work, so it is a refusal: raised as a
-    UsageError with its one line (`machine_fault`, at `path` where the error names no file)."""
-    try:
-        yield
-    except FAULTS as e:
-        fault = machine_fault(e, path)
-        if fault is None:
-            raise
-        raise FaultRefused(str(fault)) from None
-
-
-@contextlib.contextmanager
 def faults_said(path: str | PathLike[str] | None = None, then: str = "") -> Iterator[None]:
-    """Within: a fault of the machine is met while work is under way: raised as a MachineFault with its one line
-    (`machine_fault`: at `path` where the error names no file, and `then` what continues the work)."""
+    """Within: a fault of the machine is met while work is under way: a MachineFault with its one line
+    (`machine_fault`, at `path` where the error names no file, and `then` what continues the work)."""
     try:
         yield
     except FAULTS as e:
@@ -177,24 +145,34 @@ def faults_said(path: str | PathLike[str] | None = None, then: str = "") -> Iter
         raise fault from e
 
 
+@contextlib.contextmanager
+def faults_refused(path: str | PathLike[str] | None = None) -> Iterator[None]:
+    """Within: a fault of the machine is found by a check before any work, so it is refused: a UsageError with its
+    one line (`machine_fault`, at `path` where the error names no file)."""
+    try:
+        with faults_said(path):
+            yield
+    except MachineFault as e:
+        raise FaultRefused(str(e)) from None
+
+
 class DamagedFile(UsageError):
-    """A file that mixit wrote and reads back (an export's, a run's) is missing, truncated or corrupt: the message
-    names the file, what is wrong with it and what to do (`damaged`)."""
+    """A file that mixit wrote and reads back is missing, truncated or corrupt: the message names it, what is
+    wrong and what to do (`damaged`)."""
 
 
 @contextlib.contextmanager
 def damaged(file: Path, remedy: str) -> Iterator[None]:
-    """Turn what reading `file` raises, where it is missing, truncated or corrupt, into one `DamagedFile` line
+    """Within: what reading `file` raises where it is missing, truncated or corrupt becomes one `DamagedFile` line
     naming it and `remedy` (what to do).
 
-    Libraries raise on such a file: OSError (FileNotFoundError where it is missing), ValueError (json's
-    JSONDecodeError), KeyError and TypeError (an entry it lacks, or of another type), RuntimeError (torch's
-    ``load_state_dict`` on a size mismatch) and safetensors' SafetensorError. A UsageError of mixit's own, which
-    names the file already, gets `remedy` added. Code inside should read the file and no more: whatever raises
-    there is said to be the file's fault, but for a fault of the machine (no permission, too many open files:
-    `machine_fault`), which is refused as one: the file is sound, the machine would not let it be read."""
+    The libraries raise OSError, ValueError (json's), KeyError and TypeError (an entry missing or of another
+    type), RuntimeError (torch's ``load_state_dict``) and SafetensorError; a UsageError of mixit's own gets
+    `remedy` added. Code inside should read the file and no more, since whatever raises there is blamed on it;
+    but a fault of the machine (`machine_fault`) is refused as such: the file may be sound."""
     try:
-        yield
+        with faults_refused(file):
+            yield
     except (DamagedFile, FaultRefused):
         raise
     except UsageError as e:
@@ -202,14 +180,11 @@ def damaged(file: Path, remedy: str) -> Iterator[None]:
     except FileNotFoundError:
         raise DamagedFile(f"{file} is missing; {remedy}") from None
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
-        fault = machine_fault(e, file)
-        if fault is not None:
-            raise FaultRefused(str(fault)) from None
         raise DamagedFile(f"{file} is corrupt or unreadable ({reason_of(e)}); {remedy}") from None
 
 
 def reason_of(error: BaseException) -> str:
-    """What a library's exception says, on one line: its type and its first line (an OSError's, its strerror, without
-    the path it names)."""
+    """What a library's exception says, on one line: its type and first line (an OSError's strerror, without the
+    path)."""
     text = error.strerror if isinstance(error, OSError) and error.strerror else str(error).strip().partition("\n")[0]
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

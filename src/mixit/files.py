@@ -1,6 +1,5 @@
-"""Small file helpers shared by everything that writes results: atomic JSON
-and text writes, JSON reads that fail with one clear line, the checks of a path
-to write into, and the lock of a directory."""
+"""Small file helpers shared by everything that writes results: atomic writes, JSON reads that fail with one
+clear line, the checks of a path to write into, and the lock of a directory."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ TEMPORARY = re.compile(r"\..+\.[0-9]+\.tmp")
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically: a temporary file beside it (`TEMPORARY`), flushed
-    to disk, then renamed over `path`, so a reader (or a crash) sees the old
-    file or the new one, never half of one."""
+    """Write `text` to `path` atomically: into a temporary file beside it (`TEMPORARY`), flushed to disk, then
+    renamed over `path`, so a reader (or a crash) sees the old file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w") as f:
@@ -38,28 +36,25 @@ def write_text(path: Path, text: str) -> None:
         raise
 
 
-def open_mode() -> int:
-    """The mode `open(path, "w")` gives a new file: 0666 less the process's umask, read from /proc/self/status
-    where Linux says it (which changes nothing), elsewhere set and put back at once (the only way to read it)."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/self/status") as status:
-            return 0o666 & ~int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def give_open_mode(path: Path) -> None:
-    """Give the file `path` the mode `open()` would have given it (`open_mode`), as every other file mixit writes
-    has: safetensors writes through a temporary file, created 0600, which a cluster's group could not read. A
-    filesystem that keeps no modes and refuses to set one leaves the file as it is."""
-    with contextlib.suppress(PermissionError):
-        os.chmod(path, open_mode())
-
-
 def write_json(path: Path, data: Any) -> None:
     """Write `data` as indented JSON, atomically (`write_text`)."""
     write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def give_open_mode(path: Path) -> None:
+    """Give the file `path` the mode `open(path, "w")` gives (0666 less the umask), as every other file mixit
+    writes has: safetensors writes through a temporary file created 0600, which a cluster's group cannot read.
+
+    The umask is read from /proc/self/status where Linux says it: setting it to read it, as elsewhere, changes it
+    for every thread for a moment. A filesystem that keeps no modes and refuses one leaves the file as it is."""
+    mask = None
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status") as status:
+        mask = int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    if mask is None:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    with contextlib.suppress(PermissionError):
+        os.chmod(path, 0o666 & ~mask)
 
 
 def read_json(path: Path, what: str) -> Any:
@@ -77,36 +72,34 @@ def read_json(path: Path, what: str) -> Any:
 
 
 def remove_temporary(directory: Path) -> None:
-    """Remove the temporary files that killed `write_text` calls left in `directory` (not below it). Only a
-    process holding the directory's lock may call this: another process's write may be under way."""
-    for path in Path(directory).iterdir():
+    """Remove the temporary files that killed `write_text` calls left in `directory` (not below it). Only the
+    holder of the directory's lock may: another process's write may be under way."""
+    for path in Path(directory).glob(".*.tmp"):  # none where there is no such directory
         if TEMPORARY.fullmatch(path.name) and path.is_file():
             path.unlink(missing_ok=True)
 
 
 def check_names(path: Path) -> None:
-    """Refuse `path` before any work if a name in it is too long for its filesystem, where every write would
-    meet ENAMETOOLONG: each name not there yet against the longest name the filesystem that would hold it takes
-    (NAME_MAX, 255 bytes on most), and the whole path against the longest path (PATH_MAX)."""
+    """Refuse `path` before any work if a name in it is too long for its filesystem, where every write would meet
+    ENAMETOOLONG: each name not there yet against the filesystem's NAME_MAX (in bytes), the whole against PATH_MAX."""
     absolute = Path(os.path.abspath(path))
     existing = absolute
     while not os.path.exists(existing):  # False for a path that cannot exist, a name too long among them
         existing = existing.parent
-    new = absolute.relative_to(existing).parts
     try:
         longest_name, longest_path = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
     except (OSError, ValueError):  # a filesystem that does not say: the first write will
         return
+    new = absolute.relative_to(existing).parts
     too_long = any(0 < longest_name < len(os.fsencode(name)) for name in new)  # -1: no limit
     if too_long or 0 < longest_path <= len(os.fsencode(absolute)):
         raise UsageError(fault_line(errno.ENAMETOOLONG, path))
 
 
 def check_output_dir(path: Path, names: tuple[str, ...] = ()) -> None:
-    """Refuse `path` as a directory to write `names` into, before any work: its
-    names not too long for its filesystem (`check_names`), it must be a directory
-    (or creatable as one), writable, and not already hold any of `names`
-    (results are never overwritten)."""
+    """Refuse `path` as a directory to write `names` into, before any work: its names not too long
+    (`check_names`), a directory or creatable as one, writable, and holding none of `names` (results are never
+    overwritten)."""
     path = Path(path)
     check_names(path)
     if path.exists() and not path.is_dir():
@@ -135,11 +128,10 @@ def check_output_dir(path: Path, names: tuple[str, ...] = ()) -> None:
 
 
 class DirectoryLock:
-    """An exclusive lock on a directory: ``DIR/.lock``, an advisory ``flock`` that the
-    kernel releases when the process ends, however it ends (no stale locks). The file
-    holds the pid of the holder that last changed the directory (`stamp`), which a
-    refused process names; taking the lock changes nothing, so a holder that finds
-    it must refuse (to resume a different run, say) leaves the directory as it was."""
+    """An exclusive lock on a directory: ``DIR/.lock``, an advisory ``flock`` that the kernel releases when the
+    process ends, however it ends (no stale locks). The file holds the pid of the holder that last changed the
+    directory (`stamp`), which a refused process names; taking the lock writes nothing, so a holder that must
+    then refuse (to resume a different run, say) leaves the directory as it was."""
 
     NAME = ".lock"
 
@@ -148,15 +140,10 @@ class DirectoryLock:
         self.what = what
         self._handle: IO[str] | None = None
 
-    @property
-    def held(self) -> bool:
-        return self._handle is not None
-
     def acquire(self, stamp: bool = True) -> None:
-        """Take the lock, or refuse with one line naming the holder's pid; `stamp` records this process's pid at
-        once (else `stamp` does, when the holder starts to change the directory). The lock file is created if
-        missing; a fault of the machine (no permission on another user's directory, a read-only filesystem) is
-        refused in one line."""
+        """Take the lock, or refuse in one line naming the holder's pid; with `stamp`, record this process's pid at
+        once (else `stamp` does, once the holder starts to change the directory). A fault of the machine opening
+        the file (another user's directory, a read-only filesystem) is refused in one line."""
         with faults_refused(self.path):
             handle = open(self.path, "a+")
         try:
@@ -174,8 +161,7 @@ class DirectoryLock:
 
     def stamp(self) -> None:
         """Record this process, which holds the lock, as the holder a refused process names."""
-        if self._handle is None:
-            raise RuntimeError(f"{self.path} is not held by this process")
+        assert self._handle is not None, "stamp() needs the lock held"
         self._handle.seek(0)
         self._handle.truncate()
         self._handle.write(f"{os.getpid()}\n")

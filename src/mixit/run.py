@@ -22,16 +22,10 @@
       tensorboard/         --logger tensorboard: the run's TensorBoard event files (`mixit.tracking`)
       wandb/               --logger wandb: W&B's local files (W&B names this directory itself)
 
-Training, evaluation, analysis, sampling, resumption and studies all go
-through `Run`: nothing else knows these names (tests/test_run_files.py checks
-it), except the two modules that own a part of the directory and say so above:
-`mixit.checkpoint` (the checkpoint protocol: write, prune, keep, load) and
-`mixit.tracking` (what the tracking sinks hold). The one other exception is a
-task's own artifact, such as ``tokenizer.json``: the task names it
-(`Task.save_artifacts(run_dir)`, `TaskConfig.for_run`), because tasks sit
-below this module and cannot import it. No pickle anywhere (a checkpoint
-cannot carry code). Every JSON and text file is written atomically, and every
-checkpoint by the protocol `mixit.checkpoint` describes.
+Everything that reads or writes a run goes through `Run`: no other module names these files
+(tests/test_run_files.py checks it) but `mixit.checkpoint` and `mixit.tracking`, which own their parts as said
+above, and a task, which names its own artifact such as ``tokenizer.json`` (`Task.save_artifacts`), since tasks
+sit below this module. No pickle anywhere; every JSON and text file is written atomically (`mixit.files`).
 """
 
 from __future__ import annotations
@@ -42,7 +36,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
@@ -79,22 +73,12 @@ EXPORTED = "mixit_export"
 """The key of an exported model's config.json (`mixit.export`) that holds its run's record: how a run and an
 export, which both hold a config.json, are told apart."""
 LOCK = DirectoryLock.NAME
-METRICS = "metrics.jsonl"
-SUMMARY = "summary.json"
-CHECKPOINTS = "checkpoints"
-ANALYSIS = "analysis"
-HEAD_SCORES = "head_scores.json"
-SIGNAL = "signal.json"
-BY_PAIRS = "retrieval_by_pairs.json"
-OVER_TIME = "over_time.json"
-ANALYSIS_SUMMARY = "summary.md"
 FIGURES = ("head_scores", "attention", "fixed_patterns", "over_time")
 """The analysis's figures, by name: each drawn to NAME.png (attention and fixed_patterns: their arrays in NAME.npz;
 head_scores and over_time: their numbers in NAME.json)."""
-CONFIG_LOST = "restore it from a copy (a run cannot be read without it), or train the run again"
-"""What to do about a run's config.json that is missing or damaged."""
-SUMMARY_LOST = "remove it and resume the run (`mixit train --resume --out RUN_DIR`) to write it again"
-"""What to do about a damaged summary.json: a resume evaluates the final checkpoint and writes it."""
+
+RunState = Literal["absent", "started", "done"]
+"""How far a run has got (`Run.state`)."""
 
 
 def is_export(directory: Path) -> bool:
@@ -118,10 +102,6 @@ def load_request(path: str | Path) -> dict[str, Any]:
     return Run.open(path).request if Path(path).is_dir() else read_request_file(Path(path))
 
 
-RunState = Literal["absent", "started", "done"]
-"""How far a run has got (`Run.state`)."""
-
-
 @dataclass
 class Loaded:
     """A run's checkpoint (the latest unless asked for another), loaded: its config, task, model and
@@ -134,8 +114,8 @@ class Loaded:
 
 
 class Run:
-    """One run directory (module docstring): its layout, config, metrics,
-    checkpoints, summary and analysis, its state, and loading it back.
+    """One run directory (module docstring): its layout, config, metrics, checkpoints, summary and analysis, its
+    state, and loading it back.
 
         run = Run.create("runs/x", cfg)     # a new run: refuses a directory holding anything
         run = Run.open("runs/x")            # an existing run: refuses anything else
@@ -147,31 +127,24 @@ class Run:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        # The layout (module docstring).
         self.config_path = self.path / CONFIG
-        self.metrics_path = self.path / METRICS
-        self.summary_path = self.path / SUMMARY
-        self.checkpoints_dir = self.path / CHECKPOINTS
-        self.analysis_dir = self.path / ANALYSIS
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.summary_path = self.path / "summary.json"
+        self.checkpoints_dir = self.path / "checkpoints"
+        self.analysis = Analysis(self.path / "analysis")
+        """What `mixit analyze` wrote (or writes) into this run."""
         self._config: RunConfig | None = None
         self._lock = DirectoryLock(self.path)
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
 
-    @property
-    def analysis(self) -> Analysis:
-        """What `mixit analyze` wrote (or writes) into this run: `Analysis`."""
-        return Analysis(self.analysis_dir)
-
     # -- creating and opening ---------------------------------------------------------
     @classmethod
     def check_new(cls, path: str | Path) -> None:
         """Refuse `path` as the directory of a new run unless it is absent or empty (and creatable)."""
         path = Path(path)
-        check_names(path)
-        if path.exists() and not path.is_dir():
-            raise UsageError(f"output path {path} exists and is not a directory")
+        check_output_dir(path)  # no name too long, a directory or creatable as one, writable
         if (path / CONFIG).exists():
             raise UsageError(
                 f"{path} already holds a run; continue it with --resume or choose another output directory"
@@ -181,16 +154,14 @@ class Run:
         creating = f".{CONFIG}."
         if path.exists() and any(p.name != LOCK and not p.name.startswith(creating) for p in path.iterdir()):
             raise UsageError(f"output directory {path} is not empty and holds no mixit run; refusing to write into it")
-        check_output_dir(path)
 
     @classmethod
     def create(cls, path: str | Path, cfg: RunConfig) -> Run:
         """A new run directory holding `cfg`'s config.json, locked by this process until `release`.
 
-        The directory is created and locked first and checked second, so two
-        processes starting a run in one directory cannot both succeed. If the
-        check fails, or the machine does (a full disk writing config.json: a
-        refusal, since no work has begun), what was created is removed again.
+        The directory is created and locked first and checked second, so two processes starting a run in one
+        directory cannot both succeed. If the check fails, or the machine does (a full disk writing config.json:
+        a refusal, since no work has begun), what was created is removed again.
         """
         cls.check_new(path)
         run = cls(path)
@@ -208,27 +179,6 @@ class Run:
             raise
         run._config = cfg
         return run
-
-    # -- the lock ---------------------------------------------------------------------
-    def acquire(self, stamp: bool = True) -> None:
-        """Take the run directory's exclusive lock (`mixit.files.DirectoryLock`), or refuse naming the holder.
-        Without `stamp` nothing is written until `begin`, so that checks that refuse leave the run as it was."""
-        self._lock.acquire(stamp)
-
-    def begin(self) -> None:
-        """The lock's holder starts to change the run (a resume whose checks passed): record its pid in the lock
-        file, and remove what killed writes left behind (`write_text`'s temporary files, a half-written
-        checkpoint directory). Their writers are gone: this process holds the lock, and `mixit analyze`,
-        which does not take it, writes under analysis/ only."""
-        self._lock.stamp()
-        for directory in (self.path, self.checkpoints_dir):
-            if directory.is_dir():
-                remove_temporary(directory)
-        for partial in partial_checkpoints(self.checkpoints_dir):
-            shutil.rmtree(partial, ignore_errors=True)
-
-    def release(self) -> None:
-        self._lock.release()
 
     @classmethod
     def open(cls, path: str | Path) -> Run:
@@ -248,58 +198,102 @@ class Run:
         run.config  # noqa: B018 -- read and validate now, not at first use
         return run
 
+    # -- the lock ---------------------------------------------------------------------
+    def acquire(self, stamp: bool = True) -> None:
+        """Take the run's lock (`mixit.files.DirectoryLock`), or refuse naming the holder. Without `stamp`, nothing
+        is written until `begin`, so that checks that refuse leave the run as it was."""
+        self._lock.acquire(stamp)
+
+    def begin(self) -> None:
+        """The lock's holder starts to change the run (a resume whose checks passed): record its pid in the lock
+        file, and remove what killed writes left (`write_text`'s temporary files, half-written checkpoints).
+        Their writers are gone: this process holds the lock, and `mixit analyze`, which does not take it, writes
+        under analysis/ only."""
+        self._lock.stamp()
+        remove_temporary(self.path)
+        remove_temporary(self.checkpoints_dir)
+        for partial in partial_checkpoints(self.checkpoints_dir):
+            shutil.rmtree(partial, ignore_errors=True)
+
+    def release(self) -> None:
+        """Give the run's lock back."""
+        self._lock.release()
+
+    # -- what the run holds -----------------------------------------------------------
     @property
     def config(self) -> RunConfig:
         """The run's config.json, read (with the request it was resolved from: `read_record`) at first use."""
         if self._config is None:
-            with damaged(self.config_path, CONFIG_LOST):
+            remedy = "restore it from a copy (a run cannot be read without it), or train the run again"
+            with damaged(self.config_path, remedy):
                 data = read_json(self.config_path, CONFIG)
             self._config = read_record(data, str(self.config_path))
         return self._config
 
     @property
     def request(self) -> dict[str, Any]:
-        """The request the run was resolved from (what its user and recipe asked for): replay and
-        ``--resume`` start from it. A run written before runs recorded it gives its whole config."""
+        """The request the run was resolved from (what its user and recipe asked for): replay and ``--resume``
+        start from it. A run written before runs recorded it gives its whole config."""
         return self.config.request
 
     def check_same(self, cfg: RunConfig) -> None:
         """Refuse to continue this run with a config that differs from its own."""
         saved, requested = flatten(self.config.to_dict()), flatten(cfg.to_dict())
         differ = [k for k in sorted(saved | requested) if saved.get(k) != requested.get(k)]
-        diffs = [f"{k}: {saved.get(k)!r} != {requested.get(k)!r}" for k in differ]
-        if diffs:
-            raise UsageError(
-                f"{self.path} holds a different run; differences (saved != requested): " + "; ".join(diffs[:5])
-            )
+        if differ:
+            diffs = "; ".join(f"{k}: {saved.get(k)!r} != {requested.get(k)!r}" for k in differ[:5])
+            raise UsageError(f"{self.path} holds a different run; differences (saved != requested): {diffs}")
 
-    # -- state ------------------------------------------------------------------------
     def state(self) -> RunState:
-        """How far the run has got: absent (no run here yet), started (it has its config but no
-        summary: training now, or interrupted) or done (its summary is written)."""
+        """How far the run has got: absent (no run here yet), started (its config but no summary: training now, or
+        interrupted) or done (its summary is written)."""
         if self.summary_path.exists():
             return "done"
-        if self.config_path.exists():
-            return "started"
-        return "absent"
+        return "started" if self.config_path.exists() else "absent"
 
     @property
     def analysed(self) -> bool:
         """Whether `mixit analyze` has completed on this run (`Analysis.complete`)."""
         return self.analysis.complete
 
+    def summary(self) -> dict[str, Any] | None:
+        """The final summary, or None if the run has not completed."""
+        remedy = "remove it and resume the run (`mixit train --resume --out RUN_DIR`) to write it again"
+        with damaged(self.summary_path, remedy):
+            return read_object(self.summary_path, "summary.json")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """Write the final summary: the run is done."""
+        write_json(self.summary_path, summary)
+
     # -- metrics ----------------------------------------------------------------------
     def metrics(self) -> list[dict[str, Any]]:
-        """Every event logged so far, in order (`read_metrics`)."""
-        return read_metrics(self.metrics_path)
+        """Every event logged so far, in order ([] before the first). A torn last line (a process killed while
+        writing it) is skipped with a warning on stderr; any other line that is no event is refused."""
+        if not self.metrics_path.exists():
+            return []
+        lines = self.metrics_path.read_text().splitlines()
+        events = []
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:
+                    print(f"mixit: warning: {self.metrics_path}: ignoring a torn last line", file=sys.stderr)
+                    continue
+                raise UsageError(f"{self.metrics_path} is corrupt at line {i + 1}") from None
+            if not isinstance(event, dict) or not is_count(event.get("step")):
+                raise UsageError(f"{self.metrics_path} is corrupt at line {i + 1} (no integer step >= 0)")
+            events.append(event)
+        return events
 
     def metrics_frame(self) -> pandas.DataFrame:
-        """`metrics` as a pandas DataFrame: one row per event, in order, with the columns step, event and every
-        number an event holds (the freeze report's counts; a train event's loss, lr and elapsed_s; an eval
-        event's test metrics, and its validation metrics as val_<name>), NaN where an event has none. As in
-        metrics.jsonl, `loss` is the training loss on a train row and the test loss on an eval row. The freeze
-        report's lists of parameters are not numbers, and are left out (`metrics` has them). Needs pandas (the
-        `notebook` extra); a directory that holds no run is refused."""
+        """`metrics` as a pandas DataFrame: a row per event, in order, with the columns step, event and every number
+        an event holds (NaN where it has none), as named in metrics.jsonl (`loss`: the training loss on a train
+        row, the test loss on an eval row; validation metrics as val_<name>). The freeze report's lists of
+        parameters are left out. Needs pandas (the `notebook` extra); a directory that holds no run is refused."""
         pd = require_pandas()
         if self.state() == "absent":
             raise UsageError(f"{self.path} holds no mixit run (no {CONFIG})")
@@ -307,15 +301,14 @@ class Run:
         return pd.DataFrame(rows, columns=list(dict.fromkeys(["step", "event", *(k for row in rows for k in row)])))
 
     def open_metrics(self, resume_step: int | None = None) -> MetricsLog:
-        """The metrics log, for appending. With `resume_step`, events after that
-        step are dropped first (they belong to steps that will be run again);
-        the file is rewritten atomically."""
+        """The metrics log, for appending. With `resume_step`, the events after that step are dropped first (their
+        steps will be run again), by an atomic rewrite."""
         if resume_step is not None and self.metrics_path.exists():
             kept = [e for e in self.metrics() if e.get("step", 0) <= resume_step]
             write_text(self.metrics_path, "".join(json.dumps(e) + "\n" for e in kept))
         return MetricsLog(self.metrics_path)
 
-    # -- checkpoints (`mixit.checkpoint`) --------------------------------------------------
+    # -- checkpoints (`mixit.checkpoint`) -------------------------------------------------
     def checkpoints(self) -> list[int]:
         """The steps of the checkpoints this run holds, in order: the kept ones and the newest."""
         return checkpoint_steps(self.checkpoints_dir)
@@ -328,19 +321,9 @@ class Run:
         """The newest checkpoint, which a resume starts from (None before the first)."""
         return latest_checkpoint(self.checkpoints_dir)
 
-    # -- summary ----------------------------------------------------------------------
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        write_json(self.summary_path, summary)
-
-    def summary(self) -> dict[str, Any] | None:
-        """The final summary, or None if the run has not completed."""
-        with damaged(self.summary_path, SUMMARY_LOST):
-            return read_object(self.summary_path, SUMMARY)
-
-    # -- loading ----------------------------------------------------------------------
     def load(self, device: str = "auto", step: int | None = None) -> Loaded:
-        """The config, the task (with the run's own tokenizer) and the model at checkpoint `step`
-        (default: the latest; `checkpoints` lists those held), on `device`."""
+        """The config, the task (with the run's own tokenizer) and the model at checkpoint `step` (default: the
+        latest; `checkpoints` lists those held), on `device`."""
         ckpt = self.latest_checkpoint() if step is None else self.checkpoint(step)
         if ckpt is None:
             raise UsageError(f"{self.path} has no checkpoint yet")
@@ -353,56 +336,31 @@ class Run:
         return Loaded(self.config, task, model.to(dev), ckpt)
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The events of metrics.jsonl `path`, in order ([] if there is none yet). A torn last line (a process
-    killed while writing it) is skipped with a warning on stderr."""
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    events = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                print(f"mixit: warning: {path}: ignoring a torn last line", file=sys.stderr)
-                continue
-            raise UsageError(f"{path} is corrupt at line {i + 1}") from None
-        if not isinstance(event, dict) or not is_count(event.get("step")):
-            raise UsageError(f"{path} is corrupt at line {i + 1} (no integer step >= 0)")
-        events.append(event)
-    return events
-
-
 class MetricsLog:
-    """The open metrics.jsonl: one JSON object per line, flushed as written (`read_metrics` reads it back)."""
+    """The open metrics.jsonl: one JSON object per line, each on disk as it is written (`Run.metrics` reads them)."""
 
     def __init__(self, path: Path):
-        self._file: IO[str] = open(path, "a")
+        self._file: IO[str] = open(path, "a", buffering=1)  # line-buffered: flushed at every event's newline
 
     def write(self, event: dict[str, Any]) -> None:
+        """Append `event`."""
         self._file.write(json.dumps(event) + "\n")
-        self._file.flush()
 
     def close(self) -> None:
+        """Close the file."""
         self._file.close()
 
 
+@dataclass(frozen=True)
 class Analysis:
     """A run's analysis directory, written by `mixit analyze` (its files: module docstring).
 
-    Each file is read and written by what it holds; a reader returns None for a file not written.
-    A figure is named by what it shows (`FIGURES`): `figure_path` is where it is drawn, `figure`
-    the drawing if there is one.
+    Its JSON files (`JSON`) are written by `write` and read by the method of their name, which returns None for a
+    file not written. A figure (`FIGURES`) is drawn at `figure_path`; `figure` is the drawing if there is one.
     """
 
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __repr__(self) -> str:
-        return f"Analysis({str(self.path)!r})"
+    path: Path
+    JSON: ClassVar[tuple[str, ...]] = ("head_scores", "signal", "retrieval_by_pairs", "over_time")
 
     def prepare(self) -> None:
         """Create the directory for writing, refusing a file in its place (files already there are rewritten)."""
@@ -413,45 +371,44 @@ class Analysis:
     @property
     def complete(self) -> bool:
         """Whether an analysis ran to its end: its summary is written last."""
-        return (self.path / ANALYSIS_SUMMARY).exists()
+        return (self.path / "summary.md").exists()
+
+    def write(self, name: str, data: dict[str, Any]) -> Path:
+        """Write the JSON file `name` (one of `JSON`): NAME.json."""
+        if name not in self.JSON:
+            raise ValueError(f"unknown analysis file {name!r}; known: {', '.join(self.JSON)}")
+        write_json(self.path / f"{name}.json", data)
+        return self.path / f"{name}.json"
+
+    def _read(self, name: str) -> dict[str, Any] | None:
+        with damaged(self.path / f"{name}.json", "run `mixit analyze RUN_DIR` again, which rewrites it"):
+            return read_object(self.path / f"{name}.json", f"analysis {name}.json")
 
     def head_scores(self) -> dict[str, Any] | None:
         """The head scores per layer and head, and the in-context gap (`mixit.analysis.induction.head_scores`)."""
-        return self._read_json(HEAD_SCORES)
-
-    def write_head_scores(self, scores: dict[str, Any]) -> Path:
-        return self._write_json(HEAD_SCORES, scores)
+        return self._read("head_scores")
 
     def signal(self) -> dict[str, Any] | None:
         """Token similarity after each layer: {"trained": ..., "init": ...}."""
-        return self._read_json(SIGNAL)
-
-    def write_signal(self, signal: dict[str, Any]) -> Path:
-        return self._write_json(SIGNAL, signal)
+        return self._read("signal")
 
     def retrieval_by_pairs(self) -> dict[str, Any] | None:
         """A retrieval run's test accuracy by the number of stored pairs: {k: {"accuracy", "examples"}}."""
-        return self._read_json(BY_PAIRS)
-
-    def write_retrieval_by_pairs(self, by_pairs: dict[str, Any]) -> Path:
-        return self._write_json(BY_PAIRS, by_pairs)
+        return self._read("retrieval_by_pairs")
 
     def over_time(self) -> dict[str, Any] | None:
         """Head scores and test metrics at every checkpoint (`mixit.analysis.report.over_time`)."""
-        return self._read_json(OVER_TIME)
-
-    def write_over_time(self, over_time: dict[str, Any]) -> Path:
-        return self._write_json(OVER_TIME, over_time)
+        return self._read("over_time")
 
     def summary(self) -> str | None:
         """The findings in words (markdown)."""
-        path = self.path / ANALYSIS_SUMMARY
+        path = self.path / "summary.md"
         return path.read_text() if path.exists() else None
 
     def write_summary(self, text: str) -> Path:
         """Write the findings in words; written last, this marks the analysis `complete`."""
-        write_text(self.path / ANALYSIS_SUMMARY, text)
-        return self.path / ANALYSIS_SUMMARY
+        write_text(self.path / "summary.md", text)
+        return self.path / "summary.md"
 
     def write_arrays(self, figure: str, **arrays: np.ndarray) -> Path:
         """Save the arrays behind the figure `figure` (NAME.npz, numpy's format: no pickle)."""
@@ -469,14 +426,6 @@ class Analysis:
         """The drawing of the figure `figure`, or None if it has not been drawn."""
         path = self.figure_path(figure)
         return path if path.exists() else None
-
-    def _read_json(self, name: str) -> dict[str, Any] | None:
-        with damaged(self.path / name, "run `mixit analyze RUN_DIR` again, which rewrites it"):
-            return read_object(self.path / name, f"analysis {name}")
-
-    def _write_json(self, name: str, data: dict[str, Any]) -> Path:
-        write_json(self.path / name, data)
-        return self.path / name
 
 
 def read_object(path: Path, what: str) -> dict[str, Any] | None:

@@ -86,7 +86,7 @@ def analyze_run(
     name = f"{label} ({Path(run_dir).name}, {loaded.checkpoint.name})"
 
     scores = head_scores(model, task.analysis_tokens(), batch=batch, seed=seed)
-    analysis.write_head_scores(scores)
+    analysis.write("head_scores", scores)
     plot_score_tables(scores, analysis.figure_path("head_scores"), f"head scores: {name}")
     patterns = attention_patterns(model, x)
     token_names = task.token_names()
@@ -101,10 +101,10 @@ def analyze_run(
     # A fresh model is the run's as initialised: what the variant froze changes no forward pass.
     fresh = Transformer(loaded.cfg.model).to(probe.device)
     signal = {"trained": token_similarity(model, probe), "init": token_similarity(fresh, probe)}
-    analysis.write_signal(signal)
+    analysis.write("signal", signal)
     files = []
     if loaded.cfg.task == "retrieval":  # the only task whose examples vary in how much they store
-        files.append(analysis.write_retrieval_by_pairs(retrieval_by_pairs(model, task.test_batch(), batch)).name)
+        files.append(analysis.write("retrieval_by_pairs", retrieval_by_pairs(model, task.test_batch(), batch)).name)
 
     findings = summarize(scores, signal)
     if history is not None:
@@ -117,7 +117,7 @@ def analyze_run(
             analysis.figure_path("over_time"),
         )
         findings["over_time"] = over_time_line(history)
-        files += [analysis.write_over_time(history).name, analysis.figure_path("over_time").name]
+        files += [analysis.write("over_time", history).name, analysis.figure_path("over_time").name]
     text = render_summary(name, findings, fixed is not None, files)
     analysis.write_summary(text)
     return {**findings, "summary": text, "out_dir": str(analysis.path)}
