@@ -476,3 +476,11 @@ def test_analyze_works_on_a_classifier_run(reviews, tmp_path, capsys):
     summary = (run / "analysis" / "summary.md").read_text()
     assert "Strongest induction head" in summary and "In-context learning" not in summary  # no next-token head
     assert (run / "analysis" / "fixed_patterns.png").is_file()
+
+
+@pytest.mark.parametrize("task,length", [("lm", 16), ("sentiment", 24)])
+def test_a_text_models_context_is_the_tokens_it_reads(task, length):
+    """The default n_ctx of a text task is its input length, as the reference builds it (a language model is also
+    a SequenceTask, whose whole example is one token longer: that must not be taken)."""
+    cfg = run_config(task, "standard", task_params={"length": length})
+    assert cfg.model.n_ctx == length

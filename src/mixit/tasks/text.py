@@ -165,6 +165,13 @@ class TextTask(Task):
         """PAD's id: fixed in a BPE trained here (`BPE_PAD_ID`), read from a tokenizer file otherwise."""
         return BPE_PAD_ID if self.cfg.tokenizer == "bpe" else self.tokenizer.pad_id
 
+    @property
+    def reference_len(self) -> int:
+        """The reference builds its text models for the tokens they read (its max_seq_len). Not `Task`'s default
+        again: `LanguageModeling` is also a `SequenceTask`, whose reference_len (the whole example, one token
+        more) would come first in its method order without this one."""
+        return self.input_len
+
     def save_artifacts(self, run_dir: Path) -> None:
         """Keep the tokenizer with the run (evaluation and sampling read it from there)."""
         self.tokenizer.save(Path(run_dir) / TOKENIZER_FILE)
