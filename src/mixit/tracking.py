@@ -16,6 +16,7 @@ any work; a sink that fails later is warned about once and sent nothing more in 
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import importlib
 import importlib.metadata
@@ -228,7 +229,7 @@ Held = Mapping[str, Any] | None
 """tracking.json's record of a run in a sink; None where the run is new to the sink."""
 
 
-class SinkKind:
+class SinkKind(abc.ABC):
     """One sink in one session: the accelerate tracker that writes it, and what mixit adds: its checks, what
     identifies the run there, and what it holds already. One subclass per sink, in `KINDS`."""
 
@@ -239,17 +240,18 @@ class SinkKind:
     @staticmethod
     def check(run: Run | None, held: Held) -> None:
         """Refuse, in one line naming what to set, settings the sink cannot work with. `run`: the run it will write,
-        if it exists already."""
+        if it exists already. Nothing to refuse by default."""
+        return None
 
     def new_ids(self, grouping: Grouping) -> dict[str, Any]:
         """What identifies a run new to the sink, recorded before it starts (a session killed at once goes on
         with the same run)."""
         return {}
 
+    @abc.abstractmethod
     def start(self, run: Run, ids: dict[str, Any], grouping: Grouping, resumed: bool) -> None:
         """Start (`resumed`: continue) the run `ids` names in the sink, with its config, and read back what it holds.
         MLflow adds its run id to `ids`, known once the run exists."""
-        raise NotImplementedError
 
     def holds(self, name: str, step: int) -> bool:
         """Whether the sink holds the point already."""
