@@ -49,7 +49,6 @@ from mixit.version import install_hint
 HUB_HOST = "huggingface.co"
 FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
 """The `datasets` builder that reads each local file suffix."""
-LOCAL_SUFFIXES = tuple(FORMATS)
 
 
 @dataclass
@@ -465,7 +464,8 @@ def _load(name: str, labelled: bool, data_dir: str | None, max_documents: int, h
         return load_hub(name, data_dir, max_documents, held_out_fraction)
     if os.sep in name or "/" in name or Path(name).suffix in FORMATS or Path(name).exists():
         return load_local(name, labelled=labelled, max_documents=max_documents, held_out_fraction=held_out_fraction)
-    what, suffixes = ("dataset", LOCAL_SUFFIXES[1:]) if labelled else ("corpus", LOCAL_SUFFIXES)
+    what = "dataset" if labelled else "corpus"
+    suffixes = [suffix for suffix in FORMATS if not (labelled and FORMATS[suffix] == "text")]  # text has no labels
     raise UsageError(
         f"unknown {what} {name!r}; choose one of: {', '.join(catalogue)}, or a local file or directory "
         f"({', '.join(suffixes)})" + (" with text and label columns" if labelled else "")
