@@ -27,12 +27,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mixit.config import TaskConfig, check
+from mixit.core.config import TaskConfig, check
+from mixit.core.tasks.base import TASKS, Examples, SequenceTask
 from mixit.study import Study, write_report
 from mixit.study.collect import collect
 from mixit.study.executors import Pool, execute
 from mixit.study.spec import grid
-from mixit.tasks.base import TASKS, Examples, SequenceTask
 
 SIZES = {  # the options of every run (the shape of a run's config.json), and the seeds per variant
     "laptop": ({"model": {"d_model": 64, "n_layers": 2, "n_heads": 4}, "train": {"steps": 800}, "test_size": 1000}, 2),

@@ -23,8 +23,8 @@ from mixit.analysis.induction import (
     score_patterns,
 )
 from mixit.cli import main
-from mixit.config import ModelConfig
-from mixit.models import Transformer
+from mixit.core.config import ModelConfig
+from mixit.core.models import Transformer
 from tolerance import assert_close
 
 M = 6  # copy length: sequences r r of length 12

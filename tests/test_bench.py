@@ -15,11 +15,11 @@ import torch.nn.functional as F
 
 from mixit.bench import BenchOptions, Shape, bench_hf, bench_variant, count_flops, format_table, run_bench
 from mixit.cli import main
-from mixit.config import ModelConfig
+from mixit.core.config import ModelConfig
+from mixit.core.freezing import VARIANTS, apply_variant
+from mixit.core.models import Transformer
+from mixit.core.precision import Precision
 from mixit.errors import UsageError
-from mixit.freezing import VARIANTS, apply_variant
-from mixit.models import Transformer
-from mixit.precision import Precision
 
 # d 8, 1 layer, 2 heads (d_head 4), vocab 10, 2 sequences of 4 tokens: 8 tokens, 4 x 4 = 16 query-key pairs.
 TINY = Shape(d_model=8, n_layers=1, n_heads=2, vocab_size=10, seq_len=4, batch_size=2)
@@ -122,9 +122,9 @@ def test_table_puts_each_cell_under_its_header():
 def test_bench_step_trains_the_model():
     """The benchmarked step is the training step: the loss on the fixed batch falls."""
     from mixit.bench import _batch
-    from mixit.config import TrainConfig
-    from mixit.training.optim import build_optimizer
-    from mixit.training.step import loss_fn, train_step
+    from mixit.core.config import TrainConfig
+    from mixit.core.training.optim import build_optimizer
+    from mixit.core.training.step import loss_fn, train_step
 
     model = tiny_model("mixit")
     x, y = _batch(TINY, torch.device("cpu"))
@@ -262,7 +262,7 @@ def test_memory_check_counts_every_rows_model_but_one_steps_activations(monkeypa
     12 layers, batch 64 x 256, six rows' activations (about 140 GiB estimated) would refuse an 80 GiB card that
     holds the six models and one step easily."""
     from mixit import bench
-    from mixit.resources import activation_bytes, model_bytes
+    from mixit.core.resources import activation_bytes, model_bytes
 
     shape = Shape(d_model=1024, n_layers=12, n_heads=16, vocab_size=512, seq_len=256, batch_size=64)
     cfg = shape.model_config("standard")
@@ -270,8 +270,8 @@ def test_memory_check_counts_every_rows_model_but_one_steps_activations(monkeypa
     needed = rows * 4 * model_bytes(cfg) + activation_bytes(cfg, 64, 256)
     assert rows * activation_bytes(cfg, 64, 256) > 80 * 2**30 > needed
     options = BenchOptions(d_model=1024, n_layers=12, n_heads=16, seq_len=256, device="cpu")
-    monkeypatch.setattr("mixit.resources.available_memory", lambda device: needed)
+    monkeypatch.setattr("mixit.core.resources.available_memory", lambda device: needed)
     assert bench._checked_device(shape, options) == torch.device("cpu")  # exactly enough: accepted
-    monkeypatch.setattr("mixit.resources.available_memory", lambda device: needed - 1)
+    monkeypatch.setattr("mixit.core.resources.available_memory", lambda device: needed - 1)
     with pytest.raises(UsageError, match="this benchmark needs about"):
         bench._checked_device(shape, options)

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from jsonargparse import ArgumentError
 
-import mixit.training.loop
+import mixit.core.training.loop
 from mixit.cli import call, command_parser, main, steps_trained
+from mixit.core.training.loop import accumulated_step
 from mixit.errors import UsageError
-from mixit.training.loop import accumulated_step
 
 TINY = [
     "--task",
@@ -78,7 +78,7 @@ def test_an_interrupted_training_names_the_command_that_continues_it(tmp_path, c
         steps.append(args)
         return accumulated_step(*args)
 
-    monkeypatch.setattr(mixit.training.loop, "accumulated_step", step_until_ctrl_c)
+    monkeypatch.setattr(mixit.core.training.loop, "accumulated_step", step_until_ctrl_c)
     code, _, err = run_cli(["train", *TINY, "--checkpoint-every", "2", "--out", str(run)], capsys)
     resume = f"mixit train --resume --out '{run}'"
     assert (code, err) == (130, f"mixit train: interrupted; `{resume}` continues the run from its last checkpoint\n")

@@ -11,11 +11,11 @@ import pytest
 
 from mixit import ModelConfig, RunConfig, TrainConfig, resolve, run_config, train
 from mixit.cli import main, train_parser
-from mixit.config import Config, DataConfig, field_docs, field_hints, typed
+from mixit.core.config import Config, DataConfig, field_docs, field_hints, typed
+from mixit.core.experiment import TASK_DECIDES, flat_options, nest
+from mixit.core.run import load_request
+from mixit.core.tasks import TASKS
 from mixit.errors import UsageError
-from mixit.experiment import TASK_DECIDES, flat_options, nest
-from mixit.run import load_request
-from mixit.tasks import TASKS
 
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "steps": 4, "batch_size": 8, "test_size": 20}
 
@@ -279,7 +279,7 @@ def test_a_config_keeps_its_request_which_resolves_back(cfg):
 
 
 def test_test_seed_reaches_the_task_and_the_run_id():
-    from mixit.experiment import build_task
+    from mixit.core.experiment import build_task
     from mixit.study.spec import run_id
 
     base, other = (

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from mixit import run_config, train
-from mixit.tasks import make_task
-from mixit.tasks.base import row_hashes
-from mixit.training.convergence import Convergence, Selection
+from mixit.core.tasks import make_task
+from mixit.core.tasks.base import row_hashes
+from mixit.core.training.convergence import Convergence, Selection
 
 
 def curve(values, higher=True, patience=3, min_delta=0.01):

@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from mixit import Run, build, run_config, train
 from mixit.bench import BenchOptions, run_bench, shape_of
 from mixit.cli import main
-from mixit.freezing import VARIANTS
-from mixit.precision import DTYPES, Precision
+from mixit.core.freezing import VARIANTS
+from mixit.core.precision import DTYPES, Precision
 from tolerance import assert_close
 
 pytestmark = pytest.mark.cuda

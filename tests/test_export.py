@@ -21,11 +21,11 @@ import mixit
 from hub_server import Hub
 from mixit import run_config, train
 from mixit.cli import main
-from mixit.config import ModelConfig
+from mixit.core.config import ModelConfig
+from mixit.core.models import Transformer
+from mixit.core.run import Run
 from mixit.errors import DamagedFile, UsageError
 from mixit.export import LLAMA_FREE, LLAMA_NEEDS, export_run, llama_refusal
-from mixit.models import Transformer
-from mixit.run import Run
 from text_fixtures import write_text_corpus
 from tolerance import assert_close, forward_terms
 

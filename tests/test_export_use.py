@@ -14,10 +14,10 @@ import torch
 import mixit
 from mixit import run_config, train
 from mixit.cli import main
+from mixit.core.freezing import VARIANTS
+from mixit.core.run import Analysis, Run
 from mixit.export import export_run
-from mixit.freezing import VARIANTS
 from mixit.plugins import ENV
-from mixit.run import Analysis, Run
 from tolerance import assert_close
 
 TINY = {"d_model": 16, "n_layers": 2, "n_heads": 2, "steps": 6, "batch_size": 16, "test_size": 40, "val_size": 40}
@@ -113,7 +113,7 @@ def test_a_missing_source_is_refused_naming_both_readings(tmp_path, capsys):
 # -- a plugin's variant -----------------------------------------------------------------------------------------
 
 PLUGIN = """
-from mixit.freezing import VARIANTS, Variant
+from mixit.core.freezing import VARIANTS, Variant
 
 VARIANTS.add("frozen_vo", Variant("frozen_vo", "softmax", ("blocks.*.attn.v", "blocks.*.attn.o"),
                                   "v and o frozen, from a plugin"))

@@ -13,13 +13,13 @@ import pytest
 from mixit import ModelConfig, run_config, train
 from mixit.catalogue import catalogue
 from mixit.cli import main
-from mixit.freezing import VARIANTS
-from mixit.models.attention import ATTENTION
+from mixit.core.freezing import VARIANTS
+from mixit.core.models.attention import ATTENTION
+from mixit.core.tasks import TASKS
 from mixit.study import paper_study, write_report
 from mixit.study.executors import Pool, execute
 from mixit.study.spec import Study
 from mixit.study.tables import TABLES
-from mixit.tasks import TASKS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 TINY = [

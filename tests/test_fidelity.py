@@ -11,9 +11,9 @@ import torch
 
 from mixit import ModelConfig, Transformer, run_config
 from mixit.cli import main
-from mixit.experiment import model_config
-from mixit.models.attention import bidirectional_mixing, mixit_matrices, mixit_noise
-from mixit.models.mlp import ShapedLeakyReLU
+from mixit.core.experiment import model_config
+from mixit.core.models.attention import bidirectional_mixing, mixit_matrices, mixit_noise
+from mixit.core.models.mlp import ShapedLeakyReLU
 from tolerance import assert_close, forward_terms, sampling_error
 
 H, T, D_HEAD = 3, 9, 8

@@ -10,16 +10,16 @@ from safetensors.torch import load_file
 
 from mixit.catalogue import catalogue
 from mixit.cli import main
-from mixit.config import ModelConfig, TrainConfig
+from mixit.core.config import ModelConfig, TrainConfig
+from mixit.core.experiment import build_model, run_config
+from mixit.core.freezing import VARIANTS, Variant, apply_variant, check_attention, check_selectors, parse_selector
+from mixit.core.models import Transformer
+from mixit.core.models.attention import ATTENTION, SoftmaxAttention
+from mixit.core.run import Run
+from mixit.core.training.loop import train
+from mixit.core.training.optim import build_optimizer
 from mixit.errors import UsageError
-from mixit.experiment import build_model, run_config
-from mixit.freezing import VARIANTS, Variant, apply_variant, check_attention, check_selectors, parse_selector
-from mixit.models import Transformer
-from mixit.models.attention import ATTENTION, SoftmaxAttention
-from mixit.run import Run
 from mixit.study.spec import load_study_file, plan, run_id
-from mixit.training.loop import train
-from mixit.training.optim import build_optimizer
 
 MLP = ("gate", "up", "down")
 LINEARS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")

@@ -13,9 +13,9 @@ from typing import Literal
 import pytest
 
 from mixit.cli import COMMANDS, build_parser
-from mixit.config import help_type
+from mixit.core.config import help_type
+from mixit.core.tasks import TASKS
 from mixit.flags import Parser, fill, help_default
-from mixit.tasks import TASKS
 
 TOP = "mixit"  # the test case of `mixit --help` itself
 

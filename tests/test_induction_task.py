@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from mixit.core.tasks import IGNORE, TASKS, make_task, task_parameters
+from mixit.core.tasks.induction import Induction, hop_labels
 from mixit.errors import UsageError
-from mixit.tasks import IGNORE, TASKS, make_task, task_parameters
-from mixit.tasks.induction import Induction, hop_labels
 
 # Worked by hand, 1-based positions i as in the definition
 #   find(i) = largest j <= i with x_{j-1} = x_i, or 0;  hop_k(x)_i = x_{find^k(i)}.

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mixit.config import ModelConfig
+from mixit.core.config import ModelConfig
+from mixit.core.models import Transformer
 from mixit.errors import UsageError
-from mixit.models import Transformer
 from tolerance import assert_close, forward_terms
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "interop.md"
@@ -128,7 +128,7 @@ def trained(model, steps, lr=1e-2):
 
 def test_transformer_lens_converts_a_trained_variant():
     """frozen_qk after some optimizer steps (its queries and keys stay at their initialisation)."""
-    from mixit.freezing import apply_variant
+    from mixit.core.freezing import apply_variant
     from mixit.interop import to_transformer_lens
 
     model = tiny(bias=False, init_std=0.02)
@@ -171,8 +171,8 @@ def test_transformer_lens_reads_a_trained_run_by_its_token_names(tmp_path):
 
     from mixit import run_config, train
     from mixit.analysis.induction import head_scores, repeated_sequences
+    from mixit.core.run import Run
     from mixit.interop import to_transformer_lens
-    from mixit.run import Run
 
     tiny_run = {"d_model": 32, "n_layers": 2, "n_heads": 2, "batch_size": 64, "lr": 1e-2, "warmup_steps": 20}
     cfg = run_config("induction", "standard", {"alphabet": 8, "length": 16}, steps=700, test_size=64, **tiny_run)
@@ -219,8 +219,8 @@ def test_transformer_lens_reads_a_trained_run_by_its_token_names(tmp_path):
 
 def test_the_task_tokenizer_of_a_text_run_is_its_bpe(tmp_path):
     """A text task's tokenizer is the run's byte-level BPE: the bridge splits text as mixit does."""
+    from mixit.core.tasks import make_task
     from mixit.interop import to_transformer_lens
-    from mixit.tasks import make_task
     from text_fixtures import write_text_corpus
 
     corpus = write_text_corpus(tmp_path / "corpus.txt", n_docs=100)
@@ -234,8 +234,8 @@ def test_the_task_tokenizer_of_a_text_run_is_its_bpe(tmp_path):
 
 
 def test_a_task_tokenizer_refuses_a_model_of_another_vocabulary_and_unknown_words_are_not_tokens():
+    from mixit.core.tasks import make_task
     from mixit.interop import UNKNOWN, to_transformer_lens
-    from mixit.tasks import make_task
 
     task = make_task("dyck", {})
     with pytest.raises(UsageError, match=f"^task dyck has {task.vocab_size} tokens and the model 16: not the run's"):

@@ -2,7 +2,7 @@
 changes any of it fails here rather than on a user's command line.
 
 mixit hands each option to jsonargparse's public ``add_argument`` with a type hint as its type, and uses nothing
-else of it but ``add_subcommands``, ``parse_args``, ``parse_object`` (`mixit.config.typed`), the Namespace they
+else of it but ``add_subcommands``, ``parse_args``, ``parse_object`` (`mixit.core.config.typed`), the Namespace they
 return and the option and value that a refusal names (`mixit.flags.Parser.refusal`)."""
 
 import argparse
@@ -94,7 +94,7 @@ def test_a_refused_value_raises_argument_error_naming_its_options_key(argv, key,
 
 
 def test_a_dict_value_is_read_as_the_command_line_reads_it():
-    """`mixit.config.typed`: parse_object reads a value by its type as parse_args reads its text, and takes null
+    """`mixit.core.config.typed`: parse_object reads a value by its type as parse_args reads its text, and takes null
     for an option that is not required."""
     got = parser().parse_object({"model": {"d_model": "8", "bias": "false"}, "lr": 2, "kind": None})
     assert (got.model.d_model, got.model.bias, got.lr, got.kind) == (8, False, 2.0, None)

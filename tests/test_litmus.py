@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixit.config import TaskConfig
-from mixit.tasks.base import TASKS, SequenceTask
+from mixit.core.config import TaskConfig
+from mixit.core.tasks.base import TASKS, SequenceTask
 
 
 @dataclass

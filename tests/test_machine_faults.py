@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 
+import mixit.core.training.loop
 import mixit.files
 import mixit.study
-import mixit.training.loop
 from mixit import MachineFault, Run, run_config, train
 from mixit.cli import main
 from mixit.errors import machine_fault
@@ -114,7 +114,7 @@ def fill(directory: Path) -> Path:
 def at_checkpoint(monkeypatch, step: int, before, after=lambda: None) -> None:
     """Call `before` just before checkpoint `step` is first written, and `after` once that write has ended (as
     another program filling the disk, and freeing it, would)."""
-    save, met = mixit.training.loop.save_checkpoint, []
+    save, met = mixit.core.training.loop.save_checkpoint, []
 
     def save_checkpoint(root, at, *args, **kwargs):
         if at != step or met:
@@ -125,7 +125,7 @@ def at_checkpoint(monkeypatch, step: int, before, after=lambda: None) -> None:
         finally:
             after()
 
-    monkeypatch.setattr(mixit.training.loop, "save_checkpoint", save_checkpoint)
+    monkeypatch.setattr(mixit.core.training.loop, "save_checkpoint", save_checkpoint)
 
 
 # -- each fault, said ---------------------------------------------------------------------------------------------

@@ -10,14 +10,14 @@ import torch
 
 from mixit import run_config, train
 from mixit.cli import main
-from mixit.config import ModelConfig
+from mixit.core.config import ModelConfig
+from mixit.core.experiment import build_model
+from mixit.core.models import Transformer, capture_patterns
+from mixit.core.models.attention import layer_generator
+from mixit.core.run import Run
 from mixit.errors import UsageError
-from mixit.experiment import build_model
 from mixit.export import export_run
 from mixit.interop import to_transformer_lens
-from mixit.models import Transformer, capture_patterns
-from mixit.models.attention import layer_generator
-from mixit.run import Run
 from test_export import WITHOUT_MIXIT, python_without_mixit
 from tolerance import assert_close, forward_terms
 

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from mixit.config import ModelConfig
+from mixit.core.config import ModelConfig
+from mixit.core.models import Transformer, capture_patterns, mixit_matrices
+from mixit.core.models.attention import apply_rope, layer_generator, rope_tables
+from mixit.core.models.mlp import ShapedLeakyReLU
 from mixit.errors import UsageError
-from mixit.models import Transformer, capture_patterns, mixit_matrices
-from mixit.models.attention import apply_rope, layer_generator, rope_tables
-from mixit.models.mlp import ShapedLeakyReLU
 from tolerance import assert_close, forward_terms, sampling_error
 
 
@@ -207,7 +207,7 @@ def test_an_unknown_hook_point_is_refused_naming_the_hook_points():
 def test_fused_projections_match_separate_ones_and_gradients_reach_the_right_weights(variant):
     """Q, K, V through one product (standard) or Q, K through one and V alone
     (frozen_qk) give the attention of three separate projections."""
-    from mixit.freezing import apply_variant
+    from mixit.core.freezing import apply_variant
 
     model = Transformer(tiny("softmax"))
     apply_variant(model, variant)

@@ -15,7 +15,7 @@ from mixit.plugins import ENV, load_plugins, plugin_names
 from mixit.registry import Registry
 
 PLUGIN = """
-from mixit.freezing import VARIANTS, Variant
+from mixit.core.freezing import VARIANTS, Variant
 
 VARIANTS.add("plugged", Variant("plugged", "softmax", (), "the standard model, from a plugin"))
 """

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from mixit import ModelConfig, Run, TrainConfig, run_config, train
 from mixit.cli import main
-from mixit.config import field_hints
-from mixit.experiment import TASK_DECIDES
+from mixit.core.config import field_hints
+from mixit.core.experiment import TASK_DECIDES
 from text_fixtures import sentiment_rows, write_jsonl, write_text_corpus
 
 TINY = [
@@ -375,8 +375,8 @@ def test_there_are_at_least_150_bad_input_cases():
 
 
 def test_labels_must_be_integers_and_empty_texts_are_skipped_and_counted(tmp_path, capsys):
+    from mixit.core.text.corpora import load_labelled
     from mixit.errors import UsageError
-    from mixit.text.corpora import load_labelled
 
     rows = sentiment_rows(60)
     for value in (0.4, 0.9, 1.7, "x", True):
@@ -429,7 +429,7 @@ def test_a_tokenizer_whose_ids_pass_its_size_is_refused(tmp_path, monkeypatch, c
 
 
 def test_local_files_and_hub_copies_cache_under_mixit_cache_only(tmp_path, monkeypatch):
-    from mixit.text.corpora import load_corpus
+    from mixit.core.text.corpora import load_corpus
 
     cache = tmp_path / "mixit-cache"
     hf_default = tmp_path / "hf-default"
@@ -538,7 +538,7 @@ def test_two_new_runs_racing_into_one_directory_cannot_both_start(tmp_path):
 
 KILL_IN_CHECKPOINT = """
 import os, signal, sys
-import mixit.checkpoint as checkpoint_module
+import mixit.core.checkpoint as checkpoint_module
 calls = {"n": 0}
 original = checkpoint_module.save_file
 def dying_save_file(tensors, path):
@@ -704,8 +704,8 @@ def test_the_training_subpackage_is_importable_beside_the_train_function():
         [
             sys.executable,
             "-c",
-            "import mixit.training.loop, mixit.run; import mixit; "
-            "print(callable(mixit.train), mixit.training.loop.train is mixit.train)",
+            "import mixit.core.training.loop, mixit.core.run; import mixit; "
+            "print(callable(mixit.train), mixit.core.training.loop.train is mixit.train)",
         ],
         capture_output=True,
         text=True,

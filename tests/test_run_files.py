@@ -1,5 +1,5 @@
 """`Run` owns its directory: no other module names a run directory's files (but the two that own a part of
-it: `mixit.checkpoint` its checkpoints, `mixit.tracking` its tracking.json), and the questions others ask of a
+it: `mixit.core.checkpoint` its checkpoints, `mixit.tracking` its tracking.json), and the questions others ask of a
 run (its state, its summary, its analysis) are answered by `Run`."""
 
 import ast
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from mixit import Run, run_config, train
+from mixit.core.run import FIGURES
 from mixit.errors import UsageError
 from mixit.export import export_run
-from mixit.run import FIGURES
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "mixit"
 
 CHECKPOINT_FILES = {"latest", "state.json", "model.safetensors", "optimizer.safetensors"}
-"""The names inside a run's checkpoints/ directory (`mixit.checkpoint`'s docstring)."""
+"""The names inside a run's checkpoints/ directory (`mixit.core.checkpoint`'s docstring)."""
 
 TRACKING_FILES = {"tracking.json"}
 """What the tracking sinks hold of a run (`mixit.tracking`)."""
@@ -48,7 +48,7 @@ RUN_FILES = (
     | CHECKPOINT_FILES
     | TRACKING_FILES
 )
-"""The names in a run directory (`mixit.run`'s docstring)."""
+"""The names in a run directory (`mixit.core.run`'s docstring)."""
 
 OWNERS = {
     "run.py": RUN_FILES - CHECKPOINT_FILES - TRACKING_FILES,
@@ -81,7 +81,7 @@ def test_no_module_but_run_names_a_run_directorys_files():
         module = path.relative_to(SRC).as_posix()
         for name in sorted(named_files(path) - OWNERS.get(module, set())):
             if (module, name) not in ELSEWHERE:
-                offenders.append(f"src/mixit/{module} names {name!r}: ask `mixit.run.Run` instead")
+                offenders.append(f"src/mixit/{module} names {name!r}: ask `mixit.core.run.Run` instead")
     assert not offenders, "\n".join(offenders)
 
 

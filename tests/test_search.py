@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mixit.experiment import resolve
+from mixit.core.experiment import resolve
 from mixit.study.executors import Pool, execute
 from mixit.study.search import SCREEN_SEED, Score, beyond, decide, groups, pick, tied, upper_bound
 from mixit.study.spec import RunSpec, Study, grid, plan
@@ -148,7 +148,7 @@ def test_upper_bound_counts_every_candidate_tied_up_to_the_full_steps():
 
 
 def test_best_over_the_curve_picks_a_late_bloomer_over_an_early_leader_that_fades(tmp_path):
-    from mixit.run import Run
+    from mixit.core.run import Run
     from mixit.study.executors import screen_score
 
     curves = {"early": [0.6, 0.5, 0.4], "late": [0.1, 0.1, 0.8]}  # the leader fades, the slow starter blooms

@@ -9,9 +9,9 @@ from matplotlib.figure import Figure
 
 from mixit.analysis.signal import Probe, pairwise_stats, plot_signal, signal_propagation, token_similarity
 from mixit.cli import main
-from mixit.config import ModelConfig
+from mixit.core.config import ModelConfig
+from mixit.core.models import Transformer
 from mixit.errors import UsageError
-from mixit.models import Transformer
 from tolerance import assert_close
 
 TINY = dict(d_model=16, n_heads=2, n_ctx=8, vocab_size=16, batch=2)

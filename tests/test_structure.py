@@ -16,27 +16,38 @@ SRC = ROOT / "src" / "mixit"
 # Each module's layer (docs/design.md, "Layout"): a module may import modules of
 # its own layer or lower ones, never higher ones and never the package itself.
 LAYERS = {
-    0: ["errors", "registry", "plugins", "version", "files"],
+    0: ["errors", "registry", "plugins", "version", "files", "runtime", "distributed"],
     1: ["config"],
-    2: ["models", "text", "runtime", "precision", "distributed"],
-    3: ["freezing", "tasks", "recipes", "resources"],
-    4: ["experiment", "catalogue"],
+    2: ["models", "text", "precision", "resources"],
+    3: ["freezing", "tasks", "recipes"],
+    4: ["experiment"],
     5: ["checkpoint", "run", "transplant"],
-    6: ["training", "tracking"],
-    7: ["analysis", "generate", "bench", "export", "remote_code", "interop"],
+    6: ["training"],
+    7: ["tracking", "catalogue", "analysis", "generate", "bench", "export", "remote_code", "interop"],
     8: ["study", "litmus"],
     9: ["cli", "flags"],
     10: ["__init__", "__main__"],
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
+CORE = {"config", "models", "text", "precision", "resources", "freezing", "tasks", "recipes", "experiment"}
+CORE |= {"checkpoint", "run", "transplant", "training"}
+"""What src/mixit/core/ holds (docs/design.md, "Layout"): layers 1 to 6, above the base (layer 0), below the tooling."""
 # The one upward import kept, inside functions (docs/design.md, "Layout"): resolving a transplant's config reads its
 # donor, which is a run, and building its model installs the donor's attention.
-UPWARD = {("experiment", "mixit.transplant")}
+UPWARD = {("experiment", "mixit.core.transplant"), ("training", "mixit.tracking")}
+
+
+def module_name(parts):
+    """The layered name of a module from its path's parts below src/mixit (or its dotted name's below mixit):
+    a module of the core is named by its part below core/."""
+    top = parts[1] if parts[0] == "core" and len(parts) > 1 else parts[0]
+    return top.removesuffix(".py")
 
 
 def modules():
     for path in sorted(SRC.rglob("*.py")):
-        yield path, path.relative_to(SRC).parts[0].removesuffix(".py")
+        if path.relative_to(SRC).parts != ("core", "__init__.py"):
+            yield path, module_name(path.relative_to(SRC).parts)
 
 
 def mixit_imports(path):
@@ -62,6 +73,12 @@ def test_every_module_has_a_layer():
     assert {top for _, top in modules()} <= set(LAYER_OF)
 
 
+def test_the_core_is_one_package_between_the_base_and_the_tooling():
+    """src/mixit/core/ holds exactly the layers 1 to 6, so the core imports nothing of the tooling around it."""
+    in_core = {name for path, name in modules() if path.relative_to(SRC).parts[0] == "core"}
+    assert in_core == CORE == {name for layer in range(1, 7) for name in LAYERS[layer]}
+
+
 def test_no_module_imports_a_module_above_it_or_the_package():
     upward = []
     for path, top in modules():
@@ -71,9 +88,10 @@ def test_no_module_imports_a_module_above_it_or_the_package():
                 if top not in ("__init__", "__main__"):
                     upward.append(f"{path.relative_to(SRC)} imports the package `mixit` itself")
                 continue
-            if LAYER_OF[parts[1]] > LAYER_OF[top] and (top, name) not in UPWARD:
+            target = module_name(parts[1:])
+            if LAYER_OF[target] > LAYER_OF[top] and (top, name) not in UPWARD:
                 upward.append(
-                    f"{path.relative_to(SRC)} (layer {LAYER_OF[top]}) imports {name} (layer {LAYER_OF[parts[1]]})"
+                    f"{path.relative_to(SRC)} (layer {LAYER_OF[top]}) imports {name} (layer {LAYER_OF[target]})"
                 )
     assert not upward, "\n".join(upward)
 

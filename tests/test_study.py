@@ -14,6 +14,7 @@ import pytest
 
 from mixit import Run, resolve, run_config
 from mixit.cli import main
+from mixit.core.training.loop import log_spaced_steps
 from mixit.errors import UsageError
 from mixit.study import ReproduceOptions, paper_study, reproduce
 from mixit.study import executors as execute_module
@@ -21,7 +22,6 @@ from mixit.study.executors import Pool, execute, state, write_study
 from mixit.study.report import write_report
 from mixit.study.spec import Study, grid, load_study_file, plan, run_id
 from mixit.study.tables import TABLES
-from mixit.training.loop import log_spaced_steps
 
 CHECKS = [check for table in TABLES for check in table.checks]
 

@@ -15,6 +15,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from mixit.cli import main
+from mixit.core.tasks import TASKS, Task
 from mixit.errors import UsageError
 from mixit.study.collect import collect, task_class
 from mixit.study.executors import Pool, execute
@@ -22,7 +23,6 @@ from mixit.study.figures import plot_cell_curves, plot_curves, plot_lines
 from mixit.study.render import paper_key, results_frame
 from mixit.study.report import axis_figures, write_report
 from mixit.study.spec import Study, grid
-from mixit.tasks import TASKS, Task
 from tolerance import assert_close
 
 BASE = {

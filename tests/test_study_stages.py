@@ -12,8 +12,8 @@ import json
 import pytest
 
 from mixit.cli import main
+from mixit.core.experiment import merge
 from mixit.errors import UsageError
-from mixit.experiment import merge
 from mixit.study import executors as execute_module
 from mixit.study.cells import rows
 from mixit.study.collect import collect

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from mixit import run_config
-from mixit.config import DataConfig, TaskConfig, field_docs
+from mixit.core.config import DataConfig, TaskConfig, field_docs
+from mixit.core.tasks import IGNORE, TASKS, Batch, ParamCounts, Task, make_batch, make_task, task_parameters
+from mixit.core.tasks.base import SequenceTask, binomial_se, ratio_se
+from mixit.core.tasks.text import TextTask
+from mixit.core.text.tokenizer import train_bpe
 from mixit.errors import UsageError
-from mixit.tasks import IGNORE, TASKS, Batch, ParamCounts, Task, make_batch, make_task, task_parameters
-from mixit.tasks.base import SequenceTask, binomial_se, ratio_se
-from mixit.tasks.text import TextTask
-from mixit.text.tokenizer import train_bpe
 from text_fixtures import english_like, sentiment_rows, write_jsonl, write_text_corpus
 from tolerance import assert_close
 
@@ -49,12 +49,12 @@ def perfect_preds(batch) -> torch.Tensor:
 # -- the contract: every task --------------------------------------------------------
 EVERY_TASK = [*SMALL, "lm", "sentiment"]
 DATA_BUILDERS = (
-    "mixit.tasks.text._lm_data",
-    "mixit.tasks.text._sentiment_data",
-    "mixit.text.corpora._embedded",
-    "mixit.text.corpora.load_hub",
-    "mixit.text.corpora.load_local",
-    "mixit.text.tokenizer.train_bpe",
+    "mixit.core.tasks.text._lm_data",
+    "mixit.core.tasks.text._sentiment_data",
+    "mixit.core.text.corpora._embedded",
+    "mixit.core.text.corpora.load_hub",
+    "mixit.core.text.corpora.load_local",
+    "mixit.core.text.tokenizer.train_bpe",
 )
 
 
@@ -102,7 +102,7 @@ def test_constructing_a_task_and_reading_its_shape_builds_no_data(name, tmp_path
 def test_a_text_task_reads_only_a_tokenizer_file_it_is_given(name, tmp_path, monkeypatch):
     path = tmp_path / "tokenizer.json"
     train_bpe(english_like(20), 270).save(path)
-    monkeypatch.setattr("mixit.tasks.text.BPE_PAD_ID", -1)  # so pad_id must come from the file
+    monkeypatch.setattr("mixit.core.tasks.text.BPE_PAD_ID", -1)  # so pad_id must come from the file
     for target in DATA_BUILDERS:
         monkeypatch.setattr(target, lambda *args, **kwargs: pytest.fail("a task's data was built"))
     task = make_task(name, {"tokenizer": str(path)})
@@ -594,9 +594,9 @@ def test_dyck_standard_error_and_distinct_strings_by_hand():
 
 @pytest.mark.parametrize("name", EVERY_TASK)
 def test_every_metric_of_evaluate_has_its_standard_error(name, text_params):
-    from mixit.experiment import build
-    from mixit.training.evaluate import evaluate
-    from mixit.training.step import loss_fn
+    from mixit.core.experiment import build
+    from mixit.core.training.evaluate import evaluate
+    from mixit.core.training.step import loss_fn
 
     params = SMALL.get(name) or text_params[name]
     cfg = run_config(name, "standard", params, d_model=16, n_heads=2, n_layers=1, test_size=40, val_size=30)
@@ -620,7 +620,7 @@ def test_every_metric_of_evaluate_has_its_standard_error(name, text_params):
     assert_close(evaluate(model, task, torch.device("cpu")), metrics, dtype=torch.float32, terms=4 * vocab)
 
 
-# -- the held-out sets (module docstring of mixit.tasks.base) ----------------------------
+# -- the held-out sets (module docstring of mixit.core.tasks.base) ----------------------------
 
 
 def test_validation_and_test_sets_are_independent_draws_and_test_seed_redraws_the_test_set_only():

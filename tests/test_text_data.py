@@ -7,10 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mixit.errors import UsageError
-from mixit.text import corpora
-from mixit.text.corpora import hash_split, held_out, load_corpus, load_labelled
-from mixit.text.tokenizer import (
+from mixit.core.text import corpora
+from mixit.core.text.corpora import hash_split, held_out, load_corpus, load_labelled
+from mixit.core.text.tokenizer import (
     BPE_EOS_ID,
     BPE_PAD_ID,
     EOS,
@@ -22,6 +21,7 @@ from mixit.text.tokenizer import (
     get_tokenizer,
     train_bpe,
 )
+from mixit.errors import UsageError
 from text_fixtures import english_like, sentiment_rows, write_jsonl, write_text_corpus
 
 

@@ -10,15 +10,15 @@ import torch
 
 from mixit import run_config, train
 from mixit.cli import main
-from mixit.config import ModelConfig
+from mixit.core.config import ModelConfig
+from mixit.core.freezing import VARIANTS, apply_variant
+from mixit.core.models import Transformer
+from mixit.core.models.attention import bidirectional_mixing, layer_generator, mixit_noise
+from mixit.core.tasks import make_task
+from mixit.core.tasks.text import TextSource, _sentiment_data, epoch_indices, planned_vocab_size, split_held_out
+from mixit.core.text.corpora import EMBEDDED_MIN_WORDS
+from mixit.core.text.tokenizer import MIN_VOCAB, encode_documents
 from mixit.errors import UsageError
-from mixit.freezing import VARIANTS, apply_variant
-from mixit.models import Transformer
-from mixit.models.attention import bidirectional_mixing, layer_generator, mixit_noise
-from mixit.tasks import make_task
-from mixit.tasks.text import TextSource, _sentiment_data, epoch_indices, planned_vocab_size, split_held_out
-from mixit.text.corpora import EMBEDDED_MIN_WORDS
-from mixit.text.tokenizer import MIN_VOCAB, encode_documents
 from text_fixtures import sentiment_rows, write_jsonl, write_text_corpus
 from tolerance import assert_close, forward_terms
 
@@ -62,7 +62,7 @@ def test_lm_packing_predicts_every_training_token_exactly_once_per_epoch(corpus)
 
 
 def test_lm_streams_come_from_their_own_split(corpus):
-    from mixit.text.corpora import load_corpus
+    from mixit.core.text.corpora import load_corpus
 
     task = lm_task(corpus)
     data = load_corpus(corpus, held_out_fraction=0.1)
@@ -387,12 +387,12 @@ def test_sample_and_eval_use_the_runs_own_tokenizer(corpus, tmp_path, capsys, mo
     assert main(args) == 0 and capsys.readouterr().out == first  # seeded
     # With an empty cache the run still evaluates identically, from its own tokenizer (none is trained).
     monkeypatch.setenv("MIXIT_CACHE", str(tmp_path / "fresh-cache"))
-    from mixit.tasks import text
+    from mixit.core.tasks import text
 
     def no_training(*args, **kwargs):
         raise AssertionError("evaluation must not train a tokenizer")
 
-    monkeypatch.setattr("mixit.text.tokenizer.train_bpe", no_training)
+    monkeypatch.setattr("mixit.core.text.tokenizer.train_bpe", no_training)
     text._lm_data.cache_clear()
     assert main(["eval", str(run)]) == 0
     assert json.loads(capsys.readouterr().out)["test"] == pytest.approx(summary["test"])

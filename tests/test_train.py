@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from mixit import Run, build, run_config, train
-from mixit.checkpoint import load_model_state, save_checkpoint
-from mixit.config import TrainConfig
+from mixit.core.checkpoint import load_model_state, save_checkpoint
+from mixit.core.config import TrainConfig
+from mixit.core.training.loop import log_spaced_steps
 from mixit.errors import UsageError
-from mixit.training.loop import log_spaced_steps
 from tolerance import assert_close, assert_trained_alike, training_terms
 
 
@@ -283,7 +283,7 @@ def test_a_kept_checkpoint_is_never_removed_by_a_save(tmp_path):
     train(cfg, tmp_path / "run", progress=False, keep_checkpoints="all")
     run = Run.open(tmp_path / "run")
     _, model, _ = build(cfg)
-    from mixit.training.optim import build_optimizer
+    from mixit.core.training.optim import build_optimizer
 
     optimizer = build_optimizer(model, cfg.train, torch.device("cpu"))
     stray = run.checkpoint(10)

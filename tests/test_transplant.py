@@ -11,10 +11,10 @@ import torch
 
 from mixit import run_config, train
 from mixit.cli import main
+from mixit.core.experiment import build_model
+from mixit.core.models import capture_patterns
+from mixit.core.run import Run
 from mixit.errors import UsageError
-from mixit.experiment import build_model
-from mixit.models import capture_patterns
-from mixit.run import Run
 from mixit.study.spec import run_id
 from tolerance import assert_close
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mixit import Run, RunConfig, TrainConfig, UsageError, resolve, run_config, train
-from mixit.experiment import read_record, record
+from mixit.core.experiment import read_record, record
 from mixit.study.spec import run_id
 from mixit.version import __version__
 

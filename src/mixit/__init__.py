@@ -10,16 +10,16 @@ algorithmic tasks, language modelling and sentiment classification.
     loaded = load("runs/demo")  # or an exported directory, or its Hub repo id
 """
 
-from mixit.config import ModelConfig, TaskConfig, TrainConfig
+from mixit.core.config import ModelConfig, TaskConfig, TrainConfig
+from mixit.core.experiment import RunConfig, build, resolve, run_config
+from mixit.core.freezing import VARIANTS, FreezeReport, apply_variant
+from mixit.core.models import Transformer, capture_patterns
+from mixit.core.run import Run
+from mixit.core.tasks import TASKS, make_task
+from mixit.core.training.loop import train
 from mixit.errors import MachineFault, UsageError
-from mixit.experiment import RunConfig, build, resolve, run_config
 from mixit.export import load
-from mixit.freezing import VARIANTS, FreezeReport, apply_variant
-from mixit.models import Transformer, capture_patterns
 from mixit.plugins import load_plugins
-from mixit.run import Run
-from mixit.tasks import TASKS, make_task
-from mixit.training.loop import train
 from mixit.version import __version__
 
 __all__ = [

@@ -25,18 +25,18 @@ from torch import nn
 from torch.utils.benchmark import Measurement, Timer
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from mixit.config import ModelConfig, TrainConfig, typed
+from mixit.core.config import ModelConfig, TrainConfig, typed
+from mixit.core.experiment import model_config
+from mixit.core.freezing import VARIANTS, apply_variant
+from mixit.core.models import Transformer
+from mixit.core.precision import DTYPES, Precision
+from mixit.core.resources import activation_bytes, check_memory, model_bytes
+from mixit.core.tasks import make_task
+from mixit.core.training.optim import build_optimizer
+from mixit.core.training.step import train_step
 from mixit.errors import UsageError
-from mixit.experiment import model_config
 from mixit.files import check_output_dir, write_json
-from mixit.freezing import VARIANTS, apply_variant
-from mixit.models import Transformer
-from mixit.precision import DTYPES, Precision
-from mixit.resources import activation_bytes, check_memory, model_bytes
 from mixit.runtime import release_free_memory, resolve_device
-from mixit.tasks import make_task
-from mixit.training.optim import build_optimizer
-from mixit.training.step import train_step
 from mixit.version import __version__, git_commit, install_hint
 
 aten = torch.ops.aten

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json as jsonlib
 from typing import Any
 
-from mixit.config import field_docs, field_hints
-from mixit.freezing import VARIANTS
-from mixit.models.attention import ATTENTION
-from mixit.models.mlp import ACTIVATIONS
-from mixit.recipes import RECIPES
-from mixit.tasks import TASKS
+from mixit.core.config import field_docs, field_hints
+from mixit.core.freezing import VARIANTS
+from mixit.core.models.attention import ATTENTION
+from mixit.core.models.mlp import ACTIVATIONS
+from mixit.core.recipes import RECIPES
+from mixit.core.tasks import TASKS
 
 
 def _type_label(hint: Any) -> str:

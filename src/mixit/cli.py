@@ -28,20 +28,20 @@ from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import format_signal, signal_command
 from mixit.bench import bench_command, format_profiles, format_table
 from mixit.catalogue import catalogue_text
-from mixit.config import DataConfig, ModelConfig, TrainConfig
+from mixit.core.config import DataConfig, ModelConfig, TrainConfig
+from mixit.core.experiment import DATA_OPTIONS, DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
+from mixit.core.run import Run, load_request
+from mixit.core.tasks import TASKS
+from mixit.core.training.loop import train
 from mixit.distributed import BadEnvironment, Dist, env_world, fault_said, refusal_said
 from mixit.errors import UsageError, machine_fault, show_warning
-from mixit.experiment import DATA_OPTIONS, DEFAULT_TASK, TASK_DECIDES, RunConfig, merge, resolve
 from mixit.export import export_run, hub_url
 from mixit.flags import Option, Parser, arguments, call, help_default, one_line, task_params
 from mixit.generate import sample_run
 from mixit.litmus import litmus
 from mixit.plugins import load_plugins
-from mixit.run import Run, load_request
 from mixit.runtime import tune_allocator
 from mixit.study import export_logs, report, reproduce
-from mixit.tasks import TASKS
-from mixit.training.loop import train
 from mixit.version import __version__
 
 # -- mixit train ------------------------------------------------------------------------

@@ -22,16 +22,16 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file
 
-from mixit.checkpoint import mismatch
-from mixit.config import ModelConfig
+from mixit.core.checkpoint import mismatch
+from mixit.core.config import ModelConfig
+from mixit.core.experiment import build, read_record
+from mixit.core.freezing import VARIANTS, Variant
+from mixit.core.models import Transformer
+from mixit.core.run import CONFIG, EXPORTED, Loaded, Run, is_export
+from mixit.core.text.tokenizer import EOS, PAD
 from mixit.errors import UsageError, damaged, faults_said, reason_of, require
-from mixit.experiment import build, read_record
 from mixit.files import check_names, check_output_dir, give_open_mode, read_json, write_json, write_text
-from mixit.freezing import VARIANTS, Variant
-from mixit.models import Transformer
-from mixit.run import CONFIG, EXPORTED, Loaded, Run, is_export
 from mixit.runtime import resolve_device
-from mixit.text.tokenizer import EOS, PAD
 from mixit.version import __version__, git_commit, install_hint
 
 Target = Literal["hf", "hub"]

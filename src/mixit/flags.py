@@ -34,9 +34,9 @@ from typing import Any, Literal, get_args, get_origin
 import docstring_parser
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
-from mixit.config import field_docs, field_hints, help_type, short_doc, typed
+from mixit.core.config import field_docs, field_hints, help_type, short_doc, typed
+from mixit.core.tasks import TASKS
 from mixit.errors import UsageError
-from mixit.tasks import TASKS
 
 REQUIRED: Any = dataclasses.MISSING
 """The default of an option that has none."""

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from mixit.core.models import Transformer
+from mixit.core.resources import check_memory, inference_parts
+from mixit.core.run import Run
 from mixit.errors import UsageError
-from mixit.models import Transformer
-from mixit.resources import check_memory, inference_parts
-from mixit.run import Run
 from mixit.runtime import resolve_device
 
 MAX_NEW_TOKENS = 100_000

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
+from mixit.core.models import SoftmaxAttention, Transformer
+from mixit.core.models.layers import Linear
 from mixit.errors import UsageError
-from mixit.models import SoftmaxAttention, Transformer
-from mixit.models.layers import Linear
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from mixit.tasks import Task
+    from mixit.core.tasks import Task
 
 UNKNOWN = "<unk>"
 """The one entry of a task's tokenizer beyond the model's vocabulary (id vocab_size): any word that is not a

@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mixit.core.experiment import DEFAULT_TASK, RunConfig, merge, resolve
+from mixit.core.run import Run
+from mixit.core.training.loop import train
 from mixit.errors import UsageError
-from mixit.experiment import DEFAULT_TASK, RunConfig, merge, resolve
 from mixit.files import check_output_dir, read_json, write_json, write_text
-from mixit.run import Run
 from mixit.study.collect import task_class
 from mixit.study.spec import seed_range, seeded
 from mixit.study.verdicts import t_quantile
-from mixit.training.loop import train
 from mixit.version import __version__, git_commit
 
 ARMS = ("standard", "mixit", "transplant")

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
-from mixit.config import flatten
+from mixit.core.config import flatten
+from mixit.core.experiment import RunConfig
+from mixit.core.run import LOCK, Run, is_number
 from mixit.errors import UsageError, require
-from mixit.experiment import RunConfig
 from mixit.files import check_output_dir, read_json, write_json
-from mixit.run import LOCK, Run, is_number
 from mixit.version import install_hint
 
 Sink = Literal["tensorboard", "wandb", "mlflow", "trackio"]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from mixit.analysis.induction import SCORE_KINDS, is_pattern
-from mixit.models.transformer import Transformer
+from mixit.core.models.transformer import Transformer
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

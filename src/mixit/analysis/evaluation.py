@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mixit.config import check
+from mixit.core.config import check
+from mixit.core.resources import check_memory, inference_parts
+from mixit.core.training.evaluate import evaluate
 from mixit.export import load
-from mixit.resources import check_memory, inference_parts
 from mixit.runtime import resolve_device
-from mixit.training.evaluate import evaluate
 
 
 def evaluate_run(run_dir: Path, device: str = "auto", batch_size: int = 1000) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any, Literal, get_args
 import torch
 import torch.nn.functional as F
 
-from mixit.models.transformer import Transformer
+from mixit.core.models.transformer import Transformer
 
 Convention = Literal["mixit", "transformer_lens"]
 """How a head's attention on its targets becomes a score (module docstring)."""

@@ -1,5 +1,5 @@
 """`mixit analyze RUN_DIR`: every analysis of a trained run, written to RUN_DIR/analysis/ (its files are listed
-in `mixit.run`): the head scores and in-context gap (`mixit.analysis.induction`), every head's pattern on one
+in `mixit.core.run`): the head scores and in-context gap (`mixit.analysis.induction`), every head's pattern on one
 input and a MixiT model's fixed matrices (`mixit.analysis.attention_maps`), token similarity after each layer,
 trained and at initialisation (`mixit.analysis.signal`), a retrieval run's accuracy by number of stored pairs
 (the paper's Fig. 2), with --over-time the head scores and test metrics at every checkpoint held, and
@@ -29,16 +29,16 @@ from mixit.analysis.attention_maps import (
 )
 from mixit.analysis.induction import SCORE_KINDS, head_scores, strongest
 from mixit.analysis.signal import token_similarity
-from mixit.checkpoint import load_model_state
-from mixit.config import ModelConfig, check
+from mixit.core.checkpoint import load_model_state
+from mixit.core.config import ModelConfig, check
+from mixit.core.models import Transformer
+from mixit.core.run import Analysis, Loaded, Run
+from mixit.core.tasks.base import Batch
+from mixit.core.training.evaluate import evaluate
+from mixit.core.training.loop import ACCURACIES
 from mixit.errors import UsageError
 from mixit.export import holds_export, load, locate
 from mixit.files import check_output_dir
-from mixit.models import Transformer
-from mixit.run import Analysis, Loaded, Run
-from mixit.tasks.base import Batch
-from mixit.training.evaluate import evaluate
-from mixit.training.loop import ACCURACIES
 
 
 def analyze_run(

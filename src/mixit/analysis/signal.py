@@ -19,13 +19,13 @@ import numpy as np
 import torch
 
 from mixit.analysis.attention_maps import saved
-from mixit.config import ModelConfig, check, typed
+from mixit.core.config import ModelConfig, check, typed
+from mixit.core.experiment import model_config
+from mixit.core.freezing import VARIANTS
+from mixit.core.models import Transformer
+from mixit.core.resources import activation_bytes, check_memory, model_bytes
 from mixit.errors import UsageError
-from mixit.experiment import model_config
 from mixit.files import check_output_dir, write_json
-from mixit.freezing import VARIANTS
-from mixit.models import Transformer
-from mixit.resources import activation_bytes, check_memory, model_bytes
 from mixit.version import __version__
 
 if TYPE_CHECKING:

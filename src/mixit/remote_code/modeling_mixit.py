@@ -1,7 +1,7 @@
 """transformers classes around mixit's own `Transformer`, for ``trust_remote_code`` (docs/interop.md, "AutoModel,
 without mixit").
 
-There is no second model here: each class holds a `mixit.models.Transformer` as ``model`` and adds transformers'
+There is no second model here: each class holds a `mixit.core.models.Transformer` as ``model`` and adds transformers'
 conventions: ``labels=`` gives the loss, ``output_hidden_states=True`` the input to the first block and each block's
 output (before the final norm), and ``generate()`` works for a language model. `mixit.export` ships this file with
 the mixit modules it imports, those imports made relative, so the export loads with transformers and torch alone.
@@ -20,9 +20,9 @@ import torch
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput, ModelOutput, SequenceClassifierOutput
 
-from mixit.config import ModelConfig
-from mixit.models.hooks import HookPoint
-from mixit.models.transformer import Transformer
+from mixit.core.config import ModelConfig
+from mixit.core.models.hooks import HookPoint
+from mixit.core.models.transformer import Transformer
 from mixit.remote_code.configuration_mixit import MixitConfig
 
 

@@ -30,11 +30,11 @@ from typing import Any, Literal
 import torch
 
 from mixit.bench import matmul_contender, time_interleaved
-from mixit.config import check, typed
+from mixit.core.config import check, typed
+from mixit.core.experiment import RunConfig
+from mixit.core.resources import model_numel
+from mixit.core.run import Run
 from mixit.errors import UsageError
-from mixit.experiment import RunConfig
-from mixit.resources import model_numel
-from mixit.run import Run
 from mixit.study.directory import RECORD, load_study_record
 from mixit.study.executors import Executor, Pool, cell_values, execute, run_dir
 from mixit.study.paper import PRESETS, paper_study

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from mixit.analysis.report import summarize
+from mixit.core.run import Run, is_number
+from mixit.core.tasks import TASKS, Task
 from mixit.errors import UsageError
 from mixit.files import read_json
-from mixit.run import Run, is_number
 from mixit.study.directory import failure_record, load_study_record
 from mixit.study.executors import extra_result, run_dir, state
 from mixit.study.spec import BUDGET, budget
-from mixit.tasks import TASKS, Task
 
 
 def task_class(name: str) -> type[Task]:

@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mixit.config import flatten
+from mixit.core.config import flatten
+from mixit.core.run import Run
 from mixit.errors import UsageError
 from mixit.files import DirectoryLock, check_names, read_json
-from mixit.run import Run
 
 RECORD = "study.json"
 REPORT_FILES = ("report.md", "results.csv", "checks.json")

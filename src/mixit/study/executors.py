@@ -9,7 +9,7 @@
       slurm/           submitit's logs, with the Slurm executor
       report.md, results.csv, figures/   written by `mixit report`
 
-A run is *done* when it has written its summary (`mixit.run.Run.state`),
+A run is *done* when it has written its summary (`mixit.core.run.Run.state`),
 *failed* when failed/<id>.json records an error, *interrupted* when it has
 started but not finished (it is resumed from its last checkpoint), and *new*
 otherwise. Running a study
@@ -60,18 +60,18 @@ from tqdm.auto import tqdm
 
 from mixit.analysis.report import analyze_run
 from mixit.analysis.signal import SignalOptions, signal_command
-from mixit.config import check, typed
+from mixit.core.config import check, typed
+from mixit.core.experiment import RunConfig, merge
+from mixit.core.run import Run
+from mixit.core.training.loop import KeepCheckpoints, train
 from mixit.distributed import env_world
 from mixit.errors import UsageError, require, show_warning
-from mixit.experiment import RunConfig, merge
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
 from mixit.plugins import load_plugins
-from mixit.run import Run
 from mixit.study.directory import check_out, check_same_study
 from mixit.study.search import Group, Outcome, Score, SearchPlan, apply, decide, plan_study
 from mixit.study.spec import BUDGET, PlannedRun, RunSpec, Study, merge_planned, plan
 from mixit.tracking import Grouping, Naming, Sink, check_sinks, study_grouping
-from mixit.training.loop import KeepCheckpoints, train
 from mixit.version import __version__, git_commit, install_hint
 
 Executor = Literal["local", "sequential", "slurm", "submitit-local"]

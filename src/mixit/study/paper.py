@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mixit.config import check
+from mixit.core.config import check
 from mixit.study.collect import collect
 from mixit.study.presets import PRESETS
 from mixit.study.spec import MAX_RUNS, RunSpec, Study, check_size, seed_range

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mixit.config import flatten
-from mixit.run import require_pandas
+from mixit.core.config import flatten
+from mixit.core.run import require_pandas
 from mixit.study.cells import converged, converged_cell, fmt, reason, rows, values
 from mixit.study.collect import Result, collect, reported, task_class
 

@@ -64,8 +64,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from mixit.core.experiment import merge, resolve
 from mixit.errors import UsageError
-from mixit.experiment import merge, resolve
 from mixit.study.spec import PlannedRun, RunSpec, Study, assign, plan, seeded
 
 SCREEN_SEED = 1_000_003

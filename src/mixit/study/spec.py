@@ -1,6 +1,6 @@
 """Studies as data: a study is a named list of runs, each an ordinary mixit run.
 
-A run of a study is a `RunSpec`: the request it trains (`mixit.experiment`),
+A run of a study is a `RunSpec`: the request it trains (`mixit.core.experiment`),
 the labels that place it in the report (table, task, variant, seed, and the
 value of whatever the table varies), and whether `mixit analyze` follows
 it. Its id is a hash of its *resolved* configuration, so the same run asked
@@ -45,9 +45,9 @@ from typing import Any
 
 import yaml
 
-from mixit.config import check, typed
+from mixit.core.config import check, typed
+from mixit.core.experiment import RunConfig, merge, resolve
 from mixit.errors import UsageError
-from mixit.experiment import RunConfig, merge, resolve
 
 
 @dataclass(frozen=True)

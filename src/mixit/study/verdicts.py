@@ -54,9 +54,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mixit.core.training.convergence import CONVERGED
 from mixit.study.cells import fmt, rows
 from mixit.study.collect import Result, reported, task_class
-from mixit.training.convergence import CONVERGED
 
 VERDICTS = ("PASS", "FAIL", "UNTESTABLE", "UNDECIDED", "PROVISIONAL", "n/a")
 
@@ -126,7 +126,7 @@ class Reading:
     """The run's step cap."""
     converged: bool = True
     """The run's validation curve had converged when it ended (solved, plateau or flat:
-    `mixit.training.convergence`)."""
+    `mixit.core.training.convergence`)."""
     budget: int = 1
     """The run's step cap as a multiple of the preset's (2 or 4 for a run trained further: `mixit.study.collect`)."""
 

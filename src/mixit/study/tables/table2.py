@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from mixit.experiment import merge
+from mixit.core.experiment import merge
 from mixit.study.cells import rows
 from mixit.study.collect import StudyResults
 from mixit.study.figures import plot_curves

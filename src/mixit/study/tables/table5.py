@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mixit.experiment import merge
+from mixit.core.experiment import merge
 from mixit.study.cells import by_label, rows
 from mixit.study.collect import StudyResults, task_class
 from mixit.study.figures import plot_lines

@@ -1,0 +1,437 @@
+"""What every task shares: the registry, the task contract, the batches, and scoring; and, for the tasks
+made of token sequences, the example format, the fixed held-out sets and the seeded training stream.
+
+A task is registered under its CLI name in `TASKS` and declares its parameters once, as a `TaskConfig`
+dataclass (``Task.Config``). The rest of mixit sees only the contract of `Task` (docs/tasks.md, "The task
+contract"): training batches, the fixed test and validation sets as `Batch`es, scoring, and the shape
+facts (vocab_size, input_len, reference_len, model_defaults, describe). Constructing a task is cheap: the
+shape facts come from its parameters, and its data (examples, tables, corpus, tokenizer) is built the
+first time a run asks for it.
+
+Most tasks are `SequenceTask`s: they produce whole token sequences ``seq`` (N, L) and a boolean loss mask
+``mask`` (N, L), where ``mask[i, t]`` says the prediction made at position t (of token t+1) is trained
+and scored (docs/tasks.md, "Common rules"). The model never sees the last token, so a `Batch` holds
+
+    inputs  = seq[:, :-1]                                   # (N, L-1)
+    targets = seq[:, 1:] where mask[:, :-1] else IGNORE     # (N, L-1)
+
+and one loss (cross-entropy with ``ignore_index=IGNORE``) serves every task.
+
+Determinism: the test set is ``test_size`` draws of ``numpy.random.default_rng([data_seed, 2, test_seed])``,
+the validation set ``val_size`` draws of ``default_rng([data_seed, 3])``, and training batch number ``step``
+comes from ``default_rng([data_seed, 1, step])``, minus any test or validation example. A batch therefore
+depends only on (data_seed, test_seed, step), never on global RNG state or on how many batches came before,
+which is what makes ``--resume`` exact.
+
+The validation and test sets are two independent samples of the same distribution, so a validation
+number predicts the test number: an example the generator draws often (Dyck's shortest strings) is in
+both, as often in each as the generator makes it. They may share examples (both are held out); what
+matters is that neither is in the training stream. ``test_seed`` draws another test set and leaves the
+validation set as it is, so a test set that no setting was chosen on can be drawn after the fact.
+
+Three sets, three uses (docs/reproduction.md, "Protocol"): the model trains on
+the stream, settings are chosen and training is stopped on the validation set,
+and the test set gives the number that is reported.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+import torch
+
+from mixit.core.config import DataConfig, TaskConfig, check, short_doc
+from mixit.registry import Registry
+
+IGNORE = -100
+"""Target value of a position that is neither trained nor scored."""
+
+TASKS: Registry[type[Task]] = Registry("task")
+"""CLI name -> task class. A task module registers its class with ``@TASKS.register(name)``."""
+
+Examples = tuple[np.ndarray, np.ndarray]
+"""Whole sequences (N, L) int64 and their loss mask (N, L) bool."""
+
+
+@dataclass
+class Batch:
+    """A batch of examples as the model and the loss see them."""
+
+    inputs: torch.Tensor  # (N, L-1) int64 token ids
+    targets: torch.Tensor  # (N, L-1) int64 next-token ids, IGNORE where not scored
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(self.inputs.to(device, non_blocking=True), self.targets.to(device, non_blocking=True))
+
+    def __getitem__(self, index: slice) -> Batch:
+        return Batch(self.inputs[index], self.targets[index])
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """(N, L-1) bool: the scored positions."""
+        return self.targets != IGNORE
+
+
+def make_batch(seq: np.ndarray, mask: np.ndarray) -> Batch:
+    """Turn whole sequences (N, L) and their loss mask (N, L) into a `Batch`."""
+    seq_t = torch.from_numpy(np.ascontiguousarray(seq, dtype=np.int64))
+    mask_t = torch.from_numpy(np.ascontiguousarray(mask, dtype=bool))
+    targets = torch.where(mask_t[:, :-1], seq_t[:, 1:], torch.full_like(seq_t[:, 1:], IGNORE))
+    return Batch(inputs=seq_t[:, :-1].contiguous(), targets=targets.contiguous())
+
+
+def row_hashes(seq: np.ndarray) -> np.ndarray:
+    """A 64-bit hash per row (N, L) -> (N,), for test-set exclusion.
+
+    A polynomial hash with wrap-around arithmetic; a collision can only make the
+    stream reject an example it could have kept, never admit a test example.
+    """
+    h = np.zeros(seq.shape[0], dtype=np.uint64)
+    mult = np.uint64(1_000_003)
+    with np.errstate(over="ignore"):
+        for col in seq.T.astype(np.uint64):
+            h = h * mult + col + np.uint64(1)
+    return h
+
+
+def per_example(values: torch.Tensor) -> torch.Tensor:
+    """(N, ...) -> (N,): each example's sum (of right predictions, scored positions, losses), as float64."""
+    return values.reshape(len(values), -1).double().sum(dim=1)
+
+
+def ratio_se(sums: torch.Tensor, counts: torch.Tensor) -> float:
+    """Standard error of the ratio r = sum(sums) / sum(counts), the examples being the independent units.
+
+    A metric averaged over all scored positions (loss, token_acc) is such a ratio, with per-example sums
+    x_i (losses, right predictions) and counts n_i (scored positions); the positions of one example are not
+    independent, so the error is the ratio estimator's (cluster) one,
+    sqrt(N / (N - 1) * sum_i (x_i - r n_i)^2) / sum_i n_i over the N examples with a scored position,
+    which is what a bootstrap over examples estimates. nan with fewer than two such examples.
+    """
+    keep = counts > 0
+    x, n = sums[keep].double(), counts[keep].double()
+    if len(x) < 2:
+        return float("nan")
+    total = n.sum()
+    r = x.sum() / total
+    return math.sqrt(len(x) / (len(x) - 1) * float(((x - r * n) ** 2).sum())) / float(total)
+
+
+def binomial_se(p: float, n: int) -> float:
+    """Standard error sqrt(p (1 - p) / n) of a fraction p of n independent examples (nan when n is 0)."""
+    return math.sqrt(p * (1 - p) / n) if n > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts that some metrics (bits per parameter) divide by."""
+
+    trainable: int
+    total: int
+
+
+class Task:
+    """The contract every task meets; the rest of mixit calls nothing else (docs/tasks.md, "The task contract").
+
+    Data: `train_batch` (batch number `step`, a function of (seed, step) only), `test_batch` and
+    `val_batch` (the fixed test and validation sets). Scoring: `score` and `loss_metrics`. Shape facts:
+    `vocab_size`, `input_len`, `reference_len`, `model_defaults`, `describe`, `analysis_tokens`,
+    `token_names`. And
+    `save_artifacts`, what a run directory must keep to rebuild the task.
+
+    Constructing a task is cheap: it checks and stores its parameters (``cfg``, its Config) and its data
+    options (``data_config``, a `DataConfig`: data seed, test and validation sizes, test seed), and the
+    shape facts come from them; the data is built the first time a batch (or a tokenizer) is asked for.
+    A subclass sets ``name`` and its parameter class ``Config``, implements the three batch methods,
+    ``vocab_size`` and ``input_len``; most do so by deriving from `SequenceTask`. Its Config's
+    ``run_defaults`` holds the task's own training (and model) defaults, by option name.
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type[TaskConfig]] = TaskConfig
+    exact_match: ClassVar[bool] = False  # report whole-answer accuracy (multi-token answers)
+    selection: ClassVar[tuple[str, bool]] = ("token_acc", True)
+    """The validation metric that settings are chosen and convergence is judged by, and whether higher is better."""
+    report_metric: ClassVar[tuple[str, str, int]] = ("accuracy", "token_acc", 100)
+    """The number a study's report judges the task by: its column's name, the test metric, and the scale to the
+    report's units (100: a fraction shown in percent; 1: as it is)."""
+    report_columns: ClassVar[tuple[tuple[str, str, int], ...]] = ()
+    """Further test metrics the report's tables show after it, each (column name, metric, scale)."""
+    report_dataset: ClassVar[str | None] = None
+    """For a task that reads one of several datasets, the parameter naming it: the paper's tables name the task
+    by it ("lm:wikitext-103", the last part of the parameter's path). None: by the task's name alone."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a task that declares its run defaults where mixit 0.3.0 read them (``defaults`` on the task
+        class): they would be ignored without a word."""
+        super().__init_subclass__(**kwargs)
+        check(
+            "defaults" not in vars(cls),
+            f"task class {cls.__name__} sets defaults, which mixit no longer reads; declare them as run_defaults "
+            f"on its Config ({cls.Config.__name__})",
+        )
+
+    def __init__(self, cfg: TaskConfig | None = None, data: DataConfig | None = None):
+        """`cfg`: the task's parameters (None: their defaults); `data`: which examples it draws (None: the
+        defaults). A task reads both where it needs them (``self.cfg.n_digits``), never copying them."""
+        self.cfg = self.Config() if cfg is None else cfg
+        check(
+            isinstance(self.cfg, self.Config),
+            f"task {self.name} takes {self.Config.__name__}, got {type(self.cfg).__name__}",
+        )
+        self.data_config = DataConfig() if data is None else data
+
+    @classmethod
+    def description(cls) -> str:
+        """One line on what the task is: the first line of its Config's docstring."""
+        return short_doc(cls.Config)
+
+    def params(self) -> dict[str, Any]:
+        """The task's own parameters."""
+        return self.cfg.to_dict()
+
+    def describe(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.params().items())
+        return f"{self.name}({args})"
+
+    # -- shape facts (from the parameters: no data is built) ------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the model embeds (and, with a language-model head, predicts): ids 0 .. vocab_size-1."""
+        raise NotImplementedError(f"{type(self).__name__} must define vocab_size")
+
+    @property
+    def input_len(self) -> int:
+        """Length of the sequences the model reads (n_ctx must be at least this)."""
+        raise NotImplementedError(f"{type(self).__name__} must define input_len")
+
+    @property
+    def reference_len(self) -> int:
+        """The sequence length the reference code builds its model for, the default n_ctx: the tokens it reads."""
+        return self.input_len
+
+    def model_defaults(self, attention: str) -> dict[str, Any]:
+        """ModelConfig values this task needs unless the user sets them (a
+        classifier head, padding, causality); `attention` is the run's kind."""
+        return {}
+
+    def analysis_tokens(self) -> Sequence[int]:
+        """Token ids that probes of the trained model (repeated random sequences)
+        draw from: the whole vocabulary unless a task says otherwise."""
+        return range(self.vocab_size)
+
+    def token_names(self) -> list[str]:
+        """A readable name for each token id 0 .. vocab_size-1 ('+', '(', 'PAD', ...), for figures and
+        printouts; by default the ids themselves, as strings."""
+        return [str(i) for i in range(self.vocab_size)]
+
+    # -- data -------------------------------------------------------------------
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        """Training batch number `step` of `batch_size` examples, none of them a test or validation example."""
+        raise NotImplementedError(f"{type(self).__name__} must implement train_batch()")
+
+    def test_batch(self) -> Batch:
+        """The fixed test set: the number a run reports."""
+        raise NotImplementedError(f"{type(self).__name__} must implement test_batch()")
+
+    def val_batch(self) -> Batch:
+        """The fixed validation set: what settings are chosen and training is stopped on."""
+        raise NotImplementedError(f"{type(self).__name__} must implement val_batch()")
+
+    def save_artifacts(self, run_dir: Path) -> None:
+        """Write what evaluating the run later needs besides its config (a tokenizer); nothing by default."""
+
+    # -- scoring --------------------------------------------------------------
+    def score(self, preds: torch.Tensor, batch: Batch, counts: ParamCounts | None = None) -> dict[str, float]:
+        """Metrics of predictions `preds` (N, L-1) (argmax of the logits) on `batch`, each with its standard
+        error ``<name>_se`` (docs/tasks.md, "Standard errors").
+
+        token_acc: fraction of scored positions predicted right; its error is `ratio_se` over examples.
+        exact_match (tasks with multi-token answers): fraction of examples whose
+        every scored position is right; its error is `binomial_se`.
+        """
+        mask = batch.mask
+        right = (preds == batch.targets) & mask
+        n_scored = int(mask.sum())
+        out = {
+            "token_acc": right.sum().item() / max(n_scored, 1),
+            "token_acc_se": ratio_se(per_example(right), per_example(mask)),
+        }
+        if self.exact_match:
+            all_right = (right | ~mask).all(dim=1)
+            out["exact_match"] = all_right.float().mean().item()
+            out["exact_match_se"] = binomial_se(out["exact_match"], len(all_right))
+        return out
+
+    def loss_metrics(self, loss: float) -> dict[str, float]:
+        """Metrics derived from the mean test loss (perplexity for language modelling)."""
+        return {}
+
+
+class SequenceTask(Task):
+    """A task whose examples are whole token sequences and their loss masks (`Examples`).
+
+    A subclass defines ``vocab_size`` and ``seq_len`` (from its parameters) and implements `sample`,
+    a seeded generator of examples; this class makes the fixed test and validation sets and the
+    training stream from it (module docstring) and turns examples into batches with `to_batch`. A task
+    whose examples come from elsewhere (a table, a corpus) overrides `build_held_out` and
+    `train_examples` instead. Examples are this class's business: the rest of mixit reads batches.
+    """
+
+    @property
+    def seq_len(self) -> int:
+        """Whole sequence length L; the model reads L-1 tokens."""
+        raise NotImplementedError(f"{type(self).__name__} must define seq_len")
+
+    @property
+    def input_len(self) -> int:
+        return self.seq_len - 1
+
+    @property
+    def reference_len(self) -> int:
+        """The whole example: the reference code feeds every token and ignores the last prediction
+        (docs/fidelity.md)."""
+        return self.seq_len
+
+    def sample(self, rng: np.random.Generator, n: int) -> Examples:
+        """Draw n independent examples: (seq (n, L) int64, mask (n, L) bool)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement sample()")
+
+    # -- test set, validation set and training stream ---------------------------
+    def build_held_out(self) -> tuple[Examples, Examples]:
+        """(test set, validation set): two independent samples of `sample` (module docstring), test_size
+        draws from ``default_rng([data_seed, 2, test_seed])`` and val_size draws from ``default_rng([data_seed, 3])``.
+
+        Not one pool split in two by example, as before: that put every copy of a frequent example on one
+        side, so the two sets held different mixes of strings (Dyck/MixiT read 75.8% on validation and
+        66.6% on test at every evaluation). The keys leave the training stream's ``[data_seed, 1, step]`` alone.
+        """
+        d = self.data_config
+        test_size, val_size = d.sizes
+        test = self.sample(np.random.default_rng([d.data_seed, 2, d.test_seed]), test_size)
+        val = self.sample(np.random.default_rng([d.data_seed, 3]), val_size)
+        return test, val
+
+    @functools.cached_property
+    def _held_out(self) -> tuple[Examples, Examples]:
+        """`build_held_out`, built the first time either set is asked for."""
+        return self.build_held_out()
+
+    @functools.cached_property
+    def _held_keys(self) -> np.ndarray:
+        """Sorted row hashes of every test and validation example, which the training stream rejects."""
+        return np.sort(row_hashes(np.concatenate([self.test_examples()[0], self.val_examples()[0]])))
+
+    def test_examples(self) -> Examples:
+        """The fixed test set: test_size examples."""
+        return self._held_out[0]
+
+    def val_examples(self) -> Examples:
+        """The fixed validation set: val_size examples, drawn independently of the test set."""
+        return self._held_out[1]
+
+    def train_examples(self, step: int, n: int) -> Examples:
+        """Training batch number `step`: n fresh examples, none equal to a test or validation example."""
+        rng = np.random.default_rng([self.data_config.data_seed, 1, step])
+        seqs, masks, have, drawn = [], [], 0, 0
+        while have < n:
+            if drawn > 100 * n + 10_000:
+                # Otherwise held-out sets covering the whole example space (e.g.
+                # addition with n_digits=1: 81 pairs) loop forever.
+                check(
+                    False,
+                    f"{self.describe()}: nearly every example drawn for the training batch is held out (test set of"
+                    f" {self.data_config.test_size}, validation set of {self.data_config.val_size}); lower test_size"
+                    " and val_size or enlarge the task",
+                )
+            drawn += n - have
+            seq, mask = self.sample(rng, n - have)
+            keep = ~np.isin(row_hashes(seq), self._held_keys)
+            seqs.append(seq[keep])
+            masks.append(mask[keep])
+            have += int(keep.sum())
+        return np.concatenate(seqs), np.concatenate(masks)
+
+    # -- batches ----------------------------------------------------------------
+    def to_batch(self, seq: np.ndarray, mask: np.ndarray) -> Batch:
+        """Examples as the model sees them; next-token prediction unless a task
+        with per-position labels (induction) says otherwise."""
+        return make_batch(seq, mask)
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        return self.to_batch(*self.train_examples(step, batch_size))
+
+    def test_batch(self) -> Batch:
+        return self.to_batch(*self.test_examples())
+
+    def val_batch(self) -> Batch:
+        return self.to_batch(*self.val_examples())
+
+
+class Tables(NamedTuple):
+    """The rows (whole sequences) of a fixed-split task's train, validation and test parts."""
+
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+
+
+class FixedSplitTask(SequenceTask):
+    """A task over a finite table of examples with a fixed train/test split.
+
+    Subclasses implement `build_tables`, which the first request for data calls (once), instead of
+    `sample`; only the last token of each row is scored. Training batches are drawn uniformly with
+    replacement from the train table; the test and validation sets are the whole test and validation
+    tables (``test_size`` does not apply; each task says how ``val_size`` does).
+    """
+
+    def build_tables(self) -> Tables:
+        """The train, validation and test tables."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build_tables()")
+
+    @functools.cached_property
+    def tables(self) -> Tables:
+        """`build_tables`, built the first time data is asked for."""
+        return self.build_tables()
+
+    def _last_token_mask(self, n_rows: int) -> np.ndarray:
+        mask = np.zeros((n_rows, self.seq_len), dtype=bool)
+        mask[:, -2] = True  # the prediction of the last token
+        return mask
+
+    def build_held_out(self) -> tuple[Examples, Examples]:
+        """The whole test and validation tables."""
+        test, val = self.tables.test, self.tables.val
+        return (test, self._last_token_mask(len(test))), (val, self._last_token_mask(len(val)))
+
+    def train_examples(self, step: int, n: int) -> Examples:
+        rng = np.random.default_rng([self.data_config.data_seed, 1, step])
+        rows = rng.integers(0, len(self.tables.train), size=n)
+        return self.tables.train[rows], self._last_token_mask(n)
+
+
+def bits_metrics(
+    correct: int, n_labels: int, counts: ParamCounts | None, correct_se: float | None = None
+) -> dict[str, float]:
+    """Capacity in bits (correct * log2 n_labels) and per trainable / total parameter; with the standard
+    error of `correct`, each one's ``_se`` too (the bits are linear in `correct`, so its error scales alike)."""
+    bits = correct * math.log2(n_labels)
+    out = {"bits": bits}
+    if correct_se is not None:
+        out["bits_se"] = correct_se * math.log2(n_labels)
+    if counts is not None:
+        out["bits_per_trainable_param"] = bits / max(counts.trainable, 1)
+        out["bits_per_param"] = bits / max(counts.total, 1)
+        if correct_se is not None:
+            out["bits_per_trainable_param_se"] = out["bits_se"] / max(counts.trainable, 1)
+            out["bits_per_param_se"] = out["bits_se"] / max(counts.total, 1)
+    return out

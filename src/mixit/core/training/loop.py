@@ -1,0 +1,514 @@
+"""The training loop (`train`): AdamW on the trainable parameters, warmup and
+decay schedule, gradient clipping, evaluation on the validation and test sets
+(before training and periodically), the convergence criterion on the
+validation curve and optional early stopping on it (`mixit.core.training.convergence`),
+metrics, checkpoints, and exact resumption (a training batch depends only on
+(data_seed, step), so a resumed run sees the batches it would have seen).
+
+Which checkpoints a run keeps is a choice of the session, not of the config (it changes no
+result and no run id): `keep_checkpoints`, one of `KEEP_CHECKPOINTS` (docs/analysis.md, "Over
+training"). Every mode writes a checkpoint every checkpoint_every steps and at the run's last
+step (the final one, or where early stopping stops it), and `latest` always names the newest:
+resumption starts there whatever is kept.
+
+    latest  keep only the newest checkpoint (each save removes the one before)
+    all     keep every checkpoint written
+    log     also write a checkpoint at each of `log_spaced_steps(steps)` (about 20 steps, from 1 to
+            the step budget, evenly spaced on a log scale), and keep those and the run's last one;
+            the cadence's other checkpoints serve resumption and are removed by the next save
+
+The same loop runs in one process or in several under torchrun
+(docs/scaling.md): every process builds the same model, takes its slice of
+the same global batch, and DistributedDataParallel sums their gradients;
+only rank 0 writes the run directory, which is written through
+`mixit.core.run.Run` (its checkpoints through `mixit.core.checkpoint`).
+
+`train_session` is the loop, read top to bottom as one function: restore, evaluate where the curve
+starts, then each step (its batch, learning rate and optimizer step, then the log line, evaluation and
+checkpoint its number calls for), then the summary. What it uses is built once and passed explicitly
+(`Training`, `Curve`, `Logs`); what changes from step to step is its own local state.
+
+Where the metrics go besides metrics.jsonl is a choice of the session too: `logger`, any of the
+tracking sinks of `mixit.tracking` (docs/tracking.md). The loop knows them only as a `Feed`, which rank 0
+hands each record after metrics.jsonl has it: what the sinks hold is derived from those records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, Protocol, get_args
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+
+from mixit.core.checkpoint import load_model_state, load_training_state, save_checkpoint
+from mixit.core.experiment import RunConfig, build
+from mixit.core.freezing import FreezeReport
+from mixit.core.models import Transformer
+from mixit.core.precision import Precision
+from mixit.core.resources import check_memory, training_parts
+from mixit.core.run import MetricsLog, Run
+from mixit.core.tasks import IGNORE, Batch, Task
+from mixit.core.training.convergence import Convergence, Selection
+from mixit.core.training.evaluate import evaluate
+from mixit.core.training.optim import build_optimizer
+from mixit.core.training.step import StepParts, accumulated_step
+from mixit.distributed import Dist, all_sum, barrier, broadcast, check_identical, env_world, setup, split, teardown
+from mixit.errors import FAULTS, UsageError, faults_refused, faults_said
+from mixit.runtime import fast_bf16, resolve_device
+from mixit.tracking import Grouping, Naming, Sink, feeder
+
+KeepCheckpoints = Literal["latest", "all", "log"]
+"""Which checkpoints a run keeps (module docstring)."""
+
+KEEP_CHECKPOINTS: tuple[str, ...] = get_args(KeepCheckpoints)
+
+LOG_POINTS = 20
+"""How many log-spaced steps `keep_checkpoints="log"` aims at (fewer on short runs, where they round together)."""
+
+
+def log_spaced_steps(steps: int, points: int = LOG_POINTS) -> list[int]:
+    """`points` steps from 1 to `steps`, evenly spaced on a log scale (step = steps ** (i / (points - 1))),
+    rounded to integers, without repeats: log_spaced_steps(1000) = [1, 2, 3, 4, 6, 9, 13, 18, 26, 38, 55, 78,
+    113, 162, 234, 336, 483, 695, 1000]."""
+    if steps < 1:
+        return []
+    return sorted({round(steps ** (i / (points - 1))) for i in range(points)} | {steps})
+
+
+def train(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    device: str = "auto",
+    resume: bool = False,
+    progress: bool = True,
+    compile: bool = False,
+    allow_slow_dtype: bool = False,
+    on_step: Callable[[int, float], None] | None = None,
+    keep_checkpoints: KeepCheckpoints = "latest",
+    logger: Sequence[Sink] = (),
+    tracking_project: str | None = None,
+    tracking_name: str | None = None,
+    grouping: Grouping | None = None,
+) -> dict[str, Any]:
+    """Train `cfg` into `run_dir` and return the summary (also written to summary.json).
+
+    Under torchrun, every process calls this with the same arguments; rank 0 writes the run directory.
+    Why so many parameters: besides the config and the directory, they are the session's own options
+    (``mixit train``'s flags that change no result), each one flag. Why so long: each is documented here, as
+    its flag's --help.
+
+    Args:
+        cfg: The run's configuration (`mixit.run_config` or `mixit.core.experiment.resolve`).
+        run_dir: The run directory; a new run needs it absent or empty.
+        device: Where to train: auto (cuda if available, else cpu), cpu, cuda or cuda:N; under torchrun each
+            process takes its own GPU.
+        resume: Continue the run in the run directory (--out) from its last checkpoint; its config must be
+            the run's own.
+        progress: Show a progress bar.
+        compile: Compile the training forward pass with torch.compile; evaluation and checkpoints use the same
+            weights.
+        allow_slow_dtype: Accept bf16 on a CPU without fast bf16 matrix products, where it is many times
+            slower than fp32.
+        on_step: Called as on_step(step, loss) after each optimizer step (steps count from 1), on rank 0.
+        keep_checkpoints: Which checkpoints to keep: latest (only the newest), all (every one written, one
+            every checkpoint_every steps), or log (also about 20 log-spaced steps, for `mixit analyze
+            --over-time`).
+        logger: Tracking sinks that receive every event of metrics.jsonl and the summary as well, any of
+            tensorboard, wandb, mlflow and trackio (docs/tracking.md); a resumed run goes on in those it has been
+            sent to before as well (its tracking.json remembers them), each sent what it lacks.
+        tracking_project: The W&B project, MLflow experiment and trackio project of the run (TensorBoard has
+            none); null means WANDB_PROJECT for W&B and MLFLOW_EXPERIMENT_NAME for MLflow if set, else mixit.
+        tracking_name: The run's name in the tracking sinks (TensorBoard names a run by its directory); null
+            means its directory's name.
+        grouping: How the sinks name, group and tag the run (`mixit.tracking.Grouping`); by default as the two
+            options above say, tagged with its task, variant and seed. A study sets it (and not those) for its runs.
+    """
+    if keep_checkpoints not in KEEP_CHECKPOINTS:
+        raise UsageError(f"keep_checkpoints must be one of {', '.join(KEEP_CHECKPOINTS)}, got {keep_checkpoints!r}")
+    feed = feeder(run_dir, cfg, logger, resume, Naming(tracking_project, tracking_name), grouping)
+    dev = resolve_device(device)
+    # Checks that need no other process come first, so that a bad option never waits for the others.
+    if cfg.train.dtype == "bf16" and dev.type == "cpu" and not allow_slow_dtype and not fast_bf16():
+        raise UsageError(
+            "dtype bf16 on this CPU, which has no fast bf16 matrix products, is many times slower "
+            "than fp32; use fp32, or pass --allow-slow-dtype"
+        )
+    split(cfg.train.batch_size, env_world(), cfg.train.grad_accum)
+    dist, dev = setup(dev)
+    try:
+        launch = Launch(Path(run_dir), resume, progress and dist.main, compile, on_step, keep_checkpoints, feed)
+        summary = _train(cfg, launch, dist, dev)
+        barrier(dist)  # only a finished job: after an error another rank may never arrive
+        return summary
+    finally:
+        teardown(dist)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How `train` was asked to run, apart from the configuration."""
+
+    run_dir: Path
+    resume: bool
+    """Continue the run in run_dir from its last checkpoint."""
+    progress: bool
+    """Show a progress bar (rank 0 only)."""
+    compile: bool
+    """torch.compile the training forward pass."""
+    on_step: Callable[[int, float], None] | None
+    """Called as on_step(step, loss) after each optimizer step, on rank 0."""
+    keep_checkpoints: KeepCheckpoints = "latest"
+    """Which checkpoints to keep (module docstring)."""
+    feed: Callable[[Run, Sequence[dict[str, Any]]], Feed] | None = None
+    """Opens the tracking sinks of the locked run, given the events metrics.jsonl keeps (None: no sink)."""
+
+    def checkpoint_at(self, step: int, steps: int, every: int, last: bool) -> tuple[bool, bool]:
+        """Whether to write a checkpoint after step `step` of `steps` (checkpoint_every `every`; `last`: the
+        run stops here), and whether to keep it."""
+        logged = self.keep_checkpoints == "log" and step in log_spaced_steps(steps)
+        write = step % every == 0 or step == steps or last or logged
+        keep = self.keep_checkpoints == "all" or logged or (self.keep_checkpoints == "log" and last)
+        return write, write and keep
+
+
+def _train(cfg: RunConfig, launch: Launch, dist: Dist, dev: torch.device) -> dict[str, Any]:
+    """Check everything, then create (or reopen) the run directory, build what trains, and run the session; the
+    run stays locked meanwhile. A fault of the machine met from then on (a full disk) is a `MachineFault` that
+    says how to continue the run."""
+    run, per_rank, (task, model, report) = _checked(cfg, launch, dist, dev)
+    resume = f"mixit train --resume --out {shlex.quote(str(launch.run_dir))}"
+    try:
+        with faults_said(launch.run_dir, f"`{resume}` continues the run from its last checkpoint"):
+            if dist.main and run is None:
+                run = Run.create(launch.run_dir, cfg)  # created and locked; a fault here is a refusal, nothing left
+                task.save_artifacts(run.path)
+            model.to(dev)
+            check_identical(model, dist)
+            optimizer = build_optimizer(model, cfg.train, dev)
+            tr = Training(cfg, task, model, report, optimizer, Precision(cfg.train.dtype, dev), dist, dev, per_rank)
+            return train_session(tr, launch, run)
+    finally:
+        if run is not None:
+            run.release()
+
+
+def _checked(
+    cfg: RunConfig, launch: Launch, dist: Dist, dev: torch.device
+) -> tuple[Run | None, int, tuple[Task, Transformer, FreezeReport]]:
+    """Every check before anything is written (rank 0's verdict is every rank's): the run directory (locked
+    and returned on rank 0 when resuming), the memory, the task's data. Returns the run, the examples per
+    process and micro-batch, and the built task, model and freeze report."""
+    tc = cfg.train
+    run: Run | None = None
+    refusal: str | None = None
+    try:
+        with faults_refused(launch.run_dir):  # a fault of the machine found by a check is a refusal too
+            per_rank = split(tc.batch_size, dist, tc.grad_accum)
+            if dist.main:
+                run = Run.open(launch.run_dir) if launch.resume else None
+                if run is not None:
+                    run.acquire(stamp=False)  # before anything is read: one process per run; nothing written yet
+                    run.check_same(cfg)
+                else:
+                    Run.check_new(launch.run_dir)
+            check_memory(
+                "this run",
+                training_parts(cfg.model, per_rank, tc.eval_batch_size, cfg.test_size),
+                dev,
+                "lower batch_size, eval_batch_size, test_size or the model's size, or raise grad_accum",
+            )
+            # A resumed run's model comes from its latest checkpoint, unless it was stopped before the first.
+            fresh = not launch.resume or Run(launch.run_dir).latest_checkpoint() is None
+            built = build(cfg, launch.run_dir if launch.resume else None, fresh)
+            built[0].train_batch(0, tc.batch_size)  # a task that cannot make training data is refused before any write
+    except UsageError as e:
+        refusal = str(e)
+    refusal = broadcast(refusal, dist)
+    if refusal is not None:
+        if run is not None:
+            run.release()
+        raise UsageError(refusal)
+    return run, per_rank, built
+
+
+@dataclass(frozen=True)
+class Training:
+    """What one process trains, built once and handed to every part of its session: the config, the task, the
+    model and its freeze report, the optimizer and precision that train it, and where it runs."""
+
+    cfg: RunConfig
+    task: Task
+    model: Transformer
+    report: FreezeReport
+    optimizer: torch.optim.Optimizer
+    precision: Precision
+    dist: Dist
+    device: torch.device
+    per_rank: int
+    """Examples per process and micro-batch."""
+
+
+def train_session(tr: Training, launch: Launch, run: Run | None) -> dict[str, Any]:
+    """One process's training session, top to bottom: restore the latest checkpoint (on resume), evaluate where
+    the curve starts, then each optimizer step and what its number calls for (a train log line, an evaluation, a
+    checkpoint) until the step budget or early stopping; then the summary, written to summary.json.
+
+    `run` is the locked run directory on rank 0, None on the others (which read checkpoints, never write)."""
+    tc, dist, dev = tr.cfg.train, tr.dist, tr.device
+    _, eval_every, log_every, checkpoint_every = tc.cadence
+    start = restore(tr, launch)
+    done_before = broadcast(run.summary() if launch.resume and run is not None else None, dist)
+    if done_before is not None and (start >= tc.steps or done_before.get("convergence", {}).get("stopped_early")):
+        return done_before  # nothing left to train: every step done, or stopped early
+    curve = validation_curve(tr, run.metrics() if run is not None and launch.resume else [], start)
+    logs = open_logs(tr, launch, run, start)
+    stopped = stops(tr, curve)  # a run killed just after early stopping stopped it
+    last = Evaluated({}, {})
+    try:
+        if broadcast(start == 0 and not curve.conv.history, dist):  # logged once: a run resumed at 0 may have it
+            last = evaluation(tr, curve, logs, 0)
+        parts = step_parts(tr, launch.compile)
+        with progress_bar(tr.cfg, start, launch.progress) as bar:
+            trained, train_time, t0 = start, 0.0, time.perf_counter()
+            tr.model.train()
+            for step in range(start, tc.steps):
+                if stopped:
+                    break
+                micro, scored = slices(tr.task.train_batch(step, tc.batch_size), dist, tr.per_rank, tc.grad_accum)
+                lr = set_lr(tr.optimizer, tc.lr_at(step))
+                tick = time.perf_counter()
+                share = accumulated_step(parts, [(b.inputs.to(dev), b.targets.to(dev)) for b in micro], scored)
+                train_time += time.perf_counter() - tick
+                done = step + 1
+                if done % log_every == 0 or done == tc.steps:
+                    loss = all_sum(share.item(), dist, dev)  # the global batch's mean
+                    elapsed = round(time.perf_counter() - t0, 3)
+                    logs.write({"step": done, "event": "train", "loss": loss, "lr": lr, "elapsed_s": elapsed})
+                    shown = {"test": f"{first_accuracy(last.test):.3f}"} if last.test else {}
+                    bar.set_postfix(loss=f"{loss:.4f}", **shown)
+                if done % eval_every == 0 or done == tc.steps:
+                    last = evaluation(tr, curve, logs, done)
+                    stopped = stops(tr, curve)
+                write, keep = launch.checkpoint_at(done, tc.steps, checkpoint_every, stopped)
+                if run is not None and write:
+                    save_checkpoint(run.checkpoints_dir, done, tr.model, tr.optimizer, tr.precision, keep)
+                trained = done
+                bar.update(1)
+                if launch.on_step is not None and dist.main:
+                    launch.on_step(done, share.item())
+        if not last.test:  # resumed from the final checkpoint of a run killed before its summary
+            last = Evaluated(evaluate_model(tr), evaluate_model(tr, curve.val_batch))
+        summary = session_summary(tr, launch, curve, last, start, trained, train_time, time.perf_counter() - t0)
+        if run is not None:
+            run.write_summary(summary)
+    except BaseException:
+        with contextlib.suppress(*FAULTS):  # closing may fail as the session did (a full disk): that is said once
+            logs.close(None)  # the session ends without a summary; the sinks' run goes on when it is resumed
+        raise
+    logs.close(summary)
+    return summary
+
+
+def restore(tr: Training, launch: Launch) -> int:
+    """On resume, load the latest checkpoint into the model and the optimizer (rank 0 finds it, every rank loads
+    it) and return its step; 0 for a new run, and for a run killed before its first checkpoint."""
+    found = Run(launch.run_dir).latest_checkpoint() if launch.resume and tr.dist.main else None
+    last = broadcast(str(found) if found is not None else None, tr.dist)
+    if last is None:
+        return 0
+    load_model_state(tr.model, Path(last))
+    return load_training_state(tr.optimizer, Path(last), tr.precision)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The validation set and what is read off the curve of its metrics: the convergence criterion (early
+    stopping) and the selected evaluation (summary.json's ``selected``)."""
+
+    val_batch: Batch
+    conv: Convergence
+    selected: Selection
+
+
+def validation_curve(tr: Training, earlier: Sequence[dict[str, Any]], start: int) -> Curve:
+    """The validation curve of a session starting at step `start`, with the evaluations among the `earlier` events
+    of metrics.jsonl (rank 0 of a resumed run; the other ranks follow rank 0's decisions)."""
+    tc, selection = tr.cfg.train, tr.task.selection
+    val_batch = tr.task.val_batch()
+    conv = Convergence(*selection, tc.patience, tc.min_delta, earliest=tc.steps // 2, stop_at=tc.stop_at)
+    selected = Selection(*selection)
+    conv.extend(earlier, up_to=start)
+    selected.extend(earlier, up_to=start)
+    return Curve(val_batch, conv, selected)
+
+
+def stops(tr: Training, curve: Curve) -> bool:
+    """Whether early stopping stops the run now (rank 0 decides, every rank alike)."""
+    return bool(broadcast(tr.cfg.train.early_stop and curve.conv.should_stop, tr.dist))
+
+
+class Feed(Protocol):
+    """The tracking sinks, as the loop sees them: fed each record of metrics.jsonl, then the summary."""
+
+    def write(self, event: dict[str, Any]) -> None: ...
+
+    def close(self, summary: dict[str, Any] | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class Logs:
+    """Where the session's events go: metrics.jsonl, then the tracking sinks' `Feed`; rank 0 holds them, the other
+    ranks neither."""
+
+    metrics: MetricsLog | None = None
+    feed: Feed | None = None
+
+    def write(self, event: dict[str, Any]) -> None:
+        """Append `event` to metrics.jsonl, then feed the record to the tracking sinks."""
+        if self.metrics is not None:
+            self.metrics.write(event)
+        if self.feed is not None:
+            self.feed.write(event)
+
+    def close(self, summary: dict[str, Any] | None) -> None:
+        """Close metrics.jsonl and end the session in the tracking sinks, with the run's summary if it has one."""
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.feed is not None:
+            self.feed.close(summary)
+
+
+def open_logs(tr: Training, launch: Launch, run: Run | None, start: int) -> Logs:
+    """On rank 0, the first change to a resumed run (every check has passed), then metrics.jsonl open for
+    appending (cut back to step `start` on resume), the tracking sinks, and the freeze event, written once per
+    run."""
+    if run is None:
+        return Logs()
+    if launch.resume:
+        run.begin()
+    metrics = run.open_metrics(resume_step=start if launch.resume else None)
+    kept = run.metrics()
+    logs = Logs(metrics, launch.feed(run, kept) if launch.feed is not None else None)
+    if not any(e.get("event") == "freeze" for e in kept):
+        logs.write({"step": 0, "event": "freeze", **tr.report.to_dict()})
+    return logs
+
+
+def evaluate_model(tr: Training, batch: Batch | None = None) -> dict[str, float]:
+    """Metrics on `batch` (default: the test set), every process evaluating its share."""
+    return evaluate(
+        tr.model, tr.task, tr.device, tr.cfg.train.eval_batch_size, batch=batch, dist=tr.dist, precision=tr.precision
+    )
+
+
+class Evaluated(NamedTuple):
+    """The test and validation metrics of one evaluation."""
+
+    test: dict[str, float]
+    val: dict[str, float]
+
+
+def evaluation(tr: Training, curve: Curve, logs: Logs, step: int) -> Evaluated:
+    """Test and validation metrics at `step`, added to the curve and logged."""
+    test = evaluate_model(tr)
+    val = evaluate_model(tr, curve.val_batch)
+    curve.conv.add(step, val[curve.conv.metric])
+    curve.selected.add(step, test, val)
+    logs.write({"step": step, "event": "eval", **test, **{f"val_{k}": v for k, v in val.items()}})
+    return Evaluated(test, val)
+
+
+def step_parts(tr: Training, compile: bool) -> StepParts:
+    """The forward pass (wrapped in DistributedDataParallel under torchrun, compiled if asked) and the rest of
+    what each optimizer step uses."""
+    trainable = [p for p in tr.model.parameters() if p.requires_grad]
+    ddp = None
+    if tr.dist.active:
+        ddp = DistributedDataParallel(tr.model, device_ids=[tr.device] if tr.device.type == "cuda" else None)
+    forward: Callable[[torch.Tensor], torch.Tensor] = ddp if ddp is not None else tr.model
+    forward = torch.compile(forward) if compile else forward
+    no_sync = ddp.no_sync if ddp is not None else None
+    return StepParts(
+        forward, tr.optimizer, trainable, tr.cfg.train.grad_clip, tr.precision, tr.dist.world_size, no_sync
+    )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
+    """Set every parameter group's learning rate to `lr` (the schedule's, `TrainConfig.lr_at`); return it."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def progress_bar(cfg: RunConfig, start: int, show: bool) -> tqdm:
+    """The bar of steps `start` to cfg.train.steps, named task/variant (hidden unless `show`)."""
+    # Redraw at most every 10 s when stderr is a log file rather than a terminal.
+    return tqdm(
+        total=cfg.train.steps,
+        initial=start,
+        disable=not show,
+        desc=f"{cfg.task}/{cfg.variant}",
+        dynamic_ncols=True,
+        mininterval=0.1 if sys.stderr.isatty() else 10.0,
+    )
+
+
+def session_summary(
+    tr: Training,
+    launch: Launch,
+    curve: Curve,
+    last: Evaluated,
+    start: int,
+    trained: int,
+    train_time: float,
+    wall_time: float,
+) -> dict[str, Any]:
+    """summary.json: the latest evaluation, what the curve selected and says of convergence, the step the session
+    started from and the steps trained by its end, and the seconds it spent training and in all."""
+    tc, report = tr.cfg.train, tr.report
+    return {
+        "task": tr.task.describe(),
+        "variant": tr.cfg.variant,
+        "steps": tc.steps,
+        "resumed_from": start if launch.resume else None,
+        "test": last.test,
+        "val": last.val,
+        "selected": curve.selected.summary(),
+        "convergence": curve.conv.summary(stopped_early=trained < tc.steps, steps_trained=trained),
+        "n_params": report.n_trainable + report.n_frozen,
+        "n_trainable": report.n_trainable,
+        "train_seconds_this_session": round(train_time, 2),
+        "wall_seconds_this_session": round(wall_time, 2),
+        "device": str(tr.device),
+        "world_size": tr.dist.world_size,
+        "run_dir": str(launch.run_dir),
+    }
+
+
+def slices(batch: Batch, dist: Dist, per_rank: int, accum: int) -> tuple[list[Batch], int]:
+    """This process's micro-batches of global batch `batch`, and the scored positions of the whole
+    global batch. Rank r takes examples [r * per_rank * accum, (r + 1) * per_rank * accum), so the
+    examples of a step do not depend on how many processes share it."""
+    mine = batch[dist.rank * per_rank * accum : (dist.rank + 1) * per_rank * accum]
+    micro = [mine[i * per_rank : (i + 1) * per_rank] for i in range(accum)]
+    return micro, int((batch.targets != IGNORE).sum())
+
+
+ACCURACIES = ("exact_match", "accuracy", "token_acc")
+"""The accuracies a person reads first, in order of preference (`first_accuracy`)."""
+
+
+def first_accuracy(metrics: dict[str, float]) -> float:
+    """The first of `ACCURACIES` that `metrics` holds (the progress bar's test number); nan if none."""
+    for key in ACCURACIES:
+        if key in metrics:
+            return metrics[key]
+    return float("nan")
