@@ -1,6 +1,7 @@
 """`mixit litmus` (`mixit.litmus`): each arm's number per seed is its run's selected test metric, the paired
-differences and their intervals are Student's t over those numbers, the same command again trains nothing, bad
-input and another command into the same OUT are refused in one line, and a plugin's task takes a litmus."""
+differences and their intervals are Student's t over those numbers, the same command again trains nothing, more
+seeds train only the new ones and the answer says it was read before, bad input and another command into the same
+OUT are refused in one line, and a plugin's task takes a litmus."""
 
 import json
 import os
@@ -103,11 +104,23 @@ def test_a_litmus_reads_each_runs_selected_number_and_a_rerun_trains_nothing(tmp
     assert json.loads((out / "litmus.json").read_text())["arms"] == result["arms"]
 
     everything = snapshot(out)
-    line = refused(["litmus", "--task", "addition", *TINY, "--seeds", "3", "--out", str(out)], capsys)
-    assert line.startswith(f"mixit litmus: error: {out} holds a litmus of another command (seeds 2 -> 3)")
     line = refused(["litmus", "--task", "addition", *TINY, "--steps", "5", "--out", str(out)], capsys)
     assert "train {'steps': 4, 'batch_size': 8} -> {'steps': 5, 'batch_size': 8}" in line
+    assert line.endswith("(only --seeds may change)")
     assert snapshot(out) == everything
+    assert "read before" not in result["answer"] and result["looks"] == [2]
+
+    assert main(["litmus", "--task", "addition", *TINY, "--seeds", "3", "--out", str(out)]) == 0
+    more = json.loads((out / "litmus.json").read_text())
+    assert {p: t for p, t in snapshot(out / "runs").items() if p in runs} == runs  # seeds 0 and 1 left as they were
+    assert more["seeds"] == [0, 1, 2] and more["looks"] == [2, 3]
+    for arm in ("standard", "mixit", "transplant"):
+        assert more["arms"][arm]["per_seed"][:2] == result["arms"][arm]["per_seed"]
+        assert (out / "runs" / f"{arm}-seed2" / "summary.json").exists()
+    assert more["answer"].endswith(
+        "(read before at 2 seeds: an interval reached by adding seeds after looking "
+        "covers the difference less often than 95%)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,10 @@ seeds. The answer is read off the standard - transplant interval alone: wholly a
 input-dependent attention; wholly below 0, the transplant does better; otherwise undecided at this budget.
 
 The runs are written under OUT/runs/<arm>-seed<s>; the same command again keeps the finished runs and resumes the
-others, while another command into the same OUT is refused (OUT/request.json records the command).
+others, while another command into the same OUT is refused (OUT/request.json records the command). Only --seeds
+may change: a seed's runs depend on that seed alone, so more seeds train only the new ones. Each count of seeds the
+OUT was read at is kept (``looks``), and an answer reached after more than one says so: an interval grown by adding
+seeds until it excludes 0 covers less often than its stated level.
 """
 
 from __future__ import annotations
@@ -95,9 +98,10 @@ def litmus(options: LitmusOptions, say: Callable[[str], None] | None = None) -> 
         raise UsageError(f"task {options.task} trains a non-causal model, which a pattern transplant cannot take")
     request = {**base, "task_params": donor.params.to_dict(), "seeds": options.seeds, "first_seed": options.first_seed}
     check_output_dir(out)
-    check_same_command(out, request)
+    looks = check_same_command(out, request)
+    looks += [options.seeds] if looks[-1:] != [options.seeds] else []
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / REQUEST, request)  # this OUT is now this command's
+    write_json(out / REQUEST, {**request, "looks": looks})  # this OUT is now this command's
     runs = out / "runs"
     values: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for i, s in enumerate(seeds):
@@ -111,7 +115,7 @@ def litmus(options: LitmusOptions, say: Callable[[str], None] | None = None) -> 
             else:
                 cfg = configs[arm, s]
             values[arm].append(reported_number(trained(cfg, run_dir, options)))
-    result = compare(options.task, list(seeds), values)
+    result = compare(options.task, list(seeds), values, looks)
     result = {"mixit_version": __version__, "git_commit": git_commit(), "request": request, **result}
     result["runs"] = {arm: [str(runs / f"{arm}-seed{s}") for s in seeds] for arm in ARMS}
     write_json(out / "litmus.json", result)
@@ -130,24 +134,27 @@ def base_request(options: LitmusOptions) -> dict[str, Any]:
     return {"task": options.task, "task_params": options.task_params or {}, "model": model, "train": training, **data}
 
 
-def check_same_command(out: Path, request: Mapping[str, Any]) -> None:
-    """Refuse `out` unless it is absent or empty, or holds a litmus of the same `request` (which it resumes)."""
+def check_same_command(out: Path, request: Mapping[str, Any]) -> list[int]:
+    """Refuse `out` unless it is absent or empty, or holds a litmus of the same `request` but perhaps its number of
+    seeds (which it resumes or extends). Returns the counts of seeds `out` was read at before (its ``looks``)."""
     recorded = out / REQUEST
     if not recorded.exists():
         if out.exists() and any(out.iterdir()):
             raise UsageError(f"{out} is not empty and holds no litmus ({REQUEST}); choose another --out")
-        return
+        return []
     before = read_json(recorded, "the command of the litmus in it")
+    looks = before.pop("looks", [before["seeds"]])
     changed = [
         f"{key} {before.get(key)!r} -> {request.get(key)!r}"
         for key in sorted(set(before) | set(request))
-        if before.get(key) != request.get(key)
+        if key != "seeds" and before.get(key) != request.get(key)
     ]
     if changed:
         raise UsageError(
             f"{out} holds a litmus of another command ({'; '.join(changed)}); give the same options to resume it, "
-            "or another --out"
+            "or another --out (only --seeds may change)"
         )
+    return list(looks)
 
 
 def trained(cfg: RunConfig, run_dir: Path, options: LitmusOptions) -> dict[str, Any]:
@@ -177,9 +184,10 @@ def interval(values: Sequence[float]) -> dict[str, Any]:
     return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
 
 
-def compare(task: str, seeds: list[int], values: Mapping[str, list[float]]) -> dict[str, Any]:
+def compare(task: str, seeds: list[int], values: Mapping[str, list[float]], looks: list[int]) -> dict[str, Any]:
     """Each arm's numbers over `seeds` and their interval, the paired differences standard - transplant and standard
-    - mixit with theirs, and the answer read off the first (`answer`)."""
+    - mixit with theirs, and the answer read off the first (`answer`); `looks`: the counts of seeds read so far,
+    this one last."""
     column, key, scale = task_class(task).report_metric
     arms = {arm: {"per_seed": list(values[arm]), **interval(values[arm])} for arm in ARMS}
     differences = {}
@@ -193,13 +201,15 @@ def compare(task: str, seeds: list[int], values: Mapping[str, list[float]]) -> d
         "seeds": seeds,
         "arms": arms,
         "differences": differences,
-        "answer": answer(differences["standard-transplant"], differences["standard-mixit"]),
+        "looks": looks,
+        "answer": answer(differences["standard-transplant"], differences["standard-mixit"], looks),
     }
 
 
-def answer(transplant: Mapping[str, Any], mixit: Mapping[str, Any]) -> str:
+def answer(transplant: Mapping[str, Any], mixit: Mapping[str, Any], looks: Sequence[int]) -> str:
     """The answer in words, from the intervals alone: standard - transplant wholly above 0 (needs input-dependent
-    attention), wholly below 0 (the transplant does better), else undecided; then what standard - mixit says."""
+    attention), wholly below 0 (the transplant does better), else undecided; then what standard - mixit says, and
+    whether the seeds were added after looking (`looks`)."""
     low, high = transplant["low"], transplant["high"]
     if low > 0:
         text = "needs input-dependent attention: the standard model beats its own average pattern held fixed "
@@ -218,6 +228,10 @@ def answer(transplant: Mapping[str, Any], mixit: Mapping[str, Any]) -> str:
         text += "; a random fixed pattern (MixiT) is not told apart from the standard model"
     if transplant["n"] < 3:
         text += f" (with {transplant['n']} seeds the t quantile is large and every interval wide)"
+    if len(looks) > 1:
+        earlier = ", ".join(map(str, looks[:-1]))
+        text += f" (read before at {earlier} seeds: an interval reached by adding seeds after looking covers the "
+        text += f"difference less often than {round(100 * LEVEL)}%)"
     return text
 
 
