@@ -1,8 +1,4 @@
-"""A study's runs as the report reads them: what each run wrote, collected into `Result`s.
-
-    collect(study_dir)      every run of the study (`Result`), study.json and the extras' signal.json files
-    reported(result)        the test metrics a run is reported by (at its best validation evaluation)
-    task_class(name)        the task whose class attributes say what the report shows of it
+"""A study's runs as the report reads them: what each run wrote, collected into `Result`s (`collect`).
 
 A cell trained again at longer budgets (`Study.extend`) has one final run per budget, labelled with its multiple
 (`BUDGET`); the tables read the longest that finished (`StudyResults.final`). Nothing here names a task: a task
@@ -170,7 +166,10 @@ def _result(study_dir: Path, entry: dict[str, Any]) -> Result:
     try:
         run = Run.open(run.path)
         summary = run.summary() or {}
-        test, val = _metrics(summary, "test", run), _metrics(summary, "val", run)
+        test, val = summary.get("test", {}), summary.get("val", {})
+        for split, found in (("test", test), ("val", val)):
+            if not isinstance(found, dict) or not all(is_number(v) for v in found.values()):
+                raise UsageError(f"{run.summary_path} is damaged: its {split!r} metrics are not numbers by name")
         convergence = summary.get("convergence")
         if convergence is not None and not isinstance(convergence, dict):
             raise UsageError(f"{run.summary_path} is damaged: its 'convergence' is not an object")
@@ -207,11 +206,3 @@ def reported(r: Result) -> dict[str, float]:
     """The test metrics a run is reported by: those at its best validation evaluation, or, for a run of
     older code that did not record it, at its last."""
     return r.selected.get("test") or r.test
-
-
-def _metrics(summary: dict[str, Any], split: str, run: Run) -> dict[str, float]:
-    """summary.json's metrics of `split` (test or val); UsageError unless an object of names to numbers."""
-    found = summary.get(split, {})
-    if not isinstance(found, dict) or not all(is_number(v) for v in found.values()):
-        raise UsageError(f"{run.summary_path} is damaged: its {split!r} metrics are not numbers by name")
-    return found

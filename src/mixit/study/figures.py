@@ -42,10 +42,8 @@ def _finish(fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: s
 def plot_curves(
     results: Sequence[Result], table: str, task: str, path: str | Path | None = None, **match: Any
 ) -> Figure | None:
-    """Test metric against step, one line per cell of the runs labelled `table` and `match` that train `task`: the
-    mean over its seeds with a band from the lowest to the highest (`plot_cell_curves`). A cell is named by its
-    labels but those `cell_name` leaves out and `match`'s: a paper table's by its variant, a study file's (whose
-    table is the study's name) by the values its grid gives it. None when no such run has a curve."""
+    """`plot_cell_curves` of the runs labelled `table` and `match` that train `task`, a cell named by its labels
+    but `match`'s (`cell_name`): a paper table's by its variant, a study file's by the values its grid gives it."""
     cells: dict[str, list[Result]] = defaultdict(list)
     for r, labels in rows(results, table=table, **match):
         if r.config["task"] == task and r.curve:
