@@ -1,14 +1,6 @@
 """The cells of a study (a variant of a task, at what its table varies, over seeds): a cell's runs selected by
-their labels, its numbers over seeds, and whether its runs converged, in the words the report uses.
-
-    rows, values, by_label      the runs whose labels match, and their reported test metric
-    cell_name                   a cell in a figure's legend: the values of its labels that tell it from the others
-    mean, spread, fmt           numbers over seeds: the mean, the mean and sample std, and "mean ± sample std" as
-                                the report prints it
-    converged, not_converged    whether a run's training loop judged it converged, and if not, how far from it
-    converged_cell              how many of a cell's finished runs converged: "2/3 (seed 1: improving)"
-
-The runs are `mixit.study.collect`'s; whether a paper finding holds on them is `mixit.study.verdicts`.
+their labels (`rows`, `values`, `by_label`), its numbers over seeds (`spread`, `fmt`), and whether its runs
+converged (`converged`, `not_converged`, `converged_cell`), in the words the report uses.
 """
 
 from __future__ import annotations
@@ -20,8 +12,6 @@ from typing import Any
 
 from mixit.study.collect import Result, reported
 from mixit.study.spec import BUDGET
-
-# -- selection and aggregation ---------------------------------------------------------------------
 
 
 def rows(results: Sequence[Result], **match: Any) -> list[tuple[Result, dict[str, Any]]]:
@@ -44,6 +34,7 @@ def cell_name(labels: Mapping[str, Any], *leave: str) -> str:
 
 
 def mean(xs: Sequence[float]) -> float | None:
+    """The mean of `xs`, or None if it is empty."""
     return statistics.fmean(xs) if xs else None
 
 
@@ -69,8 +60,6 @@ def by_label(results: Sequence[Result], key: str, metric: str, scale: float, **m
     return {k: statistics.fmean(v) for k, v in sorted(groups.items())}
 
 
-# -- convergence -------------------------------------------------------------------------------------
-
 REASONS = {
     "improving": "still improving",
     "too_few": "too few evaluations to tell",
@@ -87,27 +76,25 @@ def converged(r: Result) -> bool:
 
 
 def reason(r: Result) -> str:
+    """Why the run's training loop judged it converged or not (`REASONS`'s keys)."""
     return (r.convergence or {}).get("reason", "unknown")
-
-
-def _gain(convergence: Mapping[str, Any]) -> str:
-    """The improvement over the final window, in the metric's units: points of accuracy, or nats."""
-    metric, gain = str(convergence.get("metric", "")), float(convergence.get("gain") or 0.0)
-    if "acc" in metric or metric == "exact_match":
-        return f"{100 * gain:+.1f} points"
-    return f"{gain:+.3f}" + (" nats" if "loss" in metric else "")
 
 
 def not_converged(r: Result, where: str) -> str | None:
     """None for a converged run; otherwise `where` and how far from converged it was, e.g.
-    "retrieval/mixit seed 1: still improving, +3.2 points over steps 800-1200"."""
+    "retrieval/mixit seed 1: still improving, +3.2 points over steps 800-1200" (a gain in points of accuracy,
+    or in nats of a loss)."""
     if converged(r):
         return None
     c = r.convergence
     text = f"{where}: {REASONS.get(reason(r), reason(r))}"
     if c and c.get("gain") is not None:
-        window = c.get("window")
-        text += f", {_gain(c)}" + (f" over steps {window[0]}-{window[1]}" if window else "")
+        metric, gain, window = str(c.get("metric", "")), float(c["gain"]), c.get("window")
+        if "acc" in metric or metric == "exact_match":
+            text += f", {100 * gain:+.1f} points"
+        else:
+            text += f", {gain:+.3f}" + (" nats" if "loss" in metric else "")
+        text += f" over steps {window[0]}-{window[1]}" if window else ""
     return text
 
 

@@ -1,18 +1,8 @@
-"""A study's runs as the report reads them: what each run wrote, collected into `Result`s.
+"""A study's runs as the report reads them: what each run wrote, collected into `Result`s (`collect`).
 
-    collect(study_dir)      every run of the study (`Result`), study.json and the extras' signal.json files
-    reported(result)        the test metrics a run is reported by (at its best validation evaluation)
-    task_class(name)        the task whose class attributes say what the report shows of it
-
-Which runs make a cell and whether they converged is `mixit.study.cells`; the report's tables, results.csv and
-figures are `mixit.study.render` and `mixit.study.figures`; the verdict rule is `mixit.study.verdicts`.
-
-A cell trained again at a longer budget (`Study.extend`: the same run at twice, then four times its step cap,
-where it ended unconverged) has one final run per budget, each labelled with its multiple (`BUDGET`); the tables
-read only the longest that finished (`StudyResults.final`), the shorter ones are `StudyResults.superseded`.
-
-Nothing here names a task: a task declares the number the report judges it by, and the further columns the
-report shows, as class attributes (`Task.report_metric`, `Task.report_columns`).
+A cell trained again at longer budgets (`Study.extend`) has one final run per budget, labelled with its multiple
+(`BUDGET`); the tables read the longest that finished (`StudyResults.final`). Nothing here names a task: a task
+declares what the report shows of it (`Task.report_metric`, `Task.report_columns`).
 """
 
 from __future__ import annotations
@@ -35,8 +25,7 @@ from mixit.study.spec import BUDGET, budget
 
 
 def task_class(name: str) -> type[Task]:
-    """The task registered as `name`, whose class attributes say what the report shows of it; the base `Task`,
-    and so its defaults (token accuracy in percent), for a task not registered in this process."""
+    """The task registered as `name`, or the base `Task` (its defaults) for one not registered in this process."""
     return TASKS[name] if name in TASKS else Task
 
 
@@ -51,30 +40,27 @@ class Result:
     """done, failed, interrupted or new (`mixit.study.executors.state`), or damaged: finished, but a file
     of it cannot be read (`error` says which and why)."""
     test: dict[str, float]
+    """summary.json's test metrics at the end of training; `val`, its validation metrics."""
     val: dict[str, float] = field(default_factory=dict)
-    """Validation metrics at the end of training (summary.json "val")."""
     convergence: dict[str, Any] | None = None
     """summary.json "convergence" (metric, converged, reason, best, gain, window, ...); None: not recorded."""
     evals: list[dict[str, float]] = field(default_factory=list)
-    """Every evaluation's metrics, with its "step" (metrics.jsonl eval events: test metrics by name, validation
-    metrics as val_<name>)."""
+    """metrics.jsonl's eval events: each one's step and metrics (validation metrics as val_<name>)."""
     selected: dict[str, Any] = field(default_factory=dict)
-    """summary.json "selected": the step, test and validation metrics of the evaluation whose validation
-    metric was best ({}: a run of older code, which the report reads at its last evaluation)."""
+    """summary.json "selected": the evaluation whose validation metric was best ({}: a run of older code)."""
     heads: dict[str, Any] | None = None  # analyze_run's findings, if analysed
     seconds: float | None = None
     error: str | None = None
     role: str = "final"
-    """final (a cell of a table) or screen (a screening run of the per-architecture search)."""
+    """final (a cell of a table) or screen (a screening run of a search)."""
     chosen: dict[str, Any] = field(default_factory=dict)
-    """For a final run that was searched, the chosen settings: dotted request path -> value."""
+    """A searched final run's chosen settings: dotted request path -> value."""
     run: Run | None = None
     """The run (its analysis holds the figures and files the sections show)."""
 
     @property
     def budget(self) -> int:
-        """The multiple of its cell's step cap it trained (`Study.extend`): 1 for a run at the cap itself, 2 for one
-        trained to twice the cap, ..."""
+        """The multiple of its cell's step cap it trained (`Study.extend`), 1 at the cap itself."""
         return max(budget(labels) for labels in self.labels)
 
     @property
@@ -97,32 +83,31 @@ class StudyResults:
 
     @property
     def final(self) -> list[Result]:
-        """The runs that are cells of a table (not screening runs), each cell's seed at one budget: the longest
-        that finished (`Study.extend`), so the tables find one run per seed. Where an extension is still running,
-        or failed, its cell reads the longest budget that did finish; where none has finished, its run at the
-        step cap (with its state: failed, interrupted or new). A run keeps only the labels it is read under."""
+        """The final runs, each cell's seed at the longest budget that finished (where none has, at the step cap,
+        in its state), so the tables find one run per seed; a run keeps only the labels it is read under."""
         return _at_budget(self.results, read=True)
 
     @property
     def superseded(self) -> list[Result]:
-        """The final runs that a longer budget of the same cell and seed has replaced in `final` (they stay in the
-        study, and in results.csv)."""
+        """The final runs that a longer budget of the same cell and seed replaces in `final`."""
         return _at_budget(self.results, read=False)
 
     @property
     def screens(self) -> list[Result]:
+        """The screening runs of the searches."""
         return [r for r in self.results if r.role == "screen"]
 
     @property
     def figures(self) -> Path:
+        """The study's figures/ directory."""
         if self.study_dir is None:
             raise ValueError("these results have no study directory to write figures to")
         return self.study_dir / "figures"
 
 
 def _at_budget(results: Sequence[Result], read: bool) -> list[Result]:
-    """The final runs, each with only its labels whose cell and seed is read at their budget (`read`), or only
-    those whose cell and seed is read at another (not `read`): `StudyResults.final` and `superseded`."""
+    """The final runs with only their labels read at their budget (`read`: `StudyResults.final`), or only those
+    read at another (not `read`: `superseded`)."""
     finals = [r for r in results if r.role == "final"]
     found: dict[str, list[tuple[int, bool]]] = defaultdict(list)  # cell and seed -> (budget, finished)
     for r in finals:
@@ -145,8 +130,9 @@ def _cell_seed(labels: dict[str, Any]) -> str:
 def collect(study_dir: Path) -> StudyResults:
     """The study's record, every run's results (what exists of them) and the extras' signal.json files.
 
-    A damaged study (study.json, a failure record, an extra's result) is refused in one line; a damaged
-    run is a result of its own, in state "damaged" (`_result`)."""
+    A damaged study (study.json, a failure record, an extra's result) is refused in one line; a finished run
+    whose files cannot be read is in state "damaged", its error saying which file and why, so that the report
+    shows it beside the others (docs/reliability.md, "Studies and reports")."""
     study_dir = Path(study_dir)
     record = load_study_record(study_dir)
     results = [_result(study_dir, entry) for entry in record["runs"]]
@@ -161,11 +147,7 @@ def collect(study_dir: Path) -> StudyResults:
 
 
 def _result(study_dir: Path, entry: dict[str, Any]) -> Result:
-    """The run of study.json's `entry`, with what it has written so far.
-
-    A finished run whose files cannot be read (a corrupt summary.json, metrics.jsonl or analysis) is
-    "damaged", its error saying which file and why: the report shows it beside the others rather than
-    refusing the study for one run (docs/reliability.md, "Studies and reports")."""
+    """The run of study.json's `entry`, with what it has written so far."""
     run = Run(run_dir(study_dir, entry["id"]))
     r = Result(
         entry["id"],
@@ -177,58 +159,50 @@ def _result(study_dir: Path, entry: dict[str, Any]) -> Result:
         chosen=entry.get("chosen") or {},
         run=run,
     )
-    if r.state == "done":
-        try:
-            _read_finished(r, entry["config"]["task"])
-        except UsageError as e:
-            r.state, r.error = "damaged", str(e)
-            r.test, r.val, r.convergence, r.seconds, r.evals, r.selected, r.heads = {}, {}, None, None, [], {}, None
-    elif r.state == "failed":
+    if r.state == "failed":
         r.error = failure_record(study_dir, entry["id"])["error"]
-    return r
-
-
-def _read_finished(r: Result, task: str) -> None:
-    """Fill `r` from its finished run's summary, metrics and analysis; UsageError if one is damaged."""
-    assert r.run is not None
-    run = Run.open(r.run.path)
-    summary = run.summary() or {}
-    r.test, r.val = _metrics(summary, "test", run), _metrics(summary, "val", run)
-    r.convergence, r.seconds = summary.get("convergence"), summary.get("train_seconds_this_session")
-    if r.convergence is not None and not isinstance(r.convergence, dict):
-        raise UsageError(f"{run.summary_path} is damaged: its 'convergence' is not an object")
-    key = task_class(task).report_metric[1]
-    evals = [e for e in run.metrics() if isinstance(e, dict) and e.get("event") == "eval" and key in e]
-    if not all(isinstance(e.get("step"), int) and is_number(e[key]) for e in evals):
-        raise UsageError(f"{run.metrics_path} is damaged: an eval event without a step or a number for {key}")
-    r.evals = [{k: v for k, v in e.items() if k == "step" or is_number(v)} for e in evals]
-    selected = summary.get("selected") or {}
-    if not isinstance(selected, dict) or not isinstance(selected.get("test", {}), dict):
-        raise UsageError(f"{run.summary_path} is damaged: its 'selected' is not an object of metrics")
-    r.selected = selected
-    r.heads = _heads(run)
+    if r.state != "done":
+        return r
+    try:
+        run = Run.open(run.path)
+        summary = run.summary() or {}
+        test, val = summary.get("test", {}), summary.get("val", {})
+        for split, found in (("test", test), ("val", val)):
+            if not isinstance(found, dict) or not all(is_number(v) for v in found.values()):
+                raise UsageError(f"{run.summary_path} is damaged: its {split!r} metrics are not numbers by name")
+        convergence = summary.get("convergence")
+        if convergence is not None and not isinstance(convergence, dict):
+            raise UsageError(f"{run.summary_path} is damaged: its 'convergence' is not an object")
+        key = task_class(r.config["task"]).report_metric[1]
+        evals = [e for e in run.metrics() if isinstance(e, dict) and e.get("event") == "eval" and key in e]
+        if not all(isinstance(e.get("step"), int) and is_number(e[key]) for e in evals):
+            raise UsageError(f"{run.metrics_path} is damaged: an eval event without a step or a number for {key}")
+        selected = summary.get("selected") or {}
+        if not isinstance(selected, dict) or not isinstance(selected.get("test", {}), dict):
+            raise UsageError(f"{run.summary_path} is damaged: its 'selected' is not an object of metrics")
+        scores, heads = run.analysis.head_scores(), None
+        if scores is not None:
+            signal = run.analysis.signal()
+            if signal is None:
+                raise UsageError(
+                    f"{run.analysis.path} holds head scores but no signal result: run `mixit analyze` again"
+                )
+            heads = summarize(scores, signal)
+    except UsageError as e:
+        return replace(r, state="damaged", error=str(e))
+    return replace(
+        r,
+        test=test,
+        val=val,
+        convergence=convergence,
+        seconds=summary.get("train_seconds_this_session"),
+        evals=[{k: v for k, v in e.items() if k == "step" or is_number(v)} for e in evals],
+        selected=selected,
+        heads=heads,
+    )
 
 
 def reported(r: Result) -> dict[str, float]:
     """The test metrics a run is reported by: those at its best validation evaluation, or, for a run of
     older code that did not record it, at its last."""
     return r.selected.get("test") or r.test
-
-
-def _metrics(summary: dict[str, Any], split: str, run: Run) -> dict[str, float]:
-    """summary.json's metrics of `split` (test or val); UsageError unless an object of names to numbers."""
-    found = summary.get(split, {})
-    if not isinstance(found, dict) or not all(is_number(v) for v in found.values()):
-        raise UsageError(f"{run.summary_path} is damaged: its {split!r} metrics are not numbers by name")
-    return found
-
-
-def _heads(run: Run) -> dict[str, Any] | None:
-    """`analyze_run`'s findings on `run`, or None if it has not been analysed."""
-    scores = run.analysis.head_scores()
-    if scores is None:
-        return None
-    signal = run.analysis.signal()
-    if signal is None:
-        raise UsageError(f"{run.analysis.path} holds head scores but no signal result: run `mixit analyze` again")
-    return summarize(scores, signal)

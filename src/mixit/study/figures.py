@@ -1,14 +1,8 @@
-"""The report's figures: learning curves of a study's cells, and lines of a number against what a table varies.
+"""The report's figures: learning curves of a study's cells (`plot_curves`, `plot_cell_curves`), and lines of a
+number against what a table varies (`plot_lines`).
 
-    plot_curves         a table's cells of one task (a paper table's, or a study file's): its report metric
-                        against step, one line per cell
-    plot_cell_curves    the same for any cells, named as the caller likes
-    plot_lines          one line per series of x -> y, with error bars if given (accuracy by heads, by depth, by
-                        pairs; a study's test metric against a value its grid varies)
-
-Each returns its Figure, saved to `path` if one is given, or None when there is nothing to plot (so the report's
-`if plot_lines(...):` reads as "if it drew one"). pyplot does not hold these figures, so nothing needs closing:
-the report, which only wants the files, drops them.
+Each returns its Figure, saved to `path` if one is given, or None when there is nothing to plot (so that
+`if plot_lines(...):` reads "if it drew one"). pyplot does not hold these figures: nothing needs closing.
 """
 
 from __future__ import annotations
@@ -27,38 +21,34 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def _figure(width: float = 6.0, height: float = 4.0) -> tuple[Figure, Axes]:
+def _figure() -> tuple[Figure, Axes]:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(6.0, 4.0), layout="constrained")
     return fig, fig.subplots()
+
+
+def _finish(fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: str | Path | None) -> None:
+    """Label the axes and title a figure, and save it to `path` if one is given."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    if path is not None:
+        fig.savefig(path, dpi=100)
 
 
 def plot_curves(
     results: Sequence[Result], table: str, task: str, path: str | Path | None = None, **match: Any
 ) -> Figure | None:
-    """Test metric against step, one line per cell of the runs labelled `table` and `match` that train `task`: the
-    mean over its seeds with a band from the lowest to the highest (`plot_cell_curves`). A cell is named by its
-    labels but those `cell_name` leaves out and `match`'s: a paper table's by its variant, a study file's (whose
-    table is the study's name) by the values its grid gives it. None when no such run has a curve."""
+    """`plot_cell_curves` of the runs labelled `table` and `match` that train `task`, a cell named by its labels
+    but `match`'s (`cell_name`): a paper table's by its variant, a study file's by the values its grid gives it."""
     cells: dict[str, list[Result]] = defaultdict(list)
     for r, labels in rows(results, table=table, **match):
         if r.config["task"] == task and r.curve:
             cells[cell_name(labels, *match)].append(r)
     return plot_cell_curves(cells, task, path)
-
-
-def _finish_curves(fig: Figure, ax: Axes, task: str, note: str, path: str | Path | None) -> None:
-    """Label a figure of `task`'s learning curves (its report metric against step), with `note` under the
-    title, and save it to `path` if one is given."""
-    column = task_class(task).report_metric[0]
-    ax.set_xlabel("step")
-    ax.set_ylabel(column + (" (%)" if column == "accuracy" else " (nats)"))
-    ax.set_title(f"{task}: test {column} during training" + (f"\n{note}" if note else ""), fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    if path is not None:
-        fig.savefig(path, dpi=100)
 
 
 def plot_cell_curves(cells: Mapping[str, Sequence[Result]], task: str, path: str | Path | None = None) -> Figure | None:
@@ -79,7 +69,10 @@ def plot_cell_curves(cells: Mapping[str, Sequence[Result]], task: str, path: str
             ax.fill_between(
                 steps, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.2
             )
-    _finish_curves(fig, ax, task, "mean over the (n) seeds; band: lowest to highest", path)
+    column = task_class(task).report_metric[0]
+    unit = " (%)" if column == "accuracy" else " (nats)"
+    title = f"{task}: test {column} during training\nmean over the (n) seeds; band: lowest to highest"
+    _finish(fig, ax, "step", column + unit, title, path)
     return fig
 
 
@@ -105,11 +98,5 @@ def plot_lines(
         ax.errorbar(xs, [points[x] for x in xs], yerr=yerr, marker="o", capsize=3, label=name)
     if log2:
         ax.set_xscale("log", base=2)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    if path is not None:
-        fig.savefig(path, dpi=100)
+    _finish(fig, ax, xlabel, ylabel, title, path)
     return fig

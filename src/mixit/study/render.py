@@ -1,13 +1,6 @@
-"""A study's results as text: the markdown table of a paper table's cells, and results.csv.
-
-    variant_table                   a markdown table: a row per variant, the task's report metric and further
-                                    columns, the paper's number, whether each cell converged, the settings a
-                                    search chose
-    settings                        chosen settings in a phrase: "lr=0.003, n_heads=16"
-    results_csv, results_frame      one row per run: results.csv's text, or the same table as a pandas DataFrame
-
-What a table shows of a task is the task's declaration (`Task.report_metric`, `Task.report_columns`,
-`Task.report_dataset`): nothing here names a task. The figures are `mixit.study.figures`.
+"""A study's results as text: a paper table's cells as markdown (`variant_table`), and one row per run
+(`results_csv`, or `results_frame` as a pandas DataFrame). What a table shows of a task is the task's declaration
+(`Task.report_metric`, `Task.report_columns`, `Task.report_dataset`): nothing here names a task.
 """
 
 from __future__ import annotations
@@ -40,9 +33,6 @@ def paper_key(task: str, config: Mapping[str, Any]) -> str:
     `Task.report_dataset`, by the dataset too ("lm:wikitext-103")."""
     parameter = task_class(task).report_dataset
     return task if parameter is None else f"{task}:{Path(config['task_params'][parameter]).name}"
-
-
-# -- tables ------------------------------------------------------------------------------------------
 
 
 def variant_table(
@@ -99,15 +89,10 @@ def variant_table(
     return "\n".join(lines)
 
 
-# -- results.csv -----------------------------------------------------------------------------------
-
-
 def results_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
-    """One row per run, as a mapping of column to value: id, state, role, labels, every config field (dotted
-    paths), every test and validation metric at the last evaluation (test.*, val.*), the step and test metrics
-    the report gives (selected.*: at the best validation evaluation, `reported`; for a run of older code that
-    recorded none, selected.step is empty and selected.test.* are its last evaluation's), whether it converged,
-    and the settings a search chose."""
+    """One row per run, column -> value: id, state, role, labels, every config field (dotted paths), the test and
+    validation metrics at the last evaluation (test.*, val.*) and those the report gives (selected.*:
+    `reported`), whether it converged, and the settings a search chose."""
     table = []
     for r in results:
         c = r.convergence or {}
@@ -152,11 +137,9 @@ def results_csv(results: Sequence[Result]) -> str:
 
 
 def results_frame(study_dir: str | Path) -> pandas.DataFrame:
-    """The table of results.csv as a pandas DataFrame, one row per run, read from the study's runs as they are
-    now (no report needed; a run still training has its state and no metrics).
-
-    The columns and rows are results.csv's; the values keep their Python types (a missing value is None, or
-    NaN in a numeric column) instead of CSV text. Needs pandas (the `notebook` extra)."""
+    """results.csv's table as a pandas DataFrame, read from the study's runs as they are now (no report needed),
+    its values in their Python types (None, or NaN in a numeric column, where missing). Needs pandas (the
+    `notebook` extra)."""
     pd = require_pandas()
     table = results_rows(collect(Path(study_dir)).results)
     return pd.DataFrame(table, columns=_columns(table))

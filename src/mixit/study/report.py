@@ -1,16 +1,11 @@
 """The report of a study (`mixit report STUDY_DIR`): report.md, results.csv, checks.json and figures/.
 
-report.md of the paper's study (a preset) has a header, every finding of the paper as a check (PASS,
-FAIL, UNDECIDED, PROVISIONAL, UNTESTABLE or n/a, judged over seeds, with the numbers behind it), then one
-section per table of `mixit.study.tables.TABLES` (mean and spread over seeds, the paper's number beside
-ours, whether each cell converged, the settings a search chose), an appendix listing every candidate the
-search screened, and the failed runs. A study of your own (a study file, or a `Study` without a preset) has no paper
-checks or tables: its report has one row per cell instead (`cells_section`), each task's learning curves, and
-for a label its grid varies over numbers, the test metric against it (`axis_figures`), then the same appendix
-and failed runs. Every test number, in each table, figure and results.csv's selected.test.*, is a run's at its
-best validation evaluation (`mixit.study.collect.reported`). results.csv has one row per run; checks.json the
-verdicts. The report trains and evaluates no model: it reads what the study's runs, their analyses and the signal
-sweeps wrote.
+The paper's study (a preset) reports every finding of the paper as a check judged over seeds, with the numbers
+behind it, then a section per table of `mixit.study.tables.TABLES`. A study of your own (a study file, or a
+`Study` without a preset) reports a row per cell (`cells_section`), each task's learning curves, and its test
+metric against each label its grid varies over numbers (`axis_figures`). Both end with every candidate a search
+screened and the failed runs. Every test number is a run's at its best validation evaluation (`reported`). The
+report trains and evaluates no model: it reads what the study's runs, their analyses and the signal sweeps wrote.
 """
 
 from __future__ import annotations
@@ -93,29 +88,22 @@ def judgement_section(checks: list[Check]) -> list[str]:
     return lines
 
 
-def _chosen_by(final: list[Result]) -> dict[tuple[str, str, str, Any], list[dict[str, Any]]]:
-    """(cell, task, variant, seed) -> the settings chosen for the final runs of that cell's seed (each seed has
-    a search of its own), by last path segment; under seed None, those of every seed (a study searched before
-    the search was redrawn per seed labels its screening runs with no cell seed)."""
-    chosen: dict[tuple[str, str, str, Any], list[dict[str, Any]]] = defaultdict(list)
-    for r in final:
-        if r.chosen:
-            short = {path.split(".")[-1]: value for path, value in r.chosen.items()}
-            for labels in r.labels:
-                cell = (labels.get("table", ""), labels.get("task", ""), labels.get("variant", ""))
-                chosen[(*cell, r.config.get("model", {}).get("seed", labels.get("seed")))].append(short)
-                chosen[(*cell, None)].append(short)
-    return chosen
-
-
 def search_appendix(study: StudyResults) -> list[str]:
-    """Every screening run of the per-architecture search, grouped by task and variant: the cell and seed it
-    searched for, its candidate settings (with its rung, whether it broke a tie, and whether it extends the
-    grid), the best validation value of its curve (what the search judged it by), and whether it was chosen."""
+    """Every screening run of the searches, grouped by task and variant: the cell and seed it searched for, its
+    candidate settings (its rung, whether it broke a tie or extends the grid), the best validation value of its
+    curve (what the search judged it by), and whether it was chosen."""
     screens = study.screens
     if not screens:
         return []
-    chosen = _chosen_by(study.final)
+    # (cell, task, variant, seed) -> the settings chosen for that cell's seed, by last path segment; under seed
+    # None, those of every seed (an older study labels its screening runs with no cell seed)
+    chosen: dict[tuple[str, str, str, Any], list[dict[str, Any]]] = defaultdict(list)
+    for r in [r for r in study.final if r.chosen]:
+        short = {path.split(".")[-1]: value for path, value in r.chosen.items()}
+        for labels in r.labels:
+            searched = (labels.get("table", ""), labels.get("task", ""), labels.get("variant", ""))
+            chosen[(*searched, r.config.get("model", {}).get("seed", labels.get("seed")))].append(short)
+            chosen[(*searched, None)].append(short)
     groups: dict[tuple[str, str], list[tuple[Result, dict[str, Any]]]] = defaultdict(list)
     for r in screens:
         for labels in r.labels:  # a screening run two cells share is listed for each
@@ -147,8 +135,7 @@ def search_appendix(study: StudyResults) -> list[str]:
 
 
 def selection(r: Result) -> str:
-    """The validation metric a screening run was judged by (its convergence record's), at its best over the
-    curve (the end, for a run whose record has no best)."""
+    """The validation metric a screening run was judged by, at its best over the curve (else at its end)."""
     if r.state != "done":
         return r.state
     name = (r.convergence or {}).get("metric") or task_class(r.config["task"]).report_metric[1]
@@ -158,45 +145,20 @@ def selection(r: Result) -> str:
     return f"{name} {100 * value:.1f}%" if "acc" in name else f"{name} {value:.3f}"
 
 
-def damaged_runs(results: list[Result]) -> list[str]:
-    """The report's section on runs that finished but whose files cannot be read (empty: none)."""
-    damaged = [r for r in results if r.state == "damaged"]
-    if not damaged:
-        return []
-    return [
-        "These runs finished, but a file of theirs cannot be read, so the checks that need them read n/a. "
-        "Remove such a run's directory (runs/<id>) and run the study again to train it anew.",
-        "",
-        *[f"- `{r.id}`: {r.error}" for r in damaged],
-    ]
-
-
-def is_paper_study(study: StudyResults) -> bool:
-    """Whether the study is the paper's comparison at a preset (its report: the paper's checks and tables),
-    rather than a study of your own, from a file or a `Study` (its report: `cells_section`). A study file's
-    record names its preset "file", which is none of the paper's."""
-    return study.record.get("preset") in PRESETS
-
-
-def _seed_span(record: dict[str, Any]) -> str:
-    """ " (seeds 3-5)" for a study whose seeds do not start at 0, else nothing."""
-    first, n = record.get("first_seed") or 0, record.get("seeds") or 1
-    return f" (seeds {first}-{first + n - 1})" if first else ""
-
-
 def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
     """The report's title and its first paragraph: the preset, the runs and their states, and how to read it."""
     record, screened = study.record, len(study.screens)
     damaged = f"{counts['damaged']} damaged, " if counts["damaged"] else ""
+    first, n = record.get("first_seed") or 0, record.get("seeds") or 1
+    span = f" (seeds {first}-{first + n - 1})" if first else ""
     runs = (
-        f"{record.get('seeds')} seed(s) per cell{_seed_span(record)} (mean ± sample standard deviation over seeds "
-        "where there are "
-        f"several); {len(study.results)} runs"
+        f"{record.get('seeds')} seed(s) per cell{span} (mean ± sample standard deviation over seeds where there "
+        f"are several); {len(study.results)} runs"
         + (f" ({screened} of them screening runs of the search)" if screened else "")
         + f": {counts['done']} done, {counts['failed']} failed, {damaged}{counts['interrupted'] + counts['new']} not "
         f"finished. Made by mixit {__version__} at commit {git_commit()}; each run's config.json names its own."
     )
-    if not is_paper_study(study):
+    if record.get("preset") not in PRESETS:  # a study file's preset is "file"
         description = [str(record["description"]), ""] if record.get("description") else []
         return [f"# {record['name']}", "", *description, runs, ""]
     return [
@@ -214,9 +176,8 @@ def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
 
 
 def own_cells(study: StudyResults) -> dict[tuple[tuple[str, Any], ...], list[Result]]:
-    """The cells of a study of your own: its final runs (each seed at its longest budget that finished) grouped
-    by their labels but the seed and the budget. A list label (a grid over `freeze`) is named by its items joined
-    with ", "."""
+    """A study of your own's final runs grouped by their labels but the seed and the budget, a list label (a grid
+    over `freeze`) named by its items joined with ", "."""
     cells: dict[tuple[tuple[str, Any], ...], list[Result]] = defaultdict(list)
     for r in study.final:
         labels = {k: ", ".join(map(str, v)) if isinstance(v, list) else v for k, v in r.labels[0].items()}
@@ -226,8 +187,7 @@ def own_cells(study: StudyResults) -> dict[tuple[tuple[str, Any], ...], list[Res
 
 def cells_section(study: StudyResults) -> list[str]:
     """A study of your own, cell by cell: its labels but the seed, how many seeds are done, each test metric
-    at each run's best validation evaluation (`reported`; mean ± sample standard deviation over the seeds done)
-    and how many of them converged."""
+    (`reported`, mean ± sample std over the seeds done) and how many of them converged."""
     cells = own_cells(study)
     if not cells:
         return []
@@ -270,10 +230,9 @@ def curves_section(study: StudyResults) -> list[str]:
 
 def axis_figures(study: StudyResults) -> dict[str, Figure]:
     """A study of your own: for each task, and each label its cells take two numbers or more of (`lr` of a grid
-    over train.lr), the task's report metric against that label, one line per value of the other labels. A point
-    is what `cells_section` prints for the cell (the mean over its seeds done), its bar the sample standard
-    deviation there; the axis is logarithmic where the values are positive and span a factor of 10 or more.
-    Figures by file name under figures/ ("lr-addition.png")."""
+    over train.lr), the task's report metric against that label, one line per value of the other labels: the
+    mean over the seeds done, with bars of the sample std, on a log axis where the values are positive and span
+    a factor of 10 or more. Figures by file name under figures/ ("lr-addition.png")."""
     figures = {}
     for task, cells in _done_by_task(study).items():
         metric = task_class(task).report_metric[1]
@@ -311,12 +270,8 @@ def axis_section(study: StudyResults) -> list[str]:
 
 
 def write_report(study_dir: Path) -> dict[str, Any]:
-    """Write report.md, results.csv, checks.json and figures/ for the study in `study_dir`; return the
-    checks and counts.
-
-    Args:
-        study_dir: the study directory (`mixit reproduce --out`).
-    """
+    """Write report.md, results.csv, checks.json and figures/ for the study in `study_dir` (`mixit reproduce
+    --out`); return the checks and counts."""
     study_dir = Path(study_dir)
     study = collect(study_dir)
     check_report_paths(study_dir)
@@ -325,7 +280,7 @@ def write_report(study_dir: Path) -> dict[str, Any]:
     results = study.results
     counts = {s: sum(r.state == s for r in results) for s in STATES}
     lines = header(study, counts)
-    paper = is_paper_study(study)
+    paper = study.record.get("preset") in PRESETS
     checks = [check(study) for table in TABLES for check in table.checks] if paper else []
     if paper:
         lines += ["## The paper's findings, checked", "", *checks_table(checks)]
@@ -349,7 +304,12 @@ def write_report(study_dir: Path) -> dict[str, Any]:
         "Failed runs",
         [f"- `{r.id}` ({', '.join(f'{k}={v}' for k, v in r.labels[0].items())}): {r.error}" for r in failed],
     )
-    section("Damaged runs", damaged_runs(results))
+    damaged = [f"- `{r.id}`: {r.error}" for r in results if r.state == "damaged"]
+    note = (
+        "These runs finished, but a file of theirs cannot be read, so the checks that need them read n/a. "
+        "Remove such a run's directory (runs/<id>) and run the study again to train it anew."
+    )
+    section("Damaged runs", [note, "", *damaged] if damaged else [])
     lines.append("")
     write_text(study_dir / "report.md", "\n".join(lines))
     write_text(study_dir / "results.csv", results_csv(results))
@@ -359,6 +319,7 @@ def write_report(study_dir: Path) -> dict[str, Any]:
 
 
 def format_checks(result: dict[str, Any]) -> str:
+    """`write_report`'s result as the lines `mixit reproduce` and `mixit report` print."""
     lines = [f"{c['verdict']:>9}  {name}\n           {c['evidence']}" for name, c in result["checks"].items()]
     counts = result["counts"]
     lines.append(

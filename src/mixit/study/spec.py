@@ -1,32 +1,11 @@
-"""Studies as data: a study is a named list of runs, each an ordinary mixit run.
+"""Studies as data: a study is a named list of runs (`RunSpec`), each an ordinary mixit run with the labels
+that place it in the report. A run's id hashes its *resolved* configuration, so a run two tables ask for is
+trained once, and a study run again finds its runs where it left them.
 
-A run of a study is a `RunSpec`: the request it trains (`mixit.core.experiment`),
-the labels that place it in the report (table, task, variant, seed, and the
-value of whatever the table varies), and whether `mixit analyze` follows
-it. Its id is a hash of its *resolved* configuration, so the same run asked
-for by two tables is trained once, and a study run again finds its runs
-where it left them.
-
-Studies come from Python (`mixit.study.paper`, from the tables of `mixit.study.tables`)
-or from a TOML or YAML file a user writes (`load_study_file`; docs/studies.md is its user's page):
-
-    name = "heads"
-    seeds = 2                                    # seeds 0..seeds-1 of every run (model and data)
-    extend = [2, 4]                              # optional: an unconverged run again at 2x, then 4x its steps
-    [base]                                       # a request every run starts from
-    task = "addition"
-    task_params = {n_digits = 3}
-    train = {steps = 300}
-    [grid]                                       # every combination of these
-    variant = ["standard", "mixit"]
-    "model.n_heads" = [2, 4, 8]
-    [search]                                     # optional: chosen per cell on validation
-    "train.lr" = [1e-3, 3e-3]                    # (screening runs of screen_fraction = 0.25 of the steps,
-    [screen_min_steps]                           #  at least these steps per task: mixit.study.search)
-    addition = 100
-
-A YAML file (.yaml, .yml) holds the same keys, read as YAML 1.2 reads numbers (1e-3 is a number, as in TOML),
-with TOML's refusals of a key given twice and of a key that is not a string.
+Studies come from Python (`mixit.study.paper`) or from a TOML or YAML file of the keys `FILE_KEYS`
+(`load_study_file`; docs/studies.md is its user's page): a base request, a grid of dotted paths to the values
+every combination of which is a cell, the seeds of each cell, and optionally a search per cell and longer
+budgets for unconverged runs. YAML's numbers are read as TOML reads them (`StudyYamlLoader`).
 """
 
 from __future__ import annotations
@@ -61,9 +40,8 @@ class RunSpec:
     analyze: bool = False
     """Run `mixit analyze` on it once trained (head scores and attention maps)."""
     search: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    """Candidate values per dotted request path (``{"train.lr": (1e-3, 3e-3)}``): the study screens
-    every combination on the validation set and trains this run with the best one
-    (`mixit.study.search`); empty: the request is trained as it is."""
+    """Candidate values per dotted request path (``{"train.lr": (1e-3, 3e-3)}``), screened on the validation
+    set to train this run with the best (`mixit.study.search`); empty: the request as it is."""
 
 
 @dataclass
@@ -75,7 +53,7 @@ class PlannedRun:
     labels: list[dict[str, Any]]
     analyze: bool
     role: str = "final"
-    """final (a cell of a table) or screen (a screening run of a search: `mixit.study.search`)."""
+    """final (a cell of a table) or screen (a screening run of a search)."""
     chosen: dict[str, Any] = field(default_factory=dict)
     """A searched cell: the values its search chose, by dotted request path."""
 
@@ -117,14 +95,13 @@ is added (see `run_id`)."""
 
 
 def run_id(cfg: RunConfig) -> str:
-    """A stable id of a resolved configuration: the first 12 hex digits of the sha256 of its canonical JSON.
+    """The first 12 hex digits of the sha256 of a resolved configuration's canonical JSON.
 
-    The JSON holds every option of `ID_OPTIONS` and each option added since only where its value differs
-    from its declared default. So a new option whose default keeps the old behaviour leaves every existing
-    run id, and every finished run of a study, as it was; a run that uses it gets a new id. (An option added
-    with a default of None that is resolved to a value at construction would enter every id: give it its
-    plain default instead.) A transplant's donor enters by its identity (`transplant_donor`), not its path: the
-    same transplant from a copy of the donor elsewhere is the same run."""
+    The JSON holds every option of `ID_OPTIONS`, and an option added since only where it differs from its
+    declared default: a new option whose default keeps the old behaviour leaves every existing run id as it
+    was. (An option defaulting to None that construction resolves to a value would enter every id: give it
+    its plain default instead.) A transplant's donor enters by its identity (`transplant_donor`), not its
+    path."""
     data = cfg.to_dict()
     sections = {
         "": (data, RunConfig),
@@ -135,18 +112,12 @@ def run_id(cfg: RunConfig) -> str:
     for section, (values, cls) in sections.items():
         known = ID_OPTIONS.get(section, ())
         for f in dataclasses.fields(cls):
-            if f.name not in known and values.get(f.name) == _declared_default(f):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if f.name not in known and values.get(f.name) == (list(default) if isinstance(default, tuple) else default):
                 del values[f.name]
     data.pop("transplant_from", None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def _declared_default(f: dataclasses.Field[Any]) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    value = f.default
-    return list(value) if isinstance(value, tuple) else value
 
 
 def plan(specs: Iterable[RunSpec], role: str = "final") -> list[PlannedRun]:
@@ -188,11 +159,10 @@ Seeds = int | range
 
 
 def seed_range(seeds: int, first: int = 0) -> range:
-    """Seeds first..first+seeds-1, refused in one line unless both are integers, `seeds` positive and `first`
-    not negative."""
+    """Seeds first..first+seeds-1; refused unless `seeds` >= 1 and `first` >= 0 are integers."""
     seeds, first = typed("seeds", int, seeds), typed("first_seed", int, first)
-    for name, value, least in (("seeds", seeds, 1), ("first_seed", first, 0)):
-        check(value >= least, f"{name} must be an integer >= {least}, got {value!r}")
+    check(seeds >= 1, f"seeds must be an integer >= 1, got {seeds!r}")
+    check(first >= 0, f"first_seed must be an integer >= 0, got {first!r}")
     return range(first, first + seeds)
 
 
@@ -202,8 +172,7 @@ def seeded(request: Mapping[str, Any], seed: int) -> dict[str, Any]:
 
 
 def assign(request: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
-    """`request` with each dotted path of `values` (e.g. "model.n_heads", "variant", "task_params.k") set to
-    its value."""
+    """`request` with each dotted path of `values` ("variant", "model.n_heads") set to its value."""
     out = dict(request)
     for path, value in values.items():
         head, _, rest = path.partition(".")
@@ -217,13 +186,12 @@ def assign(request: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, A
 
 
 MAX_RUNS = 10_000
-"""The most final runs (cells x seeds) a study may ask for unless its caller raises the cap (`--max-runs`): a study
-above it is refused before it is built, so a grid or a seed count mistyped by orders of magnitude costs one line,
-not the machine's memory. The paper presets ask for a few hundred at most."""
+"""The most final runs (cells x seeds) a study may ask for unless `--max-runs` raises it: a grid or seed count
+mistyped by orders of magnitude is refused before it is built, not when it has filled the memory."""
 
 
 def check_size(runs: int, limit: int, what: str) -> None:
-    """Refuse, in one line naming the count, a study of `runs` final runs above the cap `limit`."""
+    """Refuse a study of `runs` final runs above the cap `limit`, naming the count."""
     check(
         runs <= limit,
         f"{what} asks for {runs:,} runs (cells x seeds), above the cap of {limit:,}; make it smaller, or give "
@@ -232,9 +200,8 @@ def check_size(runs: int, limit: int, what: str) -> None:
 
 
 def once(values: Sequence[Any], what: str) -> None:
-    """Refuse a list of grid values or search candidates that holds a value twice (`"standard", "standard"`,
-    `0.001, 1e-3`): the same value twice is the same run twice, which would be counted as two cells' or two
-    candidates' evidence. Equal values are the same value, whatever their spelling."""
+    """Refuse grid values or search candidates that list a value twice (`0.001, 1e-3` included): the same run
+    would count as two cells' or two candidates' evidence."""
     repeated = [value for i, value in enumerate(values) if value in values[:i]]
     if repeated:
         raise UsageError(f"{what} lists {repeated[0]!r} more than once ({list(values)!r}); list each value once")
@@ -280,8 +247,7 @@ def budget(labels: Mapping[str, Any]) -> int:
 
 
 def budget_multiples(value: Any, where: str = "") -> tuple[int, ...]:
-    """`value` as `Study.extend`: integers of at least 2, in increasing order; refused in one line (beginning
-    with `where`) otherwise."""
+    """`value` as `Study.extend` (integers >= 2, increasing), else refused in a line beginning with `where`."""
     try:
         multiples = typed("extend", tuple[int, ...], value)
         ok = all(m >= 2 for m in multiples) and list(multiples) == sorted(set(multiples))
@@ -296,9 +262,9 @@ def budget_multiples(value: Any, where: str = "") -> tuple[int, ...]:
 
 
 SEARCH_PROCEDURE = 3
-"""The version of `mixit.study.search`'s procedure, part of a searched study's fingerprint: a study directory
-searched by another procedure (1: one rung at seed 0, judged at its end; 2: one search for every seed of a
-cell, a tie to the candidate declared first) is another study, never resumed."""
+"""The version of `mixit.study.search`'s procedure, in a searched study's fingerprint, so that a directory
+searched by another (1: one rung at seed 0; 2: one search per cell, ties to the first candidate) is never
+resumed."""
 
 
 @dataclass
@@ -321,25 +287,22 @@ class Study:
     rebuild: Callable[[int, int], Study] | None = field(default=None, repr=False, compare=False)
     """Builds this study with other seeds (seeds, first_seed), so that it can grow in its directory (`grows`)."""
     extend: tuple[int, ...] = ()
-    """Multiples of the step cap, increasing (the paper's protocol: (2, 4)): a final run that ended its budget
-    unconverged (improving, or too few evaluations to tell) is trained again from scratch at the first multiple,
-    and one still unconverged there at the next (`mixit.study.executors`); the report reads the longest that
-    finished (`mixit.study.collect.StudyResults.final`). Empty: no run is extended."""
+    """Increasing multiples of the step cap (the protocol's: (2, 4)): a final run that ended unconverged is
+    trained again from scratch at the next (`mixit.study.executors`); the report reads the longest that
+    finished (`StudyResults.final`). Empty: no run is extended."""
     source: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    """The keys of the study file it was read from, as JSON holds them ({}: a study built in Python): study.json
-    records them, so that a directory refuses a changed file naming what changed (`mixit.study.directory`)."""
+    """The study file's keys as JSON holds them ({}: a study built in Python), recorded in study.json so that a
+    directory refuses a changed file naming what changed."""
     more_seeds: Callable[[Path], Sequence[RunSpec]] | None = field(default=None, repr=False, compare=False)
-    """Given the study directory, the further final runs to add (new seeds of cells whose verdict is undecided,
-    each with its search candidates if any): a pure function of the runs finished there. The study runs in
-    rounds until it returns nothing new (`mixit.study.executors.execute`); None: no round after the first."""
+    """Given the study directory, the further final runs to add (new seeds of undecided cells), a pure function
+    of the runs finished there: the study runs in rounds until it returns nothing new; None: one round."""
 
     def __post_init__(self) -> None:
         self.extend = budget_multiples(self.extend)
 
     def grows(self, old: Any, search: bool = True) -> bool:
-        """Whether `old` (a directory's study.json) records this study with some of its seeds: the same study,
-        built with those seeds, has `old`'s fingerprint. Its runs are then this study's runs of those seeds
-        (and the screening runs of those seeds' searches), and the study may continue in place."""
+        """Whether `old` (a directory's study.json) records this study with some of its seeds (this study built
+        with those seeds has `old`'s fingerprint), so that the study may continue in place."""
         if self.rebuild is None or not isinstance(old, dict) or old.get("name") != self.name:
             return False
         seeds, first = old.get("seeds"), old.get("first_seed", 0)
@@ -367,13 +330,13 @@ class Study:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def labelled(self, **labels: Any) -> list[RunSpec]:
+        """The runs whose labels include `labels`."""
         return [s for s in self.specs if all(s.labels.get(k) == v for k, v in labels.items())]
 
 
 class StudyYamlLoader(yaml.SafeLoader):
-    """YAML read as a study file's TOML would be: a number in exponent form (1e-3, 3E5) is a float, as in YAML
-    1.2 and TOML (PyYAML, which reads YAML 1.1, would read a string), and a mapping whose key is given twice or
-    is not a string is refused (`construct_mapping`)."""
+    """YAML read as TOML would read it: 1e-3 is a float (as in YAML 1.2; PyYAML's 1.1 reads a string), and a key
+    given twice or not a string is refused."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -396,8 +359,8 @@ StudyYamlLoader.add_implicit_resolver(
 
 
 def read_study_data(path: Path) -> dict[str, Any]:
-    """What a study file holds, read as TOML, or as YAML if its name ends in .yaml or .yml (`StudyYamlLoader`);
-    refused in one line if it does not exist, cannot be read, cannot be parsed or holds no mapping."""
+    """What a study file holds, read as TOML, or as YAML if its name ends in .yaml or .yml; refused in one line
+    if it does not exist, cannot be read or parsed, or holds no mapping."""
     try:
         text = Path(path).read_text()
         if Path(path).suffix.lower() not in (".yaml", ".yml"):
@@ -414,96 +377,76 @@ def read_study_data(path: Path) -> dict[str, Any]:
     except OSError as e:  # a directory, a file it may not read, ...
         raise UsageError(f"study file {path} is not a readable file ({e.strerror or type(e).__name__})") from None
     except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UsageError(f"study file {path} cannot be parsed: {_parse_error(e)}") from None
+        problem = " ".join(str(e).split())
+        if isinstance(e, yaml.MarkedYAMLError) and e.problem:  # as TOML says it: no quote of the line
+            mark = e.problem_mark
+            problem = ": ".join(p for p in (e.context, e.problem) if p)
+            problem += f" (at line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise UsageError(f"study file {path} cannot be parsed: {problem}") from None
 
 
-def _parse_error(error: Exception) -> str:
-    """A parser's error on one line; YAML's as TOML says its own, where it is: its problem (at line L, column C),
-    without PyYAML's quote of the line."""
-    if isinstance(error, yaml.MarkedYAMLError) and error.problem:
-        mark = error.problem_mark
-        where = f" (at line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        return f"{': '.join(p for p in (error.context, error.problem) if p)}{where}"
-    return " ".join(str(error).split())
-
-
-def _screening(data: Mapping[str, Any], path: Path) -> tuple[float, dict[str, int]]:
-    """A study file's screen_fraction and screen_min_steps, checked."""
-    fraction = typed(f"study file {path}: screen_fraction", float, data.get("screen_fraction", 0.25))
-    check(0 < fraction <= 1, f"study file {path}: screen_fraction must be a number in (0, 1], got {fraction!r}")
-    least = typed(f"study file {path}: screen_min_steps", dict[str, int], data.get("screen_min_steps", {}))
-    check(
-        all(v >= 1 for v in least.values()),
-        f"study file {path}: screen_min_steps must be a table of task names to positive integers, got {least!r}",
-    )
-    return fraction, least
+FILE_KEYS = (
+    "name", "description", "seeds", "base", "grid", "analyze", "search", "screen_fraction", "screen_min_steps",
+    "extend",
+)  # fmt: skip
+"""The keys a study file may hold (docs/studies.md, "The keys")."""
 
 
 def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, max_runs: int = MAX_RUNS) -> Study:
-    """A user's study from a TOML or YAML file (module docstring, docs/studies.md), its seeds starting at
-    `first_seed`: the file's own, or `seeds` where the file sets none. `seeds` beside a file that sets other seeds is
-    refused (a study is its file), as is one of more than `max_runs` final runs, before it is built (`check_size`)."""
+    """A user's study from a TOML or YAML file, its seeds from `first_seed`: the file's count, or `seeds` where
+    the file sets none (`seeds` beside other seeds in the file is refused: a study is its file). A study of more
+    than `max_runs` final runs is refused before it is built (`check_size`)."""
     data = read_study_data(path)
     if seeds is not None and "seeds" in data and seeds != data["seeds"]:
         raise UsageError(
             f"--seeds {seeds} differs from seeds = {data['seeds']!r} in study file {path}, and a study is its file: "
             "change seeds there (more seeds grow the study in place), or leave --seeds out"
         )
-    return _study_from_data(data, path, seeds, first_seed, max_runs)
-
-
-def _study_from_data(
-    data: Mapping[str, Any], path: Path, seeds: int | None, first_seed: int, max_runs: int = MAX_RUNS
-) -> Study:
-    """The study of a file's keys `data` read from `path` (`load_study_file`), with `seeds` per cell (None: the
-    file's) from `first_seed`."""
-    allowed = (
-        "name",
-        "description",
-        "seeds",
-        "base",
-        "grid",
-        "analyze",
-        "search",
-        "screen_fraction",
-        "screen_min_steps",
-        "extend",
-    )
-    unknown = sorted(set(data) - set(allowed))
-    check(not unknown, f"study file {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+    where = f"study file {path}"
+    unknown = sorted(set(data) - set(FILE_KEYS))
+    check(not unknown, f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(FILE_KEYS)}")
     name = data.get("name", Path(path).stem)
-    check(isinstance(name, str) and bool(name), f"study file {path}: name must be a non-empty string")
-    n_seeds = seeds if seeds is not None else data.get("seeds", 1)
+    check(isinstance(name, str) and bool(name), f"{where}: name must be a non-empty string")
     base, axes = data.get("base", {}), data.get("grid", {})
-    check(isinstance(base, dict) and isinstance(axes, dict), f"study file {path}: base and grid must be tables")
+    check(isinstance(base, dict) and isinstance(axes, dict), f"{where}: base and grid must be tables")
     analyze = data.get("analyze", False)
-    check(isinstance(analyze, bool), f"study file {path}: analyze must be true or false")
+    check(isinstance(analyze, bool), f"{where}: analyze must be true or false")
     search = data.get("search", {})
-    check(isinstance(search, dict), f"study file {path}: search must be a table of dotted paths to lists")
+    check(isinstance(search, dict), f"{where}: search must be a table of dotted paths to lists")
     for key, values in search.items():
         check(
             isinstance(values, list) and len(values) > 0,
-            f"study file {path}: search key {key} must list one candidate or more, got {values!r}",
+            f"{where}: search key {key} must list one candidate or more, got {values!r}",
         )
-    fraction, least = _screening(data, path)
-    extend = budget_multiples(data.get("extend", []), f"study file {path}: ")
-    chosen = seed_range(n_seeds, first_seed)
-    cells = math.prod(len(values) if isinstance(values, list) else 1 for values in axes.values())  # grid checks
-    check_size(cells * len(chosen), max_runs, f"study file {path}")
-    try:
-        specs = grid(base, axes, chosen, {"table": name}, analyze, search=search)
-    except UsageError as e:
-        raise UsageError(f"study file {path}: {e}") from None
-    return Study(
-        name,
-        specs,
-        data.get("description", ""),
-        "file",
-        n_seeds,
-        first_seed,
-        screen_fraction=fraction,
-        screen_min_steps=least,
-        extend=extend,
-        rebuild=lambda more, first: _study_from_data(data, path, more, first, max_runs),
-        source=json.loads(json.dumps(data, default=str)),
+    fraction = typed(f"{where}: screen_fraction", float, data.get("screen_fraction", 0.25))
+    check(0 < fraction <= 1, f"{where}: screen_fraction must be a number in (0, 1], got {fraction!r}")
+    least = typed(f"{where}: screen_min_steps", dict[str, int], data.get("screen_min_steps", {}))
+    check(
+        all(v >= 1 for v in least.values()),
+        f"{where}: screen_min_steps must be a table of task names to positive integers, got {least!r}",
     )
+    extend = budget_multiples(data.get("extend", []), f"{where}: ")
+
+    def build(n_seeds: Any, first: int) -> Study:
+        chosen = seed_range(n_seeds, first)
+        cells = math.prod(len(values) if isinstance(values, list) else 1 for values in axes.values())  # grid checks
+        check_size(cells * len(chosen), max_runs, where)
+        try:
+            specs = grid(base, axes, chosen, {"table": name}, analyze, search=search)
+        except UsageError as e:
+            raise UsageError(f"{where}: {e}") from None
+        return Study(
+            name,
+            specs,
+            data.get("description", ""),
+            "file",
+            n_seeds,
+            first,
+            screen_fraction=fraction,
+            screen_min_steps=least,
+            extend=extend,
+            rebuild=build,
+            source=json.loads(json.dumps(data, default=str)),
+        )
+
+    return build(seeds if seeds is not None else data.get("seeds", 1), first_seed)
