@@ -59,6 +59,19 @@ def test_values_are_checked_strictly_at_construction(cls, kwargs, message):
         cls(**base, **kwargs)
 
 
+def test_only_a_rotary_attention_kind_needs_an_even_d_head():
+    """The RoPE check reads the kind's declared `rotary`: softmax refuses d_head 3, every other kind builds."""
+    from mixit.core.models import ATTENTION, Transformer
+
+    shape = {"vocab_size": 16, "n_ctx": 8, "d_model": 12, "n_heads": 4}  # d_head 3
+    assert [name for name in ATTENTION if ATTENTION.get(name).rotary] == ["softmax"]
+    with pytest.raises(UsageError, match=r"^RoPE needs an even d_head, got d_model/n_heads = 3$"):
+        ModelConfig(**shape)
+    for name in ATTENTION:
+        if name != "softmax":
+            Transformer(ModelConfig(**shape, attention=name))  # builds: nothing splits its d_head in two
+
+
 def test_values_are_read_as_the_command_line_reads_them():
     """One type system, jsonargparse's: a value in a file or a dict is read as the same text on the command line
     would be (a string "10" for an int is 10, "false" for a bool false), an int for a float becomes a float."""

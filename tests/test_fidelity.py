@@ -105,7 +105,7 @@ def test_depth_scaled_form():
     std = run_config("addition", "standard", {"n_digits": 3}, depth_alpha=2.0, n_layers=8, base_n_layers=2)
     assert (std.model.skip_scale, std.model.branch_scale) == (1.0, 1 / 16)  # every variant, as the reference
     model = Transformer(cfg.model)
-    sums_to(model.layers[0].attn.mixing[1:, : cfg.model.n_ctx].numpy(), 0.0)
+    sums_to(model.blocks[0].attn.mixing[1:, : cfg.model.n_ctx].numpy(), 0.0)
 
 
 # -- width scaling and initialisation --------------------------------------------------------------
@@ -119,7 +119,7 @@ def effective_std(linear):
 def test_effective_init_std_of_every_weight_under_the_reference_width_scaling(d):
     cfg = model_config("mixit", vocab_size=512, n_ctx=64, d_model=d, n_heads=8, n_layers=1)
     model = Transformer(cfg)
-    block = model.layers[0]
+    block = model.blocks[0]
     expected = {
         "v": 0.02 * math.sqrt(512 / d),
         "o": 0.02 * math.sqrt(512 / d),
@@ -147,7 +147,7 @@ def test_fan_in_initialisation_and_the_principled_down_projection():
     cfg = model_config(
         "mixit", vocab_size=64, n_ctx=16, d_model=256, n_heads=4, n_layers=1, width_init="fan_in", down_base_width=512
     )
-    block = Transformer(cfg).layers[0]
+    block = Transformer(cfg).blocks[0]
     for layer in (block.attn.v, block.mlp.gate, block.mlp.down):
         expected = 1 / math.sqrt(layer.in_features)
         assert effective_std(layer) == pytest.approx(expected, rel=sampling_error(layer.weight.numel()))
@@ -158,7 +158,7 @@ def test_fan_in_initialisation_and_the_principled_down_projection():
 def test_query_key_initialisation(qk_init, std):
     d = 256
     model = Transformer(model_config("frozen_qk", vocab_size=64, n_ctx=16, d_model=d, n_heads=4, qk_init=qk_init))
-    for block in model.layers:
+    for block in model.blocks:
         for layer in (block.attn.q, block.attn.k):
             assert effective_std(layer) == pytest.approx(std(d), rel=sampling_error(layer.weight.numel()))
         v = block.attn.v  # only q and k

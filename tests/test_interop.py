@@ -72,7 +72,7 @@ def with_biases(model, mlp=True):
     """`model` with random q, k, v, o biases and (with `mlp`) random gate, up, down biases; else zero MLP biases."""
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
-        for block in model.layers:
+        for block in model.blocks:
             layers = [block.attn.q, block.attn.k, block.attn.v, block.attn.o]
             layers += [block.mlp.gate, block.mlp.up, block.mlp.down] if mlp else []
             for layer in layers:

@@ -187,7 +187,7 @@ def test_run_with_hooks_patches_an_activation():
     _, cache = model.run_with_cache(x)
     # Without its MLPs the model is the embedding plus the attention outputs, each read from the stream before it.
     h = cache["blocks.0.hook_resid_pre"]
-    for block in model.layers:
+    for block in model.blocks:
         h = h + block.attn(block.norm1(h))
     assert torch.equal(patched, model.lm_head(model.norm_f(h)))
     assert not torch.equal(patched, model(x))

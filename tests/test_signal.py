@@ -115,7 +115,7 @@ def test_token_similarity_equals_running_the_blocks_by_hand(attention):
         if model.pos_embed is not None:
             h = h + model.pos_embed.weight[:8]
         streams = [h]
-        for block in model.layers:
+        for block in model.blocks:
             streams.append(block(streams[-1]))
     by_hand = [pairwise_stats(h) for h in streams]
     assert token_similarity(model, tokens) == {k: [s[k] for s in by_hand] for k in ("cosine", "covariance", "norm")}

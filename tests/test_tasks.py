@@ -596,7 +596,7 @@ def test_dyck_standard_error_and_distinct_strings_by_hand():
 def test_every_metric_of_evaluate_has_its_standard_error(name, text_params):
     from mixit.core.experiment import build
     from mixit.core.training.evaluate import evaluate
-    from mixit.core.training.step import loss_fn
+    from mixit.core.training.step import loss_sum
 
     params = SMALL.get(name) or text_params[name]
     cfg = run_config(name, "standard", params, d_model=16, n_heads=2, n_layers=1, test_size=40, val_size=30)
@@ -611,8 +611,7 @@ def test_every_metric_of_evaluate_has_its_standard_error(name, text_params):
     with torch.no_grad():
         logits = model.eval()(batch.inputs)
     counts = batch.mask.reshape(len(batch), -1).sum(dim=1).double()
-    sums = torch.stack([loss_fn(logits[i : i + 1], batch.targets[i : i + 1]).double() for i in range(len(batch))])
-    sums = sums * counts
+    sums = torch.stack([loss_sum(logits[i : i + 1], batch.targets[i : i + 1]).double() for i in range(len(batch))])
     vocab = logits.shape[-1]
     assert_close(metrics["loss"], float(sums.sum() / counts.sum()), dtype=torch.float32, terms=4 * vocab)
     assert_close(metrics["loss_se"], ratio_se(sums, counts), dtype=torch.float32, terms=4 * vocab * len(batch))

@@ -73,7 +73,7 @@ def test_a_pattern_transplant_mixes_with_the_donors_average_pattern_after_traini
     # The row beyond the task's inputs (n_ctx is the whole example, an input one token shorter) keeps the uniform
     # causal pattern.
     assert loaded.cfg.model.n_ctx == T + 1
-    full = loaded.model.layers[0].attn.fixed_pattern  # (2, T + 1, T + 1)
+    full = loaded.model.blocks[0].attn.fixed_pattern  # (2, T + 1, T + 1)
     assert torch.equal(full[:, T], torch.full((2, T + 1), 1 / (T + 1)))
 
 
@@ -121,7 +121,7 @@ def test_a_transplant_resumes_and_loads_without_its_donor(donor, tmp_path):
     run = Run.open(tmp_path / "run")
     assert run.state() == "done" and run.config.transplant_donor == cfg.transplant_donor
     T = expected.shape[-1]
-    pattern = run.load(device="cpu").model.layers[0].attn.fixed_pattern[:, :T, :T]
+    pattern = run.load(device="cpu").model.blocks[0].attn.fixed_pattern[:, :T, :T]
     assert_close(pattern, expected[0], dtype=torch.float32, terms=2, scale=1.0)
 
 

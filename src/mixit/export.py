@@ -258,7 +258,7 @@ def llama_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         "model.norm.weight": model.norm_f.weight,
         "lm_head.weight": model.lm_head.weight,
     }
-    for i, block in enumerate(model.layers):
+    for i, block in enumerate(model.blocks):
         for ours, theirs in LLAMA_NAMES.items():
             for name, parameter in block.get_submodule(ours).named_parameters():
                 state[f"model.layers.{i}.{theirs}.{name}"] = parameter
@@ -503,7 +503,7 @@ def frozen_text(model: Transformer, to: Target) -> str:
     if fixed:
         count = sum(b.numel() for b in fixed.values())
         parts.append(f"the attention mixing, {count:,} fixed random values: " + ", ".join(f"`{n}`" for n in fixed))
-    if not any(hasattr(block.attn, name) for block in model.layers for name in ("q", "k")):
+    if not any(hasattr(block.attn, name) for block in model.blocks for name in ("q", "k")):
         parts.append("the attention has no queries or keys (nothing computes its pattern from the input)")
     return "; ".join(parts) or "nothing"
 

@@ -155,7 +155,7 @@ def native_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     within = torch.stack([half, half + cfg.d_head // 2], dim=-1).flatten()  # (d_head,)
     rows = (torch.arange(cfg.n_heads)[:, None] * cfg.d_head + within).flatten()  # (n_heads * d_head,)
     state = {"tok_embed.weight": model.embed.weight.detach()}
-    for i, block in enumerate(model.layers):
+    for i, block in enumerate(model.blocks):
         attn, mlp = cast(SoftmaxAttention, block.attn), block.mlp
         parts = {
             "attn.q": _folded(attn.q, rows=rows),

@@ -32,7 +32,7 @@ def attention_patterns(model: Transformer, tokens: torch.Tensor) -> np.ndarray:
 def fixed_patterns(model: Transformer) -> np.ndarray | None:
     """The input-independent patterns (n_layers, n_heads, n_ctx, n_ctx), or None if the model's attention
     depends on its input."""
-    mats = [block.attn.fixed_pattern for block in model.layers]
+    mats = [block.attn.fixed_pattern for block in model.blocks]
     if any(m is None for m in mats):
         return None
     return np.stack([m.float().cpu().numpy() for m in mats if m is not None])

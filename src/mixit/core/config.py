@@ -200,8 +200,8 @@ class ModelConfig(Config):
     """The decoder (docs/model.md): width, depth, attention kind and initialisation."""
 
     what: ClassVar[str] = "model option"
-    # Options whose value names a registered part (attention, activation): the
-    # module holding each registry adds it here, so a typo fails at construction.
+    # Options whose value names a registered part (attention, activation): the module holding each registry adds
+    # it here, so a typo fails at construction and the part's declared properties (`rotary`) are checked there.
     named: ClassVar[dict[str, Registry[Any]]] = {}
 
     vocab_size: int
@@ -275,8 +275,7 @@ class ModelConfig(Config):
     """The padding token (inputs are right-padded with it); null means inputs are never padded."""
 
     def validate(self) -> None:
-        for name, registry in self.named.items():
-            registry.get(getattr(self, name))
+        kinds = {name: registry.get(getattr(self, name)) for name, registry in self.named.items()}
         if self.d_mlp is None:
             self.d_mlp = 4 * self.d_model
         sizes = ("vocab_size", "n_ctx", "d_model", "n_layers", "n_heads", "d_mlp")
@@ -286,7 +285,7 @@ class ModelConfig(Config):
             f"n_heads must divide d_model: d_model={self.d_model} is not a multiple of n_heads={self.n_heads}",
         )
         check(
-            self.attention != "softmax" or self.d_head % 2 == 0,
+            not kinds["attention"].rotary or self.d_head % 2 == 0,
             f"RoPE needs an even d_head, got d_model/n_heads = {self.d_head}",
         )
         check(self.init_std > 0, f"init_std must be > 0, got {self.init_std}")

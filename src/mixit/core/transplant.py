@@ -109,10 +109,10 @@ def install(model: Transformer, cfg: RunConfig) -> None:
     if cfg.transplant_part == "pattern":
         average = average_pattern(donor.model, donor.task)  # (L, H, T, T)
         T = average.shape[-1]
-        for block, pattern in zip(model.layers, average):
+        for block, pattern in zip(model.blocks, average):
             assert isinstance(block.attn, TransplantAttention)  # check_transplant: a pattern goes to this kind
             block.attn.donor_pattern[:, :T, :T] = pattern
     else:
-        for block, source in zip(model.layers, donor.model.layers):
+        for block, source in zip(model.blocks, donor.model.blocks):
             for name in ("q", "k"):
                 getattr(block.attn, name).load_state_dict(getattr(source.attn, name).state_dict())

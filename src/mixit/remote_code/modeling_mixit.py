@@ -47,7 +47,7 @@ class MixitPreTrainedModel(PreTrainedModel):
         derived = [name for name, _ in module.named_buffers(recurse=False) if name not in saved]
         if not derived:
             return
-        layer = next(i for i, block in enumerate(self.model.layers) if block.attn is module)
+        layer = next(i for i, block in enumerate(self.model.blocks) if block.attn is module)
         with torch.random.fork_rng(devices=[]), torch.device(getattr(module, derived[0]).device):
             fresh = type(module)(self.model.cfg, layer)  # its own init draws: the caller's random state is kept
         for name in derived:

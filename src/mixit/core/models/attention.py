@@ -62,6 +62,8 @@ class Attention(nn.Module):
     any_variant: ClassVar[bool] = False
     """True for a kind any variant may take, its freeze rule applied as it is; False for a kind the variants name
     (softmax, mixing), which only a variant naming it, or one taking any kind (random), may take."""
+    rotary: ClassVar[bool] = False
+    """True for a kind that rotates its queries and keys by position (RoPE), which needs an even d_head."""
     classifies_causally: ClassVar[bool] = False
     """The default ``causal`` of a sequence classifier on this kind: as in the reference code, softmax attention
     reads causally (the Hugging Face Llama classifier) and the mixing kinds read the whole text."""
@@ -216,6 +218,7 @@ class SoftmaxAttention(Attention):
     """Multi-head softmax attention with RoPE on Q and K, causal unless the
     config says otherwise (then padded keys are masked out)."""
 
+    rotary = True
     classifies_causally = True
     rope_cos: torch.Tensor  # (n_ctx, d_head) buffer
     rope_sin: torch.Tensor  # (n_ctx, d_head) buffer

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -68,6 +68,13 @@ class Block(nn.Module):
         return self.skip_scale * h + self.branch_scale * branch
 
 
+class Blocks(nn.ModuleList):
+    """The model's blocks, in order: a ModuleList whose iteration says what it holds."""
+
+    def __iter__(self) -> Iterator[Block]:
+        return typing.cast(Iterator[Block], super().__iter__())
+
+
 class Transformer(nn.Module, PyTorchModelHubMixin, library_name="mixit", tags=["mixit"]):
     """The decoder. huggingface_hub's mixin gives it ``save_pretrained(DIR)``, ``push_to_hub`` and
     ``Transformer.from_pretrained(DIR or repo id)``: ``cfg`` as JSON, the state as safetensors
@@ -91,7 +98,7 @@ class Transformer(nn.Module, PyTorchModelHubMixin, library_name="mixit", tags=["
         # Hook points outside the blocks (docs/model.md, "Hook points").
         self.hook_embed = HookPoint()
         self.hook_pos_embed = HookPoint() if learned_positions else None
-        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
+        self.blocks = Blocks(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.norm_f = nn.RMSNorm(cfg.d_model, eps=1e-6)
         # The final norm's normalized stream, before its gain (`final_norm`), named as TransformerLens names it;
         # the holder has no parameters, so the saved state is unchanged.
@@ -106,7 +113,7 @@ class Transformer(nn.Module, PyTorchModelHubMixin, library_name="mixit", tags=["
             self.classifier = head
         # Right-padding inputs to n_ctx, for an attention kind that reads a fixed length (the reference's
         # non-causal MixiT centring).
-        self.pads_to_n_ctx = any(block.attn.fixed_length for block in self.layers)
+        self.pads_to_n_ctx = any(block.attn.fixed_length for block in self.blocks)
 
     def init_std(self, module: Linear) -> float:
         """The std of `module`'s weight at initialisation (docs/model.md, "Initialisation"):
@@ -114,7 +121,7 @@ class Transformer(nn.Module, PyTorchModelHubMixin, library_name="mixit", tags=["
         block linears under width_init=fan_in (effective std 1/sqrt(fan_in)). "Effective" is the std of
         weight times the layer's width multiplier."""
         cfg = self.cfg
-        queries_keys = [getattr(b.attn, name) for b in self.layers for name in ("q", "k") if hasattr(b.attn, name)]
+        queries_keys = [getattr(b.attn, name) for b in self.blocks for name in ("q", "k") if hasattr(b.attn, name)]
         if cfg.qk_init == "paper" and any(module is m for m in queries_keys):
             return 1.0 / (math.sqrt(cfg.d_model) * module.multiplier)
         is_head = module is getattr(self, "lm_head", None) or module is getattr(self, "classifier", None)
@@ -193,11 +200,6 @@ class Transformer(nn.Module, PyTorchModelHubMixin, library_name="mixit", tags=["
         if self.cfg.pooling == "last":
             return h[torch.arange(h.shape[0], device=h.device), lengths - 1]
         return (h * valid[..., None]).sum(dim=1) / lengths[:, None]
-
-    @property
-    def layers(self) -> list[Block]:
-        """The blocks, in order (``self.blocks`` typed as what it holds)."""
-        return [typing.cast(Block, block) for block in self.blocks]
 
     def run_with_cache(
         self, tokens: torch.Tensor, names_filter: NamesFilter = None

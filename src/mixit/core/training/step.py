@@ -22,13 +22,9 @@ from mixit.core.precision import Precision
 from mixit.core.tasks import IGNORE
 
 
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy (nats) over the scored positions: the one loss of every task."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
-
-
 def loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy over the scored positions (in fp32 whatever the autocast dtype)."""
+    """Summed cross-entropy (nats) over the scored positions, in fp32 whatever the autocast dtype: the one loss of
+    every task, which a step divides by the global count of scored positions."""
     return F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE, reduction="sum"
     )
