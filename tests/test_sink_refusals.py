@@ -14,6 +14,7 @@ import pytest
 
 from mixit import Run, run_config, tracking, train
 from mixit.cli import main
+from mixit.errors import UsageError
 from text_fixtures import sentiment_rows
 
 TINY = dict(d_model=16, n_heads=2, n_layers=1, steps=4, batch_size=8, test_size=20, checkpoint_every=2)
@@ -174,6 +175,12 @@ def test_a_resume_checks_the_run_s_own_sink_directories_and_mlflow_store(run, ca
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{run.parent / 'mlflow.db'}")
     (run / "tracking.json").write_text(json.dumps({"mlflow": {"run_id": "x", "tracking_uri": closed_url, "events": 3}}))
     refused(capsys, [*resume, "--logger", "mlflow"], run, f"no server answers at {closed_url}", "tracking.json")
+    # A sink the run remembers is checked though --logger does not name it, from the CLI and from Python.
+    refused(capsys, resume, run, f"--logger mlflow: no server answers at {closed_url}", "tracking.json")
+    before = snapshot(run)
+    with pytest.raises(UsageError, match=f"--logger mlflow: no server answers at {closed_url}"):
+        train(Run.open(run).config, run, resume=True, progress=False, tracking=tracking.Tracking())
+    assert snapshot(run) == before
 
 
 @pytest.mark.parametrize(

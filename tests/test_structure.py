@@ -34,7 +34,7 @@ CORE |= {"checkpoint", "run", "transplant", "training"}
 """What src/mixit/core/ holds (docs/design.md, "Layout"): layers 1 to 6, above the base (layer 0), below the tooling."""
 # The one upward import kept, inside functions (docs/design.md, "Layout"): resolving a transplant's config reads its
 # donor, which is a run, and building its model installs the donor's attention.
-UPWARD = {("experiment", "mixit.core.transplant"), ("training", "mixit.tracking")}
+UPWARD = {("experiment", "mixit.core.transplant")}
 
 
 def module_name(parts):

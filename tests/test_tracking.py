@@ -18,7 +18,7 @@ from mixit import Run, run_config, train
 from mixit.cli import main
 from mixit.study import ReproduceOptions, reproduce
 from mixit.study.spec import run_id
-from mixit.tracking import TensorBoard, points, summary_points, tracking_state
+from mixit.tracking import TensorBoard, Tracking, points, summary_points, tracking_state
 from tolerance import assert_close
 
 TINY = dict(
@@ -80,8 +80,8 @@ def interrupted_then_resumed(path, logger, before=None):
     its end; `before`: the sinks of the first session (default: `logger`)."""
     cfg = tiny_cfg()
     with pytest.raises(Stop):
-        train(cfg, path, progress=False, on_step=stop_at(7), logger=logger if before is None else before)
-    train(cfg, path, resume=True, progress=False, logger=logger)
+        train(cfg, path, progress=False, on_step=stop_at(7), tracking=Tracking(logger if before is None else before))
+    train(cfg, path, resume=True, progress=False, tracking=Tracking(logger))
 
 
 def expected(run_dir):
@@ -142,7 +142,7 @@ def split_summary(scalars):
 
 
 def test_tensorboard_reads_back_equal_to_metrics_jsonl(tmp_path):
-    train(tiny_cfg(), tmp_path / "run", progress=False, logger=["tensorboard"])
+    train(tiny_cfg(), tmp_path / "run", progress=False, tracking=Tracking(["tensorboard"]))
     scalars, summary = split_summary(tensorboard_scalars(tmp_path / "run"))
     assert_same_points(scalars, expected(tmp_path / "run"))
     assert {"train/loss", "train/lr", "test/exact_match", "val/exact_match", "freeze/n_trainable"} <= set(scalars)
@@ -164,7 +164,7 @@ def test_a_sink_new_to_a_resumed_run_gets_what_came_before(tmp_path):
 
 
 def test_the_logger_changes_no_config_and_no_run_id(tmp_path):
-    train(tiny_cfg(steps=2), tmp_path / "with", progress=False, logger=["tensorboard"])
+    train(tiny_cfg(steps=2), tmp_path / "with", progress=False, tracking=Tracking(["tensorboard"]))
     train(tiny_cfg(steps=2), tmp_path / "without", progress=False)
     assert (tmp_path / "with" / "config.json").read_bytes() == (tmp_path / "without" / "config.json").read_bytes()
     assert run_id(Run.open(tmp_path / "with").config) == run_id(Run.open(tmp_path / "without").config)
@@ -183,7 +183,7 @@ def test_a_failing_sink_is_warned_about_once_and_training_goes_on(tmp_path, monk
 
     monkeypatch.setattr(TensorBoard, "log", flaky)
     with pytest.raises(Stop):  # training goes on past the failure (step 4), to where it is stopped
-        train(tiny_cfg(), tmp_path / "run", progress=False, on_step=stop_at(7), logger=["tensorboard"])
+        train(tiny_cfg(), tmp_path / "run", progress=False, on_step=stop_at(7), tracking=Tracking(["tensorboard"]))
     warnings = [line for line in capsys.readouterr().err.splitlines() if "logger failed" in line]
     assert warnings == [
         "mixit: warning: the tensorboard logger failed (OSError: [Errno 28] No space left on device); nothing more "
@@ -194,8 +194,25 @@ def test_a_failing_sink_is_warned_about_once_and_training_goes_on(tmp_path, monk
     assert tracking_state(Run.open(tmp_path / "run")) == {"tensorboard": {}}  # the run remembers its sink
     # The next session sends it what it missed, though not named again.
     monkeypatch.setattr(TensorBoard, "log", log)
-    train(tiny_cfg(), tmp_path / "run", resume=True, progress=False)
+    train(tiny_cfg(), tmp_path / "run", resume=True, progress=False, tracking=Tracking())
     assert_same_points(split_summary(tensorboard_scalars(tmp_path / "run"))[0], expected(tmp_path / "run"))
+
+
+def test_a_resume_without_tracking_leaves_the_sinks_to_the_next_session_given_one(tmp_path, capsys):
+    """From Python, `train(..., resume=True)` without `tracking` sends nothing to the sinks the run remembers; then
+    `mixit train --resume` without --logger goes on in them, and they hold every point once."""
+    path, cfg = tmp_path / "run", tiny_cfg(steps=15)  # checkpoints at 5, 10 and 15
+    with pytest.raises(Stop):
+        train(cfg, path, progress=False, on_step=stop_at(7), tracking=Tracking(["tensorboard"]))
+    with pytest.raises(Stop):
+        train(cfg, path, resume=True, progress=False, on_step=stop_at(12))
+    assert [step for step, _ in tensorboard_scalars(path)["train/loss"]] == [2, 4, 6]  # the first session's alone
+    assert tracking_state(Run.open(path)) == {"tensorboard": {}}
+    assert main(["train", "--resume", "--out", str(path), "--no-progress"]) == 0
+    capsys.readouterr()
+    scalars, summary = split_summary(tensorboard_scalars(path))
+    assert_same_points(scalars, expected(path))
+    assert set(summary) == set(summary_points(Run.open(path).summary()))
 
 
 # -- refusals -------------------------------------------------------------------------------
@@ -425,6 +442,7 @@ KILLED_SCRIPT = """
 import json, os, signal, sys
 import accelerate.tracking, mlflow, tensorboard, wandb  # imported once: each session is a fork of this process
 from mixit import run_config, train
+from mixit.tracking import Tracking
 run_dir, sessions = sys.argv[1], json.loads(sys.argv[2])
 cfg = run_config("addition", "standard", {"n_digits": 2}, **json.loads(sys.argv[3]))
 for kill_at, logger, resume in sessions:
@@ -433,7 +451,7 @@ for kill_at, logger, resume in sessions:
         def on_step(step, loss):
             if step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
-        train(cfg, run_dir, resume=resume, progress=False, on_step=on_step, logger=logger)
+        train(cfg, run_dir, resume=resume, progress=False, on_step=on_step, tracking=Tracking(logger))
         os._exit(0)
     status = os.waitpid(pid, 0)[1]
     print(os.waitstatus_to_exitcode(status), flush=True)
@@ -485,6 +503,7 @@ def test_every_sink_holds_every_point_once_across_kills(tmp_path, mlflow_uri, wa
 TRACKIO_SCRIPT = """
 import json, sys
 from mixit import run_config, train
+from mixit.tracking import Tracking
 from trackio.sqlite_storage import SQLiteStorage
 cfg = run_config("addition", "standard", {"n_digits": 2}, **json.loads(sys.argv[2]))
 class Stop(Exception): pass
@@ -492,10 +511,10 @@ def stop(step, loss):
     if step == 7:
         raise Stop
 try:
-    train(cfg, sys.argv[1], progress=False, on_step=stop, logger=["trackio"])
+    train(cfg, sys.argv[1], progress=False, on_step=stop, tracking=Tracking(["trackio"]))
 except Stop:
     pass
-train(cfg, sys.argv[1], resume=True, progress=False, logger=["trackio"])
+train(cfg, sys.argv[1], resume=True, progress=False, tracking=Tracking(["trackio"]))
 print(json.dumps(SQLiteStorage.get_logs("mixit", "run")))
 """
 
@@ -548,9 +567,10 @@ def test_the_options_name_the_project_and_the_run_and_the_environment_names_the_
 TRACKIO_NAMED_SCRIPT = """
 import json, sys
 from mixit import run_config, train
+from mixit.tracking import Tracking
 from trackio.sqlite_storage import SQLiteStorage
 cfg = run_config("addition", "standard", {"n_digits": 2}, **json.loads(sys.argv[2]))
-train(cfg, sys.argv[1], progress=False, logger=["trackio"], tracking_project="proj", tracking_name="named")
+train(cfg, sys.argv[1], progress=False, tracking=Tracking(["trackio"], "proj", "named"))
 print(json.dumps([len(SQLiteStorage.get_logs("proj", "named")), len(SQLiteStorage.get_logs("mixit", "named"))]))
 """
 
@@ -637,7 +657,7 @@ def test_tensorboard_hparams_hold_each_runs_config_and_the_tab_compares_runs(tmp
 
     for variant, lr in (("standard", 3e-3), ("mixit", 1e-2)):
         cfg = run_config("addition", variant, {"n_digits": 2}, **{**TINY, "lr": lr})
-        train(cfg, tmp_path / "runs" / variant, progress=False, logger=["tensorboard"])
+        train(cfg, tmp_path / "runs" / variant, progress=False, tracking=Tracking(["tensorboard"]))
     for variant, lr in (("standard", 3e-3), ("mixit", 1e-2)):
         run_dir = tmp_path / "runs" / variant
         content = tensorboard_reader(run_dir).PluginTagToContent("hparams")

@@ -42,6 +42,7 @@ from mixit.litmus import litmus
 from mixit.plugins import load_plugins
 from mixit.runtime import tune_allocator
 from mixit.study import export_logs, report, reproduce
+from mixit.tracking import Tracking
 from mixit.version import __version__
 
 # -- mixit train ------------------------------------------------------------------------
@@ -49,7 +50,7 @@ from mixit.version import __version__
 
 def train_parser() -> Parser:
     """The options of ``mixit train``: a request (`RunConfig`'s fields, with ``model.`` and ``train.`` options),
-    how to run it (`train`'s parameters), and --config, --out, --print-config."""
+    how to run it (`train`'s parameters and `Tracking`'s fields), and --config, --out, --print-config."""
     epilog = (
         "Task parameters (-p KEY=VALUE), with their defaults (`mixit list` says what each one means):\n"
         + "\n".join(
@@ -76,7 +77,8 @@ def train_parser() -> Parser:
     p.add_options(TrainConfig, "train", partial=True)
     out = "The run directory to write, or with --resume to continue; null means runs/<task>-<variant>-<time>."
     p.add_option(Option("out", Path, out, None))
-    p.add_options(train, skip=("cfg", "run_dir", "grouping"))  # grouping: a study's, for its runs
+    p.add_options(train, skip=("cfg", "run_dir", "tracking"))
+    p.add_options(Tracking, skip=("grouping",))  # grouping: a study's, for its runs
     p.add_option(Option("print_config", bool, "Print the resolved config as JSON and exit without training.", False))
     return p
 
@@ -98,7 +100,7 @@ def cmd_train(args: Mapping[str, Any]) -> int:
         return 0
     out = args.get("out") or Path("runs") / f"{cfg.task}-{cfg.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        summary = train(cfg, out, **session)
+        summary = train(cfg, out, **session, tracking=Tracking(**arguments(Tracking, args)))
     except KeyboardInterrupt:
         if Run(out).state() == "absent":  # stopped before the run was created: the command again (`Command`)
             raise

@@ -6,7 +6,8 @@ accelerate's trackers (docs/tracking.md).
     mixit export-logs RUN_OR_STUDY --to tensorboard  # a run trained without a sink, or a sink left short
 
 metrics.jsonl is the record; a sink is sent its events as points (`points`, `summary_points`), from rank 0 only.
-Which sinks a session uses, and how it names the runs, is no part of config.json or of a run id.
+Which sinks a session uses, and how it names the runs (`Tracking`, which `train` takes as its `tracking`), is no part
+of config.json or of a run id.
 
 Every point reaches a sink once across kills: the run's tracking.json remembers each sink and what identifies the
 run there, written before the sink holds anything; each session reads back from every sink what it holds (never
@@ -551,21 +552,40 @@ class Feed:
             self.failed.append(name)
 
 
-def feeder(
-    run_dir: str | Path, cfg: RunConfig, logger: Sequence[str], resume: bool, naming: Naming, grouping: Grouping | None
-) -> Callable[[Run, Sequence[Mapping[str, Any]]], Feed] | None:
-    """What `train` asks of tracking, checked before any work: the session's sinks (`logger`, and on resume those
-    the run remembers), refused in one line if one cannot work or if `naming` names runs no sink receives; None if
-    there are none, else how to open the feed of the locked run given the events metrics.jsonl keeps.
-    `grouping`: how the sinks name the run (default `run_grouping`)."""
-    if resume and Run(run_dir).state() != "absent":
-        logger = [*tracking_state(Run(run_dir)), *logger]
-    sinks = check_sinks(logger, run_dir=run_dir if resume else None)
-    naming.check_sent(sinks)
-    if not sinks:
-        return None
-    grouped = grouping or run_grouping(run_dir, cfg, naming)
-    return lambda run, kept: Feed(run, sinks, grouped, kept)
+@dataclass(frozen=True)
+class Tracking:
+    """A training session's tracking sinks and the names they give its run: `train`'s `tracking` (the loop's
+    `Tracker`), and ``mixit train``'s --logger, --tracking-project and --tracking-name (its fields but grouping).
+    Plain data, so that it travels to a study's workers."""
+
+    logger: Sequence[Sink] = ()
+    """Tracking sinks that receive every event of metrics.jsonl and the summary as well, any of tensorboard, wandb,
+    mlflow and trackio (docs/tracking.md); a resumed run goes on in those it has been sent to before as well (its
+    tracking.json remembers them), each sent what it lacks."""
+    tracking_project: str | None = None
+    """The W&B project, MLflow experiment and trackio project of the run (TensorBoard has none); null means
+    WANDB_PROJECT for W&B and MLFLOW_EXPERIMENT_NAME for MLflow if set, else mixit."""
+    tracking_name: str | None = None
+    """The run's name in the tracking sinks (TensorBoard names a run by its directory); null means its directory's
+    name."""
+    grouping: Grouping | None = None
+    """How the sinks name, group and tag the run; by default as the two fields above say, tagged with its task,
+    variant and seed (`run_grouping`). A study sets it (and not those) for its runs."""
+
+    def feeder(
+        self, run_dir: Path, cfg: RunConfig, resume: bool
+    ) -> Callable[[Run, Sequence[Mapping[str, Any]]], Feed] | None:
+        """Checked before any work: the session's sinks (`logger`, and on resume those the run remembers), refused
+        in one line if one cannot work, or if a project or name is given and no sink receives the run. None if
+        there are none, else how to open the feed of the locked run given the events metrics.jsonl keeps."""
+        naming = Naming(self.tracking_project, self.tracking_name)
+        remembered = tracking_state(Run(run_dir)) if resume and Run(run_dir).state() != "absent" else {}
+        sinks = check_sinks([*remembered, *self.logger], run_dir=run_dir if resume else None)
+        naming.check_sent(sinks)
+        if not sinks:
+            return None
+        grouping = self.grouping or run_grouping(run_dir, cfg, naming)
+        return lambda run, kept: Feed(run, sinks, grouping, kept)
 
 
 # -- export-logs ----------------------------------------------------------------------------

@@ -71,7 +71,7 @@ from mixit.plugins import load_plugins
 from mixit.study.directory import check_out, check_same_study
 from mixit.study.search import Group, Outcome, Score, SearchPlan, apply, decide, plan_study
 from mixit.study.spec import BUDGET, PlannedRun, RunSpec, Study, merge_planned, plan
-from mixit.tracking import Grouping, Naming, Sink, check_sinks, study_grouping
+from mixit.tracking import Grouping, Naming, Sink, Tracking, check_sinks, study_grouping
 from mixit.version import __version__, git_commit, install_hint
 
 Executor = Literal["local", "sequential", "slurm", "submitit-local"]
@@ -524,7 +524,8 @@ def run_one(
         if got != "done":
             keep: KeepCheckpoints = "log" if analyze else "latest"
             resume = got == "started"
-            train(cfg, run.path, resume=resume, progress=False, keep_checkpoints=keep, logger=logger, grouping=grouping)
+            tracking = Tracking(logger, grouping=grouping)
+            train(cfg, run.path, resume=resume, progress=False, keep_checkpoints=keep, tracking=tracking)
         if analyze and not run.analysed:
             analyze_run(run.path, batch=32, over_time=True)
         if main:

@@ -28,9 +28,10 @@ starts, then each step (its batch, learning rate and optimizer step, then the lo
 checkpoint its number calls for), then the summary. What it uses is built once and passed explicitly
 (`Training`, `Curve`, `Logs`); what changes from step to step is its own local state.
 
-Where the metrics go besides metrics.jsonl is a choice of the session too: `logger`, any of the
-tracking sinks of `mixit.tracking` (docs/tracking.md). The loop knows them only as a `Feed`, which rank 0
-hands each record after metrics.jsonl has it: what the sinks hold is derived from those records.
+Where the metrics go besides metrics.jsonl is a choice of the session too: `tracking`, a `Tracker`
+(`mixit.tracking.Tracking`: the sinks of docs/tracking.md). The loop declares what it asks of one and imports
+nothing of the tooling: `train` has it check its sinks before any work, and rank 0 opens them as a `Feed` once the
+run is locked, handing it each record after metrics.jsonl has it; what the sinks hold is derived from those records.
 """
 
 from __future__ import annotations
@@ -63,7 +64,6 @@ from mixit.core.training.step import StepParts, accumulated_step
 from mixit.distributed import Dist, all_sum, barrier, broadcast, check_identical, env_world, setup, split, teardown
 from mixit.errors import FAULTS, UsageError, faults_refused, faults_said
 from mixit.runtime import fast_bf16, resolve_device
-from mixit.tracking import Grouping, Naming, Sink, feeder
 
 KeepCheckpoints = Literal["latest", "all", "log"]
 """Which checkpoints a run keeps (module docstring)."""
@@ -83,6 +83,28 @@ def log_spaced_steps(steps: int, points: int = LOG_POINTS) -> list[int]:
     return sorted({round(steps ** (i / (points - 1))) for i in range(points)} | {steps})
 
 
+class Feed(Protocol):
+    """The tracking sinks of one session, as the loop sees them: fed each record of metrics.jsonl, then the summary
+    (None: the session stopped before the run was done)."""
+
+    def write(self, event: dict[str, Any]) -> None: ...
+
+    def close(self, summary: dict[str, Any] | None) -> None: ...
+
+
+OpenFeed = Callable[[Run, Sequence[dict[str, Any]]], Feed]
+"""Opens a session's `Feed` on the locked run, given the events its metrics.jsonl keeps (rank 0 only)."""
+
+
+class Tracker(Protocol):
+    """What `train` asks of its `tracking` (`mixit.tracking.Tracking` is one): a check before any work that returns
+    how to open the session's sinks. The protocol lives here so that the loop imports nothing above the core."""
+
+    def feeder(self, run_dir: Path, cfg: RunConfig, resume: bool) -> OpenFeed | None:
+        """Refuse, with a `UsageError` in one line, sinks that cannot work for the run in `run_dir` (`resume`: an
+        existing one); None if the session has no sink, else how to open them."""
+
+
 def train(
     cfg: RunConfig,
     run_dir: str | Path,
@@ -93,17 +115,14 @@ def train(
     allow_slow_dtype: bool = False,
     on_step: Callable[[int, float], None] | None = None,
     keep_checkpoints: KeepCheckpoints = "latest",
-    logger: Sequence[Sink] = (),
-    tracking_project: str | None = None,
-    tracking_name: str | None = None,
-    grouping: Grouping | None = None,
+    tracking: Tracker | None = None,
 ) -> dict[str, Any]:
     """Train `cfg` into `run_dir` and return the summary (also written to summary.json).
 
     Under torchrun, every process calls this with the same arguments; rank 0 writes the run directory.
     Why so many parameters: besides the config and the directory, they are the session's own options
-    (``mixit train``'s flags that change no result), each one flag. Why so long: each is documented here, as
-    its flag's --help.
+    (``mixit train``'s flags that change no result), each one flag (tracking: three). Why so long: each is
+    documented here, as its flag's --help.
 
     Args:
         cfg: The run's configuration (`mixit.run_config` or `mixit.core.experiment.resolve`).
@@ -121,19 +140,14 @@ def train(
         keep_checkpoints: Which checkpoints to keep: latest (only the newest), all (every one written, one
             every checkpoint_every steps), or log (also about 20 log-spaced steps, for `mixit analyze
             --over-time`).
-        logger: Tracking sinks that receive every event of metrics.jsonl and the summary as well, any of
-            tensorboard, wandb, mlflow and trackio (docs/tracking.md); a resumed run goes on in those it has been
-            sent to before as well (its tracking.json remembers them), each sent what it lacks.
-        tracking_project: The W&B project, MLflow experiment and trackio project of the run (TensorBoard has
-            none); null means WANDB_PROJECT for W&B and MLFLOW_EXPERIMENT_NAME for MLflow if set, else mixit.
-        tracking_name: The run's name in the tracking sinks (TensorBoard names a run by its directory); null
-            means its directory's name.
-        grouping: How the sinks name, group and tag the run (`mixit.tracking.Grouping`); by default as the two
-            options above say, tagged with its task, variant and seed. A study sets it (and not those) for its runs.
+        tracking: Where the metrics go besides metrics.jsonl: `mixit.tracking.Tracking` (``mixit train``'s
+            --logger, --tracking-project and --tracking-name), whose sinks include those a resumed run remembers.
+            None sends nothing anywhere else, not even to the sinks a resumed run remembers: they keep what they
+            hold, and a later session given a Tracking, or ``mixit export-logs``, sends them what they lack.
     """
     if keep_checkpoints not in KEEP_CHECKPOINTS:
         raise UsageError(f"keep_checkpoints must be one of {', '.join(KEEP_CHECKPOINTS)}, got {keep_checkpoints!r}")
-    feed = feeder(run_dir, cfg, logger, resume, Naming(tracking_project, tracking_name), grouping)
+    feed = tracking.feeder(Path(run_dir), cfg, resume) if tracking is not None else None
     dev = resolve_device(device)
     # Checks that need no other process come first, so that a bad option never waits for the others.
     if cfg.train.dtype == "bf16" and dev.type == "cpu" and not allow_slow_dtype and not fast_bf16():
@@ -167,8 +181,8 @@ class Launch:
     """Called as on_step(step, loss) after each optimizer step, on rank 0."""
     keep_checkpoints: KeepCheckpoints = "latest"
     """Which checkpoints to keep (module docstring)."""
-    feed: Callable[[Run, Sequence[dict[str, Any]]], Feed] | None = None
-    """Opens the tracking sinks of the locked run, given the events metrics.jsonl keeps (None: no sink)."""
+    feed: OpenFeed | None = None
+    """Opens the tracking sinks of the locked run (None: no sink)."""
 
     def checkpoint_at(self, step: int, steps: int, every: int, last: bool) -> tuple[bool, bool]:
         """Whether to write a checkpoint after step `step` of `steps` (checkpoint_every `every`; `last`: the
@@ -353,14 +367,6 @@ def validation_curve(tr: Training, earlier: Sequence[dict[str, Any]], start: int
 def stops(tr: Training, curve: Curve) -> bool:
     """Whether early stopping stops the run now (rank 0 decides, every rank alike)."""
     return bool(broadcast(tr.cfg.train.early_stop and curve.conv.should_stop, tr.dist))
-
-
-class Feed(Protocol):
-    """The tracking sinks, as the loop sees them: fed each record of metrics.jsonl, then the summary."""
-
-    def write(self, event: dict[str, Any]) -> None: ...
-
-    def close(self, summary: dict[str, Any] | None) -> None: ...
 
 
 @dataclass(frozen=True)
