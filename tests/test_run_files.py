@@ -51,18 +51,18 @@ RUN_FILES = (
 """The names in a run directory (`mixit.core.run`'s docstring)."""
 
 OWNERS = {
-    "run.py": RUN_FILES - CHECKPOINT_FILES - TRACKING_FILES,
-    "checkpoint.py": CHECKPOINT_FILES,
+    "core/run.py": RUN_FILES - CHECKPOINT_FILES - TRACKING_FILES,
+    "core/checkpoint.py": CHECKPOINT_FILES,
     "tracking.py": TRACKING_FILES,
 }
 """The modules that own a part of the run directory, each with the names it alone spells."""
 
 ELSEWHERE = {
     ("files.py", ".lock"): "DirectoryLock's own file: it locks study directories too, and files.py sits below run.py",
-    ("text/tokenizer.py", "tokenizer.json"): "a task's own artifact, named by the task (tasks sit below run.py)",
+    ("core/text/tokenizer.py", "tokenizer.json"): "a task's own artifact, named by the task (tasks sit below run.py)",
     ("analysis/signal.py", "signal.json"): "the output of `mixit signal`, a directory of its own, not a run's",
     ("study/executors.py", "signal.json"): "a study's signal sweeps are `mixit signal` outputs (`extra_result`)",
-    ("training/loop.py", "latest"): "a value of `train`'s keep_checkpoints (keep only the newest checkpoint)",
+    ("core/training/loop.py", "latest"): "a value of `train`'s keep_checkpoints (keep only the newest checkpoint)",
     ("study/executors.py", "latest"): "`train`'s keep_checkpoints for a run that is not analysed",
     ("export.py", "model.safetensors"): "an export's weights, the name transformers and huggingface_hub read there",
 }
