@@ -6,15 +6,8 @@
     mixit report STUDY_DIR                    # the report again, from whatever has finished
     mixit export-logs STUDY_DIR --to tensorboard   # its runs' logs to a tracking sink (`export_logs`)
 
-`spec` (studies as data), `presets` (the scales), `search` (the search per
-architecture per task), `directory` (what a study directory may hold, and
-study.json's schema), `executors` (the study directory and the executors),
-`collect` (each run's results, as the report reads them), `cells` (a cell's
-runs, its numbers over seeds, whether they converged), `render` (markdown
-tables, results.csv) and `figures`, `verdicts` (the rule that judges the
-paper's findings), `tables` (one module per paper table), `paper` (the paper
-study from the tables), `report` (report.md, results.csv, checks.json,
-figures).
+Studies are data (`spec`, `presets`, `tables`, `paper`), searched (`search`) and run (`executors`, `directory`);
+their results are read (`collect`, `cells`), judged (`verdicts`) and reported (`render`, `figures`, `report`).
 """
 
 from __future__ import annotations
@@ -63,11 +56,8 @@ EFFICIENCY = 0.3
 
 
 def matmul_flops_per_second(samples: int = 7, steps: int = 25) -> float:
-    """This machine's fp32 matmul speed on the CPU: the fastest of `samples` blocks of `steps` products, timed as
-    `mixit bench` times its matmul peak.
-
-    The fastest, because a core busy with something else only ever makes a sample slower: one short
-    sample on a momentarily busy machine once made the quick preset's estimate 6.1 h."""
+    """This machine's fp32 matmul speed on the CPU, as `mixit bench` times its peak: the fastest of `samples` blocks
+    of `steps` products, since a core busy elsewhere only makes a sample slower."""
     cpu = torch.device("cpu")
     peak = matmul_contender(cpu, torch.float32, 512)
     return peak.flops / min(time_interleaved([peak], cpu, steps, samples)[peak.name].times)
@@ -92,35 +82,35 @@ def planned_runs(study: Study, search: bool = True) -> list[PlannedRun]:
     return merge_planned(planned.plain, cells, screens)
 
 
-def _at_most(seconds: float) -> str:
+def _size(study: Study, speed: float, search: bool = True) -> tuple[int, int, str]:
+    """`study`'s final runs, the most screening runs its searches may ask for, and the most time they take here."""
+    planned = planned_runs(study, search)
+    screens = sum(p.role == "screen" for p in planned)
+    seconds = sum(estimate_seconds(p.cfg, speed) for p in planned)
     if seconds < 60:
-        return "under a minute"
-    return f"at most about {seconds / 3600:.1f} h" if seconds > 5400 else f"at most about {seconds / 60:.0f} min"
+        return len(planned) - screens, screens, "under a minute"
+    at_most = f"{seconds / 3600:.1f} h" if seconds > 5400 else f"{seconds / 60:.0f} min"
+    return len(planned) - screens, screens, f"at most about {at_most}"
 
 
 def size_line(study: Study, search: bool = True) -> str:
-    """`study`'s size, said before its work (`reproduce`): its final runs, the most screening runs its searches may
-    ask for, and the most time they take here (`estimate_seconds`, every run to its step cap), with what may come
-    on top."""
-    planned = planned_runs(study, search)
-    screens = sum(p.role == "screen" for p in planned)
-    speed = matmul_flops_per_second()
-    total = sum(estimate_seconds(p.cfg, speed) for p in planned)
+    """`study`'s size, said before its work (`reproduce`): its runs and their most time here (`_size`), with what
+    may come on top."""
+    finals, screens, time_here = _size(study, matmul_flops_per_second(), search)
     later = [
         *(["seeds added where a finding is undecided"] if study.more_seeds else []),
         *([f"runs still moving trained again at up to {study.extend[-1]}x their steps"] if study.extend else []),
     ]
     searched = f" and at most {screens} screening runs" if screens else ""
-    return f"{study.name}: {len(planned) - screens} final runs{searched}, {_at_most(total)} on this machine" + (
+    return f"{study.name}: {finals} final runs{searched}, {time_here} on this machine" + (
         f"; then {' and '.join(later)}" if later else ""
     )
 
 
 def list_studies(seeds: int | None = None) -> str:
-    """The presets of the paper study, with their run counts and estimated time on this machine (`seeds` per cell,
-    or each preset's first look): every run to its step cap and every tie of a search trained to the cap, an upper
-    bound of the runs planned; the seeds the sequential design may add and the budget extensions (a cell still
-    moving trained again at 2x and 4x its cap) come on top, as the listing says."""
+    """The presets of the paper study, with their run counts and estimated time here (`seeds` per cell, or each
+    preset's first look): an upper bound of the runs planned, every run and every tie of a search to its step cap;
+    the seeds the sequential design may add and the budget extensions come on top, as the listing says."""
     speed = matmul_flops_per_second()
     per_cell = f"{seeds} seed(s)" if seeds else "each preset's own seeds"
     lines = [
@@ -135,11 +125,9 @@ def list_studies(seeds: int | None = None) -> str:
             cells = len({json.dumps(s.request, sort_keys=True, default=str) for s in study.specs})
             lines.append(f"  {name:<7} about {cells} cells, plus their searches: {scale.description}")
             continue
-        planned = planned_runs(study)
-        total = sum(estimate_seconds(p.cfg, speed) for p in planned)
-        screens = sum(p.role == "screen" for p in planned)
-        when = _at_most(total)
-        lines.append(f"  {name:<7} {len(planned):>3} runs ({screens} screening), {when}: {scale.description}")
+        finals, screens, time_here = _size(study, speed)
+        runs = finals + screens
+        lines.append(f"  {name:<7} {runs:>3} runs ({screens} screening), {time_here}: {scale.description}")
     return "\n".join(lines)
 
 
@@ -184,12 +172,10 @@ class ReproduceOptions:
     work, naming how many; give a larger cap to run it."""
     slurm: dict[str, Any] = field(default_factory=dict)
     """A parameter of the Slurm jobs as KEY=VALUE (repeatable): any that submitit's Slurm executor accepts, such as
-    partition, account, qos, mem, constraint, gpus_per_node, timeout_min or array_parallelism (how many runs may
-    run at once). Each value is read as submitit types it (an integer, a number, true or false, or a string); a list
-    such as setup takes one --slurm per item, and additional_parameters.NAME=VALUE sets any other sbatch option.
-    Where not given, timeout_min is 240 and cpus_per_task is 2, and each job has one Slurm task per GPU. With
-    --executor submitit-local, what the local executor knows applies (timeout_min, gpus_per_node) and the rest is
-    ignored. Details: docs/scaling.md, "Slurm"."""
+    partition, account, qos, mem, gpus_per_node, timeout_min or array_parallelism (runs at once). A list such as
+    setup takes one --slurm per item; additional_parameters.NAME=VALUE sets any other sbatch option. Defaults:
+    timeout_min 240, cpus_per_task 2, one Slurm task per GPU. submitit-local applies what its executor knows
+    (timeout_min, gpus_per_node) and ignores the rest. Details: docs/scaling.md, "Slurm"."""
     progress: bool = True
     """Show a progress bar."""
     search: bool = True

@@ -1,14 +1,6 @@
-"""What a study directory may hold, checked before anything is written (docs/reliability.md, "Studies and reports").
-
-    check_out(study_dir, record)              `mixit reproduce --out`: absent, empty, this same study, or
-                                              (`grows`) this study with fewer seeds, which it continues; a
-                                              changed study refused naming what changed (`changes`)
-    load_study_record(study_dir)              study.json, its schema checked (`mixit report`, resume)
-    failure_record(study_dir, run_id)         failed/<id>.json, checked
-    check_report_paths(study_dir)             report.md, results.csv, checks.json and figures/ writable as such
-
-Each refuses with one `UsageError` line naming the file and the problem, and reads only: a refused
-command changes nothing in the directory.
+"""What a study directory may hold, checked before anything is written (docs/reliability.md, "Studies and reports"):
+the directory a study is given (`check_out`), study.json (`load_study_record`), a failure record, the report's paths.
+Each refuses with one `UsageError` line naming the file and the problem, and reads only.
 """
 
 from __future__ import annotations
@@ -33,13 +25,10 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def check_out(study_dir: Path, record: Mapping[str, Any], grows: Callable[[Any], bool] | None = None) -> None:
-    """Refuse `study_dir` as the directory of the study whose study.json begins as `record` (its name, settings and
-    fingerprint, `mixit.study.executors.study_settings`) unless it is absent, empty (a lock file aside: a study
-    killed before it wrote study.json) or holds this same study, which is resumed, or one `grows` accepts (given
-    its study.json: the same study with fewer seeds, `Study.grows`), which it continues.
-
-    A directory holding a `mixit train` run, another study, or files of a user's own is refused: the
-    study would write into it, and its report would overwrite a report.md, results.csv or checks.json there."""
+    """Refuse `study_dir` for the study whose study.json begins as `record` (`mixit.study.executors.study_settings`)
+    unless it is absent, empty (but a lock: a study killed before it wrote study.json), or holds this study, which
+    resumes, or one that `grows` accepts (the same study with fewer seeds, `Study.grows`), which it continues. A
+    directory of a `mixit train` run, another study or a user's own files is refused: the study would write there."""
     study_dir = Path(study_dir)
     check_names(study_dir)
     if study_dir.exists() and not study_dir.is_dir():
@@ -62,17 +51,17 @@ def check_out(study_dir: Path, record: Mapping[str, Any], grows: Callable[[Any],
 def check_same_study(
     study_dir: Path, old: Any, record: Mapping[str, Any], grows: Callable[[Any], bool] | None = None
 ) -> None:
-    """Refuse `study_dir` if its study.json (`old`) is not the study that `record` begins (its name and
-    fingerprint), nor one that `grows` accepts; the refusal names what changed (`changes`)."""
+    """Refuse `study_dir` unless its study.json (`old`) is the study `record` begins (its name and fingerprint) or
+    one `grows` accepts, naming what changed (`changes`)."""
     if grows is not None and grows(old):
         return
-    if isinstance(old, dict) and old.get("name") == record["name"] and old.get("fingerprint") == record["fingerprint"]:
-        return
-    if not isinstance(old, dict) or old.get("name") != record["name"]:
-        held = old.get("name") if isinstance(old, dict) else "?"
+    held = old.get("name") if isinstance(old, dict) else "?"
+    if not isinstance(old, dict) or held != record["name"]:
         raise UsageError(
             f"{study_dir} holds another study ({held}, not {record['name']}); choose another output directory"
         )
+    if old.get("fingerprint") == record["fingerprint"]:
+        return
     changed = changes(old, record)
     raise UsageError(
         f"{study_dir} holds another study ({record['name']} "
@@ -84,14 +73,12 @@ def check_same_study(
 
 COMPARED = ("preset", "seeds", "first_seed", "search", "screen_fraction", "screen_min_steps", "extend", "extras",
             "file")  # fmt: skip
-"""The settings of study.json whose change `changes` names: the study file's keys (file), and what the options of
-`mixit reproduce` set beside it."""
+"""The settings of study.json whose change `changes` names: the study file's keys, and the options beside it."""
 
 
 def changes(old: Mapping[str, Any], new: Mapping[str, Any], shown: int = 3) -> str:
-    """The first `shown` settings (`COMPARED`) that differ between two study.json records, `old` the directory's,
-    as "KEY OLD -> NEW" (a study file's keys dotted, without "file."): "grid.train.lr [0.001, 0.01] -> [0.001, 0.01,
-    0.1]"; "" if none differ (the file is compared only where both record it)."""
+    """The first `shown` settings (`COMPARED`) that differ between two study.json records as "KEY OLD -> NEW", a
+    study file's keys dotted (grid.train.lr [0.001] -> [0.001, 0.1]); the file is compared where both record it."""
     keys = [k for k in COMPARED if k in new and (k != "file" or "file" in old)]
     before = flatten({k: old.get(k) for k in keys}, keep_empty=True)
     after = flatten({k: new[k] for k in keys}, keep_empty=True)
@@ -121,11 +108,11 @@ def load_study_record(study_dir: Path) -> dict[str, Any]:
     problem = _record_problem(data)
     if problem:
         raise UsageError(f"{path} is damaged: {problem}")
-    return data  # its shape checked by _record_problem
+    return data
 
 
 def _record_problem(data: Any) -> str | None:
-    """What is wrong with study.json's `data` (None: nothing the report would trip on)."""
+    """What is wrong with study.json's `data`, if anything the report would trip on."""
     if not isinstance(data, dict):
         return f"not a JSON object but {type(data).__name__}"
     if not isinstance(data.get("name"), str) or not data["name"]:
@@ -144,7 +131,7 @@ def _record_problem(data: Any) -> str | None:
 
 
 def _entry_problem(entry: Any) -> str | None:
-    """What is wrong with one run entry of study.json (None: nothing)."""
+    """What is wrong with one run entry of study.json, if anything."""
     if not isinstance(entry, dict):
         return f"is not a JSON object but {type(entry).__name__}"
     missing = [key for key in ("id", "labels", "config") if key not in entry]

@@ -1,4 +1,4 @@
-"""Running a study: the study directory, the state of each run, and the executors.
+"""Running a study: the study directory, the state of each run, the stages, and the executors.
 
     STUDY_DIR/
       .lock            held by the process running the study
@@ -9,30 +9,15 @@
       slurm/           submitit's logs, with the Slurm executor
       report.md, results.csv, figures/   written by `mixit report`
 
-A run is *done* when it has written its summary (`mixit.core.run.Run.state`),
-*failed* when failed/<id>.json records an error, *interrupted* when it has
-started but not finished (it is resumed from its last checkpoint), and *new*
-otherwise. Running a study
-again skips what is done and what failed (``retry_failed`` reruns the
-failed ones), resumes what was interrupted and starts the rest, so a killed
-study loses at most the steps since each in-flight run's last checkpoint. A
-run that fails is recorded and does not stop the others.
+A run is *done* once it has written its summary, *failed* when failed/<id>.json records an error,
+*interrupted* when it started but did not finish, and *new* otherwise. Running a study again skips what is done
+and what failed (``retry_failed`` reruns it), resumes what was interrupted from its last checkpoint and starts
+the rest; a failed run is recorded and does not stop the others.
 
-A study runs in stages (`execute`), each planned from the runs finished before it, so a resumed study asks
-for exactly the runs it asked for before: the runs that need no search with every search's first screening
-runs; the searches' later screening runs, and each searched cell once its search has chosen; then, with
-`Study.extend`, each final run that ended unconverged trained again from scratch at 2x (then 4x) its step
-cap. With `Study.more_seeds`, the final runs that its hook adds (new seeds where a verdict is undecided) go
-through the same stages, round after round, until it adds nothing new.
-
-Executors (`Pool`): ``local`` (a process pool: `workers` processes of `threads` torch
-threads each), ``sequential`` (one after another, in this process),
-``slurm`` (an array job through submitit) and ``submitit-local`` (the same
-code path on this machine, for tests). Each runs `run_one` per run. A local
-pool's workers end with the study's process, however it ends
-(`_start_worker`), and a SIGINT to the study stops them (`_stop_pool`).
-What the study directory may hold before a study starts is
-`mixit.study.directory`'s.
+A study runs in stages (`_stages`), each planned only from the runs finished before it, so a resumed study asks
+for exactly the runs it asked for before. Executors (`Pool`): ``local`` (a process pool), ``sequential`` (here,
+one after another), ``slurm`` (an array job through submitit) and ``submitit-local`` (the same code path on this
+machine). What the study directory may hold before a study starts is `mixit.study.directory`'s.
 """
 
 from __future__ import annotations
@@ -76,6 +61,8 @@ from mixit.version import __version__, git_commit, install_hint
 
 Executor = Literal["local", "sequential", "slurm", "submitit-local"]
 EXECUTORS: tuple[str, ...] = get_args(Executor)
+Job = tuple[str, str, dict[str, Any], bool, Sequence[Sink], Grouping | None]
+"""The arguments of `run_one` for one run: plain data, sent to a worker process or a Slurm job."""
 
 
 def run_dir(study_dir: Path, run_id: str) -> Path:
@@ -105,8 +92,8 @@ def write_study(
     searches: Sequence[Group] = (),
     added: Sequence[RunSpec] = (),
 ) -> None:
-    """Write study.json; refuse a directory that holds another study (or this one searched otherwise). `added`:
-    the final runs `Study.more_seeds` has added so far, listed by their labels (their runs are in `planned`)."""
+    """Write study.json, refusing a directory that holds another study. `added`: the final runs that
+    `Study.more_seeds` has added so far, by their labels."""
     path = Path(study_dir) / "study.json"
     record = {
         **study_settings(study, search),
@@ -131,8 +118,7 @@ def write_study(
 
 
 def study_settings(study: Study, search: bool) -> dict[str, Any]:
-    """What study.json records of `study` before its runs: its name, settings and fingerprint (`search`: whether
-    its searches run), and the keys of the study file it was read from, if any."""
+    """What study.json records of `study` before its runs (`search`: whether its searches run)."""
     return {
         "name": study.name,
         "description": study.description,
@@ -151,18 +137,17 @@ def study_settings(study: Study, search: bool) -> dict[str, Any]:
 
 @dataclass
 class Pool:
-    """Where a study's runs execute (module docstring, "Executors")."""
+    """Where a study's runs execute (module docstring)."""
 
     executor: Executor = "local"
     """local (a process pool), sequential (one after another, here), slurm (an array job through
     submitit) or submitit-local (the same code path on this machine)."""
     workers: int = 0
-    """Processes of the local pool (0: `sized`)."""
+    """Processes of the local pool (0: one per core)."""
     threads: int = 0
-    """Torch threads per worker of the local pool (0: `sized`)."""
+    """Torch threads per worker of the local pool (0: one)."""
     slurm: dict[str, Any] = field(default_factory=dict)
-    """Parameters of the submitit executors' jobs, as given (`slurm_parameters` reads them, submitit checks them):
-    any that submitit's Slurm executor accepts, e.g. partition, account, qos, mem, timeout_min, array_parallelism."""
+    """Parameters of the submitit executors' jobs, as given (`slurm_parameters`)."""
 
     def __post_init__(self) -> None:
         check(self.executor in EXECUTORS, f"unknown executor {self.executor!r}; allowed: {', '.join(EXECUTORS)}")
@@ -176,10 +161,9 @@ class Pool:
         )
 
     def check_available(self) -> None:
-        """Refuse an executor this machine cannot run, or its jobs' parameters, before the study writes anything:
-        the submitit executors without submitit, a --slurm value mixit reads wrongly (`slurm_parameters`), slurm
-        without Slurm (no sbatch, or no srun, which is what submitit's own check looks for; submitit would otherwise
-        run the study here, unasked), and what submitit itself refuses (`_submitit_executor`)."""
+        """Refuse, before the study writes anything, a submitit executor without submitit, a --slurm value mixit
+        reads wrongly, slurm without Slurm (no sbatch, or no srun, which submitit looks for: it would otherwise
+        run the study here, unasked), and what submitit itself refuses."""
         if self.executor not in ("slurm", "submitit-local"):
             return
         submitit = require("submitit", f"--executor {self.executor} needs submitit: {install_hint('slurm')}")
@@ -192,10 +176,15 @@ class Pool:
         with tempfile.TemporaryDirectory() as scratch:  # submitit's local executor makes its folder at once
             _submitit_executor(self.executor, Path(scratch), self.slurm)
 
-    def sized(self) -> Pool:
-        """This pool with workers and threads left at 0 chosen for this machine: one single-threaded worker per
-        core, which ran the quick preset's small models fastest on 2 cores (docs/reproduction.md)."""
-        return replace(self, workers=self.workers or os.cpu_count() or 1, threads=self.threads or 1)
+    def run(self, jobs: Sequence[Job], study_dir: Path, finished: Callable[[dict[str, Any]], None]) -> None:
+        """Run `jobs` (the arguments of `run_one`), handing each outcome to `finished` as it comes."""
+        if self.executor == "sequential" or (self.executor == "local" and (self.workers == 1 or len(jobs) <= 1)):
+            for job in jobs:
+                finished(run_one(*job, threads=self.threads if self.executor == "local" else 0))
+        elif self.executor == "local":
+            _local_pool(jobs, self, finished)
+        elif jobs:
+            _submitit(self.executor, study_dir, jobs, self.slurm, finished)
 
 
 def execute(
@@ -209,23 +198,15 @@ def execute(
     naming: Naming | None = None,
     announce: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every run of `study` not yet done into `study_dir` on `pool` (default: a local pool sized by
-    `Pool.sized`), then its extras; return a tally. `logger`: tracking sinks every run is sent to as well,
-    grouped under the study's name and named readably, in `naming`'s project (`mixit.tracking.study_grouping`).
-    `announce` is called once every check has passed, before the first write (`reproduce` says the study's size).
-    Why so many parameters: each is a choice callers make apart, and an options object would only move them.
-
-    The runs go in stages, each planned from the runs finished before it (`_stages`). With `search`, the runs
-    that declare candidates are searched (`mixit.study.search`): their rung-0 screening runs train beside the
-    runs that need no search, then each later stage of a search (rung 1, the edge extension) once the one
-    before has finished, then each searched cell with the values chosen on validation. Without it, every run
-    trains its request as it is. With `Study.extend`, each final run that ended unconverged is trained again
-    at the next multiple of its step cap (`_extensions`). With `Study.more_seeds`, the study then runs in rounds
-    (`_rounds`): the runs the hook adds go through the same stages, until it adds nothing new.
-    """
-    # The plugins every worker and job imports, imported here first: one that cannot be is refused before any work.
-    load_plugins()
-    pool = (pool or Pool()).sized()
+    """Run every run of `study` not yet done into `study_dir` on `pool` (default: a local pool), then its extras;
+    return a tally. `search`: whether the runs that declare candidates are searched (`mixit.study.search`), or
+    train their request as it is. `logger`: tracking sinks every run is sent to as well, named in `naming`'s
+    project (`mixit.tracking.study_grouping`). `announce` is called once every check has passed, before the first
+    write. Each parameter is a choice callers make apart."""
+    load_plugins()  # those every worker and job imports: one that cannot be is refused before any work
+    pool = pool or Pool()
+    # Left at 0: one single-threaded worker per core, the quick preset's fastest on 2 cores (docs/reproduction.md).
+    pool = replace(pool, workers=pool.workers or os.cpu_count() or 1, threads=pool.threads or 1)
     study_dir = Path(study_dir)
     planned = plan_study(study, search)
     # The searched cells with each of their candidates resolved too, so a bad one is refused at once.
@@ -234,7 +215,8 @@ def execute(
     check_out(study_dir, study_settings(study, search), functools.partial(study.grows, search=search))
     pool.check_available()
     sinks = check_sinks(logger)
-    (naming or Naming()).check_sent(sinks)
+    naming = naming or Naming()
+    naming.check_sent(sinks)
     check_output_dir(study_dir)
     if announce is not None:
         announce()
@@ -243,30 +225,52 @@ def execute(
     lock.acquire()
     try:
         tally = {"done": 0, "failed": 0, "skipped_failed": 0}
+        sent: set[str] = set()
         with tqdm(total=0, disable=not progress, desc=study.name, unit="run", dynamic_ncols=True) as bar:
-            grouping = functools.partial(_grouping, study.name, naming or Naming())
-            sent: set[str] = set()
 
-            def run(stage: Sequence[PlannedRun]) -> None:  # each run once per call, however many rounds ask for it
-                todo = [p for p in stage if p.id not in sent]
-                sent.update(p.id for p in todo)
-                if todo:
-                    _run_phase(todo, study_dir, pool, retry_failed, tally, bar, sinks, grouping)
+            def finished(result: dict[str, Any]) -> None:
+                tally[result["state"]] += 1
+                bar.update(1)
+                bar.set_postfix(done=tally["done"], failed=tally["failed"], left=bar.total - bar.n)
+
+            def run(stage: Sequence[PlannedRun]) -> None:
+                """Run what of `stage` no round has sent yet and is not done (nor failed, but with `retry_failed`)."""
+                stage = [p for p in stage if p.id not in sent]
+                sent.update(p.id for p in stage)
+                states = {p.id: state(study_dir, p.id) for p in stage}
+                tally["done"] += sum(s == "done" for s in states.values())
+                tally["skipped_failed"] += 0 if retry_failed else sum(s == "failed" for s in states.values())
+                again = ("new", "interrupted", "failed") if retry_failed else ("new", "interrupted")
+                todo = [p for p in stage if states[p.id] in again]
+                bar.total += len(todo)
+                bar.refresh()
+                jobs = [
+                    (
+                        str(study_dir),
+                        p.id,
+                        {"config": p.cfg.to_dict(), "request": p.cfg.request},
+                        p.analyze,
+                        sinks,
+                        study_grouping(study.name, p.id, p.cfg, p.role, naming, cell_values(p.labels)),
+                    )
+                    for p in todo
+                ]
+                pool.run(jobs, study_dir, finished)
 
             _rounds(study, study_dir, search, run)
-        _run_extras(study, study_dir)
+        for name, options in study.extras.items():  # the signal sweeps not yet written
+            if not extra_result(study_dir, name).exists():
+                signal_command(SignalOptions(study_dir / name, **options))
         return tally
     finally:
         lock.release()
 
 
 def _rounds(study: Study, study_dir: Path, search: bool, run: Callable[[Sequence[PlannedRun]], None]) -> None:
-    """Run `study`'s stages (`_stages`), then those of the study with the final runs `Study.more_seeds` adds,
-    round after round until it adds none that the study does not have: a spec is the same as another when its
-    request, labels, analysis and candidates are. The hook reads only finished runs, so a resumed study asks
-    for the same runs round by round (each round's runs already done are not trained again), and study.json's
-    fingerprint stays the study's own: the added specs are listed beside it ("added"), and their runs among the
-    others'."""
+    """Run `study`'s stages, then, round after round, those of the study with the final runs that
+    `Study.more_seeds` adds, until it adds none the study has not. The hook reads only finished runs, so a resumed
+    study asks for the same runs round by round; the added specs are listed in study.json beside the study's own
+    ("added"), whose fingerprint stays the study's."""
     added: list[RunSpec] = []  # grown in place: study.json lists what has been added when it is written
     record = functools.partial(write_study, study, study_dir, search=search, added=added)
     while True:
@@ -292,15 +296,12 @@ def _stages(
     run: Callable[[Sequence[PlannedRun]], None],
     record: Callable[..., None],
 ) -> None:
-    """Run `study` stage by stage: each stage is what the finished runs ask for that no stage before did, run
-    once study.json (`record`) lists it; the study has finished when a stage asks for nothing new.
+    """Run `study` stage by stage, each once study.json (`record`) lists it, until a stage asks for nothing new.
 
     The first stage is the runs that need no search and every search's rung-0 screening runs. Each later one
-    holds a search's next screening runs, the searched cells whose search has decided, and the extensions
-    (`_extensions`) of the final runs finished so far, so a cell waits only for what its own runs need. Every
-    stage is a pure function of the finished runs, so a resumed study asks for exactly the runs it asked for
-    before; a search that cannot go on (a screening run that neither finished nor failed: a Slurm job that
-    died) leaves its cells for the next call."""
+    holds what the runs finished so far ask for: a search's next screening runs, the searched cells whose search
+    has chosen, and the extensions of the final runs (`_extensions`). A search that cannot go on (a screening run
+    that neither finished nor failed: a Slurm job that died) leaves its cells for the next call."""
     planned = plan_study(study, search)
     runs: list[PlannedRun] = []
     wanted = merge_planned(planned.plain, list(planned.screens.values()))
@@ -314,15 +315,19 @@ def _stages(
         run(stage)
         outcomes = _search_outcomes(planned, study_dir)
         screens = plan((s for o in outcomes for s in o.screens), role="screen")
-        finals = merge_planned(planned.plain, _searched_finals(planned, outcomes))
+        finals = list(planned.plain)
+        for group, outcome in zip(planned.groups, outcomes):
+            if outcome.chosen is not None:  # the search has chosen: its cells with the values chosen
+                for final in plan(apply(spec, outcome.chosen) for spec in group.specs):
+                    final.chosen = dict(outcome.chosen)
+                    finals.append(final)
+        finals = merge_planned(finals)
         wanted = merge_planned(screens, finals, _extensions(finals, study.extend, study_dir))
 
 
 def _extensions(finals: Sequence[PlannedRun], multiples: Sequence[int], study_dir: Path) -> list[PlannedRun]:
-    """The budget extensions that the finished runs of `finals` ask for: each final run that ended unconverged
-    (`unconverged`) trained again at the first of `multiples` times its step cap (`extended`), and each of those
-    that ended unconverged at the next, as far as the finished runs go. A failed or unfinished run is not
-    extended; its extension, if it has one, waits until it has finished."""
+    """The budget extensions the finished runs of `finals` ask for: each final run that ended `unconverged` trained
+    again at the first of `multiples` times its step cap, and each of those still unconverged at the next."""
     found: list[PlannedRun] = []
     chains = [(final, final) for final in finals]  # (the run at its own cap, its longest extension so far)
     for multiple in multiples:
@@ -332,12 +337,9 @@ def _extensions(finals: Sequence[PlannedRun], multiples: Sequence[int], study_di
 
 
 def extended(final: PlannedRun, multiple: int) -> PlannedRun:
-    """`final` trained again from scratch at `multiple` times its step cap: its request with `train.steps` and
-    `train.eval_every` both multiplied, so its learning-rate schedule stretches over the longer budget and it
-    evaluates as many times as before; everything else it asked for (its seed, the values its search chose,
-    its analysis) as it was, and what it left to the run's length (warmup, logging and checkpoint cadences) as
-    for any run of that many steps. Each of its labels gets the multiple as `BUDGET`, so the report knows the
-    run for its cell's at a longer budget."""
+    """`final` trained again from scratch at `multiple` times its step cap: `train.steps` and `train.eval_every`
+    multiplied, so its schedule stretches and it evaluates as often as before; its seed, chosen values and analysis
+    as they were. Each label gets the multiple as `BUDGET`, so the report knows the run for its cell's."""
     train = final.cfg.train
     longer = {"train": {"steps": multiple * train.steps, "eval_every": multiple * train.cadence[1]}}
     request = merge(final.cfg.request, longer)
@@ -351,12 +353,9 @@ SETTLED = ("solved", "plateau")
 
 
 def unconverged(study_dir: Path, run_id: str) -> bool:
-    """Whether a run has finished still moving or not yet started: its summary's convergence reason is neither
-    solved nor plateau. That is a run still improving at its step cap, one with too few evaluations to tell, and
-    one whose curve never left where it started (flat), which a slow starter does for a while (MixiT on
-    retrieval sits at chance for about 3,000 steps and then learns: docs/results/retrieval-mixit). Where early
-    stopping is off, the reason is judged all the same. A failed or unfinished run is not, nor one that recorded
-    no reason (older code) or whose summary cannot be read (the report shows it as damaged)."""
+    """Whether a finished run ended with a convergence reason other than `SETTLED`: still improving at its cap, too
+    few evaluations to tell, or flat (a slow starter: MixiT on retrieval sits at chance for about 3,000 steps,
+    docs/results/retrieval-mixit). A run not done, or whose summary records no reason or cannot be read, is not."""
     if state(study_dir, run_id) != "done":
         return False
     try:
@@ -365,13 +364,6 @@ def unconverged(study_dir: Path, run_id: str) -> bool:
         return False
     reason = convergence.get("reason") if isinstance(convergence, dict) else None
     return reason is not None and reason not in SETTLED
-
-
-def _run_extras(study: Study, study_dir: Path) -> None:
-    """The study's extras (signal measurements) not yet written, each into its own directory of `study_dir`."""
-    for name, options in study.extras.items():
-        if not extra_result(study_dir, name).exists():
-            signal_command(SignalOptions(study_dir / name, **options))
 
 
 def _search_outcomes(planned: SearchPlan, study_dir: Path) -> list[Outcome]:
@@ -387,27 +379,12 @@ def _search_outcomes(planned: SearchPlan, study_dir: Path) -> list[Outcome]:
     return [decide(g, score, planned.screen(g.screens[0]).cfg.train.min_delta) for g in planned.groups]
 
 
-def _searched_finals(planned: SearchPlan, outcomes: Sequence[Outcome]) -> list[PlannedRun]:
-    """Every searched cell with its chosen values; a cell whose search has not finished (a screening run that
-    neither finished nor failed: a Slurm job that died) is left for the next call, which resumes it."""
-    finals: list[PlannedRun] = []
-    for group, outcome in zip(planned.groups, outcomes):
-        if outcome.chosen is None:
-            continue
-        for final in plan(apply(spec, outcome.chosen) for spec in group.specs):
-            final.chosen = dict(outcome.chosen)
-            finals.append(final)
-    return finals
-
-
 def screen_score(run_id: str, study_dir: Path) -> Score | None:
-    """(the best validation value over the run's curve, the curve's mean, higher is better) of a finished
-    screening run; nan for both if it failed or logged no value of its metric; None while it has not finished.
+    """A finished screening run's best validation value and the mean of its curve (higher is better, as its
+    convergence record says); nan for both if it failed or logged no value; None while it has not finished.
 
-    The metric and its direction are the run's convergence record's (summary.json); the values are those of
-    evaluations after step 0 in metrics.jsonl (``val_<metric>``), so a run that learns late is judged at its
-    best (step 0, before training, says nothing of the learning rate). The mean breaks a tie that survives
-    the full steps: the run that got there sooner has the better mean."""
+    Evaluations at step 0 are left out (they say nothing of the learning rate), so a run that learns late is judged
+    at its best; the mean breaks a tie: the run that got there sooner has the better mean."""
     got = state(study_dir, run_id)
     if got == "failed":
         return Score(math.nan, math.nan, True)
@@ -424,67 +401,14 @@ def screen_score(run_id: str, study_dir: Path) -> Score | None:
     return Score(max(values) if higher else min(values), sum(values) / len(values), higher)
 
 
-def _run_phase(
-    planned: Sequence[PlannedRun],
-    study_dir: Path,
-    pool: Pool,
-    retry_failed: bool,
-    tally: dict[str, int],
-    bar: Any,
-    logger: tuple[Sink, ...] = (),
-    grouping: Callable[[PlannedRun], Grouping] | None = None,
-) -> None:
-    """Run what of `planned` is not done (and, with `retry_failed`, what failed), counting into `tally`; each
-    sent to the tracking sinks `logger` too, as `grouping` names, groups and tags it."""
-    states = {p.id: state(study_dir, p.id) for p in planned}
-    todo = [p for p in planned if states[p.id] in ("new", "interrupted") or (retry_failed and states[p.id] == "failed")]
-    tally["done"] += sum(s == "done" for s in states.values())
-    tally["skipped_failed"] += 0 if retry_failed else sum(s == "failed" for s in states.values())
-    jobs = [
-        (
-            str(study_dir),
-            p.id,
-            {"config": p.cfg.to_dict(), "request": p.cfg.request},
-            p.analyze,
-            logger,
-            grouping(p) if grouping else None,
-        )
-        for p in todo
-    ]
-    bar.total += len(jobs)
-    bar.refresh()
-    parallel = 1 if pool.executor == "sequential" else pool.workers if pool.executor == "local" else len(jobs)
-    left = [len(jobs)]
-
-    def finished(result: dict[str, Any]) -> None:
-        tally[result["state"]] += 1
-        bar.update(1)
-        left[0] -= 1
-        bar.set_postfix(done=tally["done"], running=min(parallel, left[0]), failed=tally["failed"], left=left[0])
-
-    if pool.executor == "sequential" or (pool.executor == "local" and (pool.workers == 1 or len(jobs) <= 1)):
-        for job in jobs:
-            finished(run_one(*job, threads=pool.threads if pool.executor == "local" else 0))
-    elif pool.executor == "local":
-        _local_pool(jobs, pool, finished)
-    else:
-        _submitit(pool.executor, study_dir, jobs, pool.slurm, finished)
-
-
-def _grouping(study_name: str, naming: Naming, planned: PlannedRun) -> Grouping:
-    """How the sinks name, group and tag the run `planned` of the study `study_name`."""
-    return study_grouping(study_name, planned.id, planned.cfg, planned.role, naming, cell_values(planned.labels))
-
-
 NOT_CELL = ("table", "seed", "cell", "group", "cell_seed")
-"""Labels that are no value of a run's cell: its table (a study file's name), its seed (its name says it), and a
-screening run's cell, search group and cell's seed."""
+"""Labels that are no value of a run's cell: its table, its seed, and a screening run's cell, group and cell's seed."""
 
 
 def cell_values(labels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The values that make the cell of a run of these labels, as the tracking sinks show them: the labels that all
-    of them agree on (a run that two tables ask for is in both), but `NOT_CELL`. A grid's values (lr=0.01), a
-    budget multiple, a screening run's rung and candidate."""
+    """The values that make the cell of a run of these labels, as the tracking sinks show them (lr=0.01, a budget
+    multiple, a screening run's rung and candidate): those all its labels agree on (a run two tables ask for is in
+    both), but `NOT_CELL`."""
     first, *rest = labels or [{}]
     return {k: v for k, v in first.items() if k not in NOT_CELL and all(other.get(k) == v for other in rest)}
 
@@ -503,14 +427,20 @@ def run_one(
 ) -> dict[str, Any]:
     """Train (or resume) one run of a study, analyse it if asked, and record a failure instead of raising.
 
-    A run to be analysed keeps log-spaced checkpoints (`train`'s keep_checkpoints="log", which changes
-    neither its results nor its id) and is analysed over them (`analyze_run`'s over_time), so the report
-    can show when its heads form. Runs in a worker process (or a Slurm job): everything it needs comes
-    as plain data, `config` as {"config": the resolved config, "request": the request it was resolved from};
-    `logger` and `grouping` are `train`'s (the study's tracking sinks, and the run's place among them)."""
+    Runs in a worker process or a Slurm job, so it takes plain data: `config` is {"config": the resolved config,
+    "request": its request}; `logger` and `grouping` are `train`'s. A run to be analysed keeps log-spaced
+    checkpoints (which change neither its results nor its id) and is analysed over them, so the report can show
+    when its heads form."""
     if threads:
         torch.set_num_threads(threads)
-    _distributed_job()
+    try:
+        import submitit
+
+        tasks = submitit.JobEnvironment().num_tasks
+    except (ImportError, RuntimeError):  # not a submitit job
+        tasks = 1
+    if tasks > 1:  # a Slurm job of one task per GPU: what torch.distributed reads, so the run trains on all of them
+        submitit.helpers.TorchDistributedEnvironment().export()
     start = time.perf_counter()
     failed = Path(study_dir) / "failed" / f"{run_id}.json"
     run = Run(run_dir(Path(study_dir), run_id))
@@ -545,24 +475,9 @@ def run_one(
         return {"id": run_id, "state": "failed", "error": message, "seconds": seconds}
 
 
-def _distributed_job() -> None:
-    """In a Slurm job of several tasks (one per GPU, submitit), export what torch.distributed reads
-    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the run trains on all of them."""
-    try:
-        import submitit
-
-        job = submitit.JobEnvironment()
-    except (ImportError, RuntimeError):  # not a submitit job
-        return
-    if job.num_tasks > 1:
-        submitit.helpers.TorchDistributedEnvironment().export()
-
-
-def _local_pool(jobs: list[tuple[Any, ...]], pool: Pool, finished: Callable[[dict[str, Any]], None]) -> None:
-    """Run `jobs` on a process pool of `pool.workers` spawned workers (`_start_worker`), each running `run_one`.
-
-    Interrupted (Ctrl-C, or a SIGINT to this process alone), it stops its workers (`_stop_pool`) and drops
-    the runs not started, rather than waiting for them: each run resumes from its last checkpoint next time."""
+def _local_pool(jobs: Sequence[Job], pool: Pool, finished: Callable[[dict[str, Any]], None]) -> None:
+    """Run `jobs` on `pool.workers` spawned processes (`_start_worker`). Interrupted (Ctrl-C, or a SIGINT to this
+    process alone), it stops them (`_stop_pool`) rather than wait: each run resumes from its checkpoint next time."""
     executor = concurrent.futures.ProcessPoolExecutor(
         pool.workers,
         mp_context=multiprocessing.get_context("spawn"),
@@ -570,8 +485,7 @@ def _local_pool(jobs: list[tuple[Any, ...]], pool: Pool, finished: Callable[[dic
         initargs=(pool.threads,),
     )
     try:
-        futures = [executor.submit(_run_in_worker, *job) for job in jobs]
-        for future in concurrent.futures.as_completed(futures):
+        for future in concurrent.futures.as_completed([executor.submit(_run_in_worker, *job) for job in jobs]):
             finished(future.result())
     except BaseException:
         _stop_pool(executor)
@@ -580,50 +494,36 @@ def _local_pool(jobs: list[tuple[Any, ...]], pool: Pool, finished: Callable[[dic
 
 
 def _start_worker(threads: int) -> None:
-    """Set up a worker of the local pool: its torch threads, mixit's warnings on one line (as the CLI's), its
-    SIGINT ignored, and its end with the study.
-
-    A Ctrl-C reaches every process of the terminal's group; a worker ignores it and the study stops it instead
-    (`_stop_pool`), so a SIGINT to the study alone stops its workers too, and no worker is interrupted twice.
-    A worker must never outlive its study (idle, holding its memory, and locking its run directory against the
-    study's resume), however the study ends, a SIGKILL included: a daemon thread waits for the study's process
-    to end (`multiprocessing.parent_process`, whose sentinel is a pipe the kernel closes when the study's process
-    ends) and then ends the worker at once, which is safe at any moment (its run resumes from its checkpoint)."""
+    """Set up a pool worker: its torch threads, warnings on one line (as the CLI's), SIGINT ignored (a Ctrl-C reaches
+    the whole process group, and the study stops its workers itself), and its end with the study however the study
+    ends, a SIGKILL included: a worker left behind would hold its memory and its run directory's lock."""
     torch.set_num_threads(threads)
     warnings.showwarning = functools.partial(show_warning, warnings.showwarning)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    study = multiprocessing.parent_process()
-    if study is not None:  # always, in a spawned worker
-        threading.Thread(target=_end_with, args=(study,), name="mixit-end-with-study", daemon=True).start()
+    threading.Thread(target=_end_with, args=(multiprocessing.parent_process(),), daemon=True).start()
 
 
 def _end_with(study: multiprocessing.process.BaseProcess) -> None:
-    """End this worker once the study's process has ended (`_start_worker`)."""
+    """End this worker once the study's process has ended (the kernel closes the pipe its sentinel is): safe at any
+    moment, since its run resumes from its checkpoint."""
     study.join()
     os._exit(1)
 
 
 def _run_in_worker(*job: Any) -> dict[str, Any]:
-    """`run_one` in a worker of the local pool. A SIGTERM from the study (`_stop_pool`) during the run interrupts
-    it as a Ctrl-C would, so it closes its files (`_interrupt`); outside a run (the worker idle, or handing an
-    outcome back) a SIGTERM ends the worker at once, as by default: it has nothing to close, and an interrupt
-    there would print the pool's traceback."""
-    signal.signal(signal.SIGTERM, _interrupt)
+    """`run_one` in a pool worker. A SIGTERM from the study (`_stop_pool`) during the run interrupts it as a Ctrl-C
+    would, so it closes its files; outside a run, a SIGTERM ends the worker as by default (nothing to close, and an
+    interrupt there would print the pool's traceback)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return run_one(*job)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    """A SIGTERM during a worker's run: a KeyboardInterrupt, once (a second SIGTERM ends the worker)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    raise KeyboardInterrupt
-
-
 def _stop_pool(executor: concurrent.futures.ProcessPoolExecutor, grace: float = 30.0) -> None:
-    """Stop `executor`'s workers, which are this process's children: SIGTERM, which interrupts each one's run so
-    it exits as after a Ctrl-C (`_run_in_worker`), then SIGKILL for one still there after `grace` s."""
+    """Stop `executor`'s workers, this process's children: a SIGTERM, then a SIGKILL for one still there after
+    `grace` s."""
     workers = multiprocessing.active_children()
     for worker in workers:
         worker.terminate()
@@ -636,13 +536,6 @@ def _stop_pool(executor: concurrent.futures.ProcessPoolExecutor, grace: float = 
 
 
 # -- the submitit jobs and their parameters (--slurm KEY=VALUE) ---------------------------------------------------
-
-SLURM_DEFAULTS: dict[str, tuple[Any, tuple[str, ...]]] = {
-    "timeout_min": (240, ("timeout_min", "time")),
-    "cpus_per_task": (2, ("cpus_per_task", "cpus_per_gpu")),
-}
-"""mixit's default for a parameter of the submitit jobs, and the keys that, given, replace it (submitit's own
-defaults are a 5-minute limit, and Slurm's one CPU per task; Slurm refuses cpus_per_task beside cpus_per_gpu)."""
 
 SLURM_NUMBERS: dict[str, tuple[int | float, str]] = {
     "timeout_min": (1, "a time limit in minutes"),
@@ -658,46 +551,43 @@ SLURM_NUMBERS: dict[str, tuple[int | float, str]] = {
     "array_parallelism": (1, "a number of jobs at once"),
     "mem_gb": (0.001, "memory in GB"),
 }
-"""The parameters that are numbers (integers, but for mem_gb), each with its least value and what it counts. They
-are read and checked here because submitit checks no range: a number below would reach Slurm, or submitit's local
-executor, which would refuse it only once the study is written, or run jobs that end at once (submitit writes
-under 1 MB as ``--mem=0MB``, which Slurm reads as all of a node's memory)."""
+"""The numbers (integers, but mem_gb) with their least value. Kept by hand because submitit checks no range, and types
+only its shared parameters: a bad number would reach Slurm, which refuses it only once the study is written, or runs
+jobs that end at once (under 1 MB is written as ``--mem=0MB``, a whole node's memory)."""
 
 SLURM_SHAPES: dict[str, type] = {"setup": list, "teardown": list, "srun_args": list, "additional_parameters": dict}
-"""The parameters that take more than one value: a list of lines or arguments, one ``--slurm KEY=ITEM`` per item
-(submitit takes a list, even of one), or sbatch options, one ``--slurm KEY.NAME=VALUE`` each."""
+"""The parameters of several values: lists (one ``--slurm KEY=ITEM`` per item; submitit takes a list, even of one),
+and sbatch options (one ``--slurm KEY.NAME=VALUE`` each). A string given for a list would reach submitit as one."""
 
 SLURM_SHARED = "name timeout_min mem_gb nodes cpus_per_task gpus_per_node tasks_per_node stderr_to_stdout".split()
-"""The parameters AutoExecutor shares between its clusters (as its update_parameters documents), passed as they are;
-the others are the Slurm executor's own, which AutoExecutor takes with a ``slurm_`` prefix and the local one ignores.
-tests/test_slurm.py checks this list, and the two above, against the installed submitit."""
+"""The parameters AutoExecutor shares between its clusters (as its update_parameters documents; submitit publishes no
+list); it takes the Slurm executor's own with a ``slurm_`` prefix. tests/test_slurm.py checks these three tables
+against the installed submitit."""
 
 
 def slurm_parameters(given: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of submitit's AutoExecutor.update_parameters for a study's jobs, from `given`
-    (``--slurm KEY=VALUE`` items, or a dict from Python), dashes read as underscores (as sbatch spells them).
-
-    Each value is read as `_slurm_value` says, which refuses one of the wrong shape, a number that is not one or is
-    out of range; whether a key exists, and the type of the rest, are submitit's to judge (`_submitit_executor`).
-    Where `given` does not say: `SLURM_DEFAULTS`, and one task per GPU (tasks_per_node = gpus_per_node, or 1), so
-    that each GPU trains one rank of the run (docs/scaling.md, "Slurm")."""
+    """The keyword arguments of submitit's AutoExecutor.update_parameters for a study's jobs, from `given` (``--slurm
+    KEY=VALUE`` items, or a dict from Python), dashes read as underscores. Each value is read as `_slurm_value` says;
+    whether a key exists, and the type of the rest, are submitit's to judge (`_submitit_executor`). Where `given` does
+    not say: a time limit of 240 minutes (submitit's is 5), 2 CPUs per task, and one task per GPU, so that each GPU
+    trains one rank of the run (docs/scaling.md, "Slurm")."""
     params: dict[str, Any] = {}
     for raw, value in given.items():
         key = str(raw).replace("-", "_")
         check(key not in params, f"--slurm {key} is given twice (once as {raw!r})")
         params[key] = _slurm_value(key, value)
-    for key, (default, given_by) in SLURM_DEFAULTS.items():
-        if not params.keys() & set(given_by):
-            params[key] = default
+    if not params.keys() & {"timeout_min", "time"}:
+        params["timeout_min"] = 240
+    if not params.keys() & {"cpus_per_task", "cpus_per_gpu"}:  # Slurm refuses the two together
+        params["cpus_per_task"] = 2
     if not params.keys() & {"tasks_per_node", "ntasks_per_node"}:
         params["tasks_per_node"] = params.get("gpus_per_node") or 1
     return {key if key in SLURM_SHARED else f"slurm_{key}": value for key, value in params.items()}
 
 
 def _slurm_value(key: str, value: Any) -> Any:
-    """The value of --slurm `key` for submitit: a list or a mapping where `SLURM_SHAPES` says so (from Python, or
-    from repeated items), a number where `SLURM_NUMBERS` says so (read as its type by `typed`), checked against its
-    least value; otherwise one value, true or false (any case) read as a bool, anything else passed as given."""
+    """The value of --slurm `key`: a list of strings or a mapping where `SLURM_SHAPES` says so; a number of
+    `SLURM_NUMBERS`, typed and at least its least; else one value, true or false (any case) read as a bool."""
     shape = SLURM_SHAPES.get(key)
     if shape is list:
         items = value if isinstance(value, list) else [value]
@@ -717,13 +607,12 @@ def _slurm_value(key: str, value: Any) -> Any:
 
 
 def _submitit_executor(executor: str, folder: Path, slurm: Mapping[str, Any]) -> Any:
-    """submitit's executor for a study's jobs, writing into `folder`, its parameters set from `slurm`
-    (`slurm_parameters`). What submitit refuses in them, or warns of (an unknown key, a value of the wrong type,
-    nodes above 1 on this machine, the deprecated num_gpus), raises UsageError with submitit's own first line."""
+    """submitit's executor for a study's jobs, writing into `folder`, its parameters set from `slurm`. What submitit
+    refuses or warns of (an unknown key, a value of the wrong type, nodes above 1 here, the deprecated num_gpus)
+    raises UsageError with submitit's own first line."""
     import submitit  # there: `Pool.check_available`
 
-    # The cluster is named, never detected: AutoExecutor's own choice falls back to this machine silently. The
-    # local one takes the same parameters, and ignores those only Slurm has.
+    # The cluster is named, never detected: AutoExecutor's own choice falls back to this machine silently.
     ex = submitit.AutoExecutor(folder, cluster="local" if executor == "submitit-local" else "slurm")
     try:
         with warnings.catch_warnings():
@@ -737,20 +626,16 @@ def _submitit_executor(executor: str, folder: Path, slurm: Mapping[str, Any]) ->
 def _submitit(
     executor: str,
     study_dir: Path,
-    jobs: list[tuple[Any, ...]],
+    jobs: Sequence[Job],
     slurm: dict[str, Any],
     finished: Callable[[dict[str, Any]], None],
 ) -> None:
     """Run `jobs` as one submitit array job: on Slurm, or with submitit's local executor."""
+    import submitit
+
     ex = _submitit_executor(executor, study_dir / "slurm", slurm)
-    if not jobs:
-        return
-    pending = list(ex.map_array(run_one, *zip(*jobs)))
-    while pending:
-        for job in [j for j in pending if j.done()]:
-            pending.remove(job)
-            try:
-                finished(job.result())
-            except Exception as e:  # the job itself died (killed, out of time): the run is interrupted
-                finished({"id": "?", "state": "failed", "error": " ".join(str(e).split())[:300]})
-        time.sleep(1.0)
+    for job in submitit.helpers.as_completed(ex.map_array(run_one, *zip(*jobs)), poll_frequency=1.0):
+        try:
+            finished(job.result())
+        except Exception as e:  # the job itself died (killed, out of time): the run is interrupted
+            finished({"id": "?", "state": "failed", "error": " ".join(str(e).split())[:300]})
