@@ -428,7 +428,7 @@ def run_one(
     """Train (or resume) one run of a study, analyse it if asked, and record a failure instead of raising.
 
     Runs in a worker process or a Slurm job, so it takes plain data: `config` is {"config": the resolved config,
-    "request": its request}; `logger` and `grouping` are `train`'s. A run to be analysed keeps log-spaced
+    "request": its request}; `logger` and `grouping` are its `Tracking`'s. A run to be analysed keeps log-spaced
     checkpoints (which change neither its results nor its id) and is analysed over them, so the report can show
     when its heads form."""
     if threads:
