@@ -177,7 +177,7 @@ def train(
                 check_identical(model, dist)
                 optimizer = build_optimizer(model, cfg.train, dev)
                 precision = Precision(cfg.train.dtype, dev)
-                tr = Training(cfg, task, model, report, optimizer, precision, dist, dev, per_rank, run_dir)
+                tr = Training(cfg, task, model, report, optimizer, precision, dist, dev, run_dir, per_rank)
                 summary = train_session(
                     tr,
                     run,
@@ -210,8 +210,8 @@ def _checked(
         with faults_refused(run_dir):  # a fault of the machine found by a check is a refusal too
             per_rank = split(tc.batch_size, dist, tc.grad_accum)
             if dist.main:
-                run = Run.open(run_dir) if resume else None
-                if run is not None:
+                if resume:
+                    run = Run.open(run_dir)
                     run.acquire(stamp=False)  # before anything is read: one process per run; nothing written yet
                     run.check_same(cfg)
                 else:
@@ -239,7 +239,8 @@ def _checked(
 @dataclass(frozen=True)
 class Training:
     """What one process trains, built once and handed to every part of its session: the config, the task, the
-    model and its freeze report, the optimizer and precision that train it, and where it runs."""
+    model and its freeze report, the optimizer and precision that train it, and where it runs (the job, the device
+    and the run directory)."""
 
     cfg: RunConfig
     task: Task
@@ -249,10 +250,10 @@ class Training:
     precision: Precision
     dist: Dist
     device: torch.device
+    run_dir: Path
+    """Rank 0 writes it; the others name it in the summary."""
     per_rank: int
     """Examples per process and micro-batch."""
-    run_dir: Path
-    """The run directory (rank 0 writes it; the others name it in the summary)."""
 
 
 @dataclass(frozen=True)
