@@ -23,10 +23,12 @@ the same global batch, and DistributedDataParallel sums their gradients;
 only rank 0 writes the run directory, which is written through
 `mixit.core.run.Run` (its checkpoints through `mixit.core.checkpoint`).
 
-`train_session` is the loop, read top to bottom as one function: restore, evaluate where the curve
-starts, then each step (its batch, learning rate and optimizer step, then the log line, evaluation and
-checkpoint its number calls for), then the summary. What it uses is built once and passed explicitly
-(`Training`, `Curve`, `Logs`); what changes from step to step is its own local state.
+`train` checks its options, then the run and the task (`_checked`, before anything is written), creates or
+reopens the run and builds what trains (`Training`), and hands it to `train_session`: the loop, read top to
+bottom as one function. It restores the latest checkpoint, opens the logs (`Logs`), takes up the validation curve
+(`Curve`) and evaluates where it starts; then each step: its micro-batches, learning rate and optimizer step
+(`mixit.core.training.step`), then the log line, evaluation and checkpoint its number calls for; then the
+summary. What changes from step to step is the session's own local state.
 
 Where the metrics go besides metrics.jsonl is a choice of the session too: `tracking`, a `Tracker`
 (`mixit.tracking.Tracking`: the sinks of docs/tracking.md). The loop declares what it asks of one and imports
@@ -43,7 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -69,6 +71,9 @@ KeepCheckpoints = Literal["latest", "all", "log"]
 """Which checkpoints a run keeps (module docstring)."""
 
 KEEP_CHECKPOINTS: tuple[str, ...] = get_args(KeepCheckpoints)
+
+ACCURACIES = ("exact_match", "accuracy", "token_acc")
+"""The accuracies a person reads first, in order of preference (the progress bar shows the first on the test set)."""
 
 LOG_POINTS = 20
 """How many log-spaced steps `keep_checkpoints="log"` aims at (fewer on short runs, where they round together)."""
@@ -147,7 +152,8 @@ def train(
     """
     if keep_checkpoints not in KEEP_CHECKPOINTS:
         raise UsageError(f"keep_checkpoints must be one of {', '.join(KEEP_CHECKPOINTS)}, got {keep_checkpoints!r}")
-    feed = tracking.feeder(Path(run_dir), cfg, resume) if tracking is not None else None
+    run_dir = Path(run_dir)
+    feed = tracking.feeder(run_dir, cfg, resume) if tracking is not None else None
     dev = resolve_device(device)
     # Checks that need no other process come first, so that a bad option never waits for the others.
     if cfg.train.dtype == "bf16" and dev.type == "cpu" and not allow_slow_dtype and not fast_bf16():
@@ -158,64 +164,41 @@ def train(
     split(cfg.train.batch_size, env_world(), cfg.train.grad_accum)
     dist, dev = setup(dev)
     try:
-        launch = Launch(Path(run_dir), resume, progress and dist.main, compile, on_step, keep_checkpoints, feed)
-        summary = _train(cfg, launch, dist, dev)
+        run, per_rank, (task, model, report) = _checked(cfg, run_dir, resume, dist, dev)
+        # The run stays locked until the session ends; a fault of the machine met from now on (a full disk) is a
+        # `MachineFault` that says how to continue the run.
+        command = f"mixit train --resume --out {shlex.quote(str(run_dir))}"
+        try:
+            with faults_said(run_dir, f"`{command}` continues the run from its last checkpoint"):
+                if dist.main and run is None:
+                    run = Run.create(run_dir, cfg)  # created and locked; a fault here is a refusal, nothing left
+                    task.save_artifacts(run.path)
+                model.to(dev)
+                check_identical(model, dist)
+                optimizer = build_optimizer(model, cfg.train, dev)
+                precision = Precision(cfg.train.dtype, dev)
+                tr = Training(cfg, task, model, report, optimizer, precision, dist, dev, run_dir, per_rank)
+                summary = train_session(
+                    tr,
+                    run,
+                    resume=resume,
+                    progress=progress and dist.main,
+                    compile=compile,
+                    on_step=on_step,
+                    keep_checkpoints=keep_checkpoints,
+                    feed=feed,
+                )
+        finally:
+            if run is not None:
+                run.release()
         barrier(dist)  # only a finished job: after an error another rank may never arrive
         return summary
     finally:
         teardown(dist)
 
 
-@dataclass(frozen=True)
-class Launch:
-    """How `train` was asked to run, apart from the configuration."""
-
-    run_dir: Path
-    resume: bool
-    """Continue the run in run_dir from its last checkpoint."""
-    progress: bool
-    """Show a progress bar (rank 0 only)."""
-    compile: bool
-    """torch.compile the training forward pass."""
-    on_step: Callable[[int, float], None] | None
-    """Called as on_step(step, loss) after each optimizer step, on rank 0."""
-    keep_checkpoints: KeepCheckpoints = "latest"
-    """Which checkpoints to keep (module docstring)."""
-    feed: OpenFeed | None = None
-    """Opens the tracking sinks of the locked run (None: no sink)."""
-
-    def checkpoint_at(self, step: int, steps: int, every: int, last: bool) -> tuple[bool, bool]:
-        """Whether to write a checkpoint after step `step` of `steps` (checkpoint_every `every`; `last`: the
-        run stops here), and whether to keep it."""
-        logged = self.keep_checkpoints == "log" and step in log_spaced_steps(steps)
-        write = step % every == 0 or step == steps or last or logged
-        keep = self.keep_checkpoints == "all" or logged or (self.keep_checkpoints == "log" and last)
-        return write, write and keep
-
-
-def _train(cfg: RunConfig, launch: Launch, dist: Dist, dev: torch.device) -> dict[str, Any]:
-    """Check everything, then create (or reopen) the run directory, build what trains, and run the session; the
-    run stays locked meanwhile. A fault of the machine met from then on (a full disk) is a `MachineFault` that
-    says how to continue the run."""
-    run, per_rank, (task, model, report) = _checked(cfg, launch, dist, dev)
-    resume = f"mixit train --resume --out {shlex.quote(str(launch.run_dir))}"
-    try:
-        with faults_said(launch.run_dir, f"`{resume}` continues the run from its last checkpoint"):
-            if dist.main and run is None:
-                run = Run.create(launch.run_dir, cfg)  # created and locked; a fault here is a refusal, nothing left
-                task.save_artifacts(run.path)
-            model.to(dev)
-            check_identical(model, dist)
-            optimizer = build_optimizer(model, cfg.train, dev)
-            tr = Training(cfg, task, model, report, optimizer, Precision(cfg.train.dtype, dev), dist, dev, per_rank)
-            return train_session(tr, launch, run)
-    finally:
-        if run is not None:
-            run.release()
-
-
 def _checked(
-    cfg: RunConfig, launch: Launch, dist: Dist, dev: torch.device
+    cfg: RunConfig, run_dir: Path, resume: bool, dist: Dist, dev: torch.device
 ) -> tuple[Run | None, int, tuple[Task, Transformer, FreezeReport]]:
     """Every check before anything is written (rank 0's verdict is every rank's): the run directory (locked
     and returned on rank 0 when resuming), the memory, the task's data. Returns the run, the examples per
@@ -224,15 +207,15 @@ def _checked(
     run: Run | None = None
     refusal: str | None = None
     try:
-        with faults_refused(launch.run_dir):  # a fault of the machine found by a check is a refusal too
+        with faults_refused(run_dir):  # a fault of the machine found by a check is a refusal too
             per_rank = split(tc.batch_size, dist, tc.grad_accum)
             if dist.main:
-                run = Run.open(launch.run_dir) if launch.resume else None
-                if run is not None:
+                if resume:
+                    run = Run.open(run_dir)
                     run.acquire(stamp=False)  # before anything is read: one process per run; nothing written yet
                     run.check_same(cfg)
                 else:
-                    Run.check_new(launch.run_dir)
+                    Run.check_new(run_dir)
             check_memory(
                 "this run",
                 training_parts(cfg.model, per_rank, tc.eval_batch_size, cfg.test_size),
@@ -240,8 +223,8 @@ def _checked(
                 "lower batch_size, eval_batch_size, test_size or the model's size, or raise grad_accum",
             )
             # A resumed run's model comes from its latest checkpoint, unless it was stopped before the first.
-            fresh = not launch.resume or Run(launch.run_dir).latest_checkpoint() is None
-            built = build(cfg, launch.run_dir if launch.resume else None, fresh)
+            fresh = not resume or Run(run_dir).latest_checkpoint() is None
+            built = build(cfg, run_dir if resume else None, fresh)
             built[0].train_batch(0, tc.batch_size)  # a task that cannot make training data is refused before any write
     except UsageError as e:
         refusal = str(e)
@@ -256,7 +239,8 @@ def _checked(
 @dataclass(frozen=True)
 class Training:
     """What one process trains, built once and handed to every part of its session: the config, the task, the
-    model and its freeze report, the optimizer and precision that train it, and where it runs."""
+    model and its freeze report, the optimizer and precision that train it, and where it runs (the job, the device
+    and the run directory)."""
 
     cfg: RunConfig
     task: Task
@@ -266,80 +250,10 @@ class Training:
     precision: Precision
     dist: Dist
     device: torch.device
+    run_dir: Path
+    """Rank 0 writes it; the others name it in the summary."""
     per_rank: int
     """Examples per process and micro-batch."""
-
-
-def train_session(tr: Training, launch: Launch, run: Run | None) -> dict[str, Any]:
-    """One process's training session, top to bottom: restore the latest checkpoint (on resume), evaluate where
-    the curve starts, then each optimizer step and what its number calls for (a train log line, an evaluation, a
-    checkpoint) until the step budget or early stopping; then the summary, written to summary.json.
-
-    `run` is the locked run directory on rank 0, None on the others (which read checkpoints, never write)."""
-    tc, dist, dev = tr.cfg.train, tr.dist, tr.device
-    _, eval_every, log_every, checkpoint_every = tc.cadence
-    start = restore(tr, launch)
-    done_before = broadcast(run.summary() if launch.resume and run is not None else None, dist)
-    if done_before is not None and (start >= tc.steps or done_before.get("convergence", {}).get("stopped_early")):
-        return done_before  # nothing left to train: every step done, or stopped early
-    curve = validation_curve(tr, run.metrics() if run is not None and launch.resume else [], start)
-    logs = open_logs(tr, launch, run, start)
-    stopped = stops(tr, curve)  # a run killed just after early stopping stopped it
-    last = Evaluated({}, {})
-    try:
-        if broadcast(start == 0 and not curve.conv.history, dist):  # logged once: a run resumed at 0 may have it
-            last = evaluation(tr, curve, logs, 0)
-        parts = step_parts(tr, launch.compile)
-        with progress_bar(tr.cfg, start, launch.progress) as bar:
-            trained, train_time, t0 = start, 0.0, time.perf_counter()
-            tr.model.train()
-            for step in range(start, tc.steps):
-                if stopped:
-                    break
-                micro, scored = slices(tr.task.train_batch(step, tc.batch_size), dist, tr.per_rank, tc.grad_accum)
-                lr = set_lr(tr.optimizer, tc.lr_at(step))
-                tick = time.perf_counter()
-                share = accumulated_step(parts, [(b.inputs.to(dev), b.targets.to(dev)) for b in micro], scored)
-                train_time += time.perf_counter() - tick
-                done = step + 1
-                if done % log_every == 0 or done == tc.steps:
-                    loss = all_sum(share.item(), dist, dev)  # the global batch's mean
-                    elapsed = round(time.perf_counter() - t0, 3)
-                    logs.write({"step": done, "event": "train", "loss": loss, "lr": lr, "elapsed_s": elapsed})
-                    shown = {"test": f"{first_accuracy(last.test):.3f}"} if last.test else {}
-                    bar.set_postfix(loss=f"{loss:.4f}", **shown)
-                if done % eval_every == 0 or done == tc.steps:
-                    last = evaluation(tr, curve, logs, done)
-                    stopped = stops(tr, curve)
-                write, keep = launch.checkpoint_at(done, tc.steps, checkpoint_every, stopped)
-                if run is not None and write:
-                    save_checkpoint(run.checkpoints_dir, done, tr.model, tr.optimizer, tr.precision, keep)
-                trained = done
-                bar.update(1)
-                if launch.on_step is not None and dist.main:
-                    launch.on_step(done, share.item())
-        if not last.test:  # resumed from the final checkpoint of a run killed before its summary
-            last = Evaluated(evaluate_model(tr), evaluate_model(tr, curve.val_batch))
-        summary = session_summary(tr, launch, curve, last, start, trained, train_time, time.perf_counter() - t0)
-        if run is not None:
-            run.write_summary(summary)
-    except BaseException:
-        with contextlib.suppress(*FAULTS):  # closing may fail as the session did (a full disk): that is said once
-            logs.close(None)  # the session ends without a summary; the sinks' run goes on when it is resumed
-        raise
-    logs.close(summary)
-    return summary
-
-
-def restore(tr: Training, launch: Launch) -> int:
-    """On resume, load the latest checkpoint into the model and the optimizer (rank 0 finds it, every rank loads
-    it) and return its step; 0 for a new run, and for a run killed before its first checkpoint."""
-    found = Run(launch.run_dir).latest_checkpoint() if launch.resume and tr.dist.main else None
-    last = broadcast(str(found) if found is not None else None, tr.dist)
-    if last is None:
-        return 0
-    load_model_state(tr.model, Path(last))
-    return load_training_state(tr.optimizer, Path(last), tr.precision)
 
 
 @dataclass(frozen=True)
@@ -350,23 +264,6 @@ class Curve:
     val_batch: Batch
     conv: Convergence
     selected: Selection
-
-
-def validation_curve(tr: Training, earlier: Sequence[dict[str, Any]], start: int) -> Curve:
-    """The validation curve of a session starting at step `start`, with the evaluations among the `earlier` events
-    of metrics.jsonl (rank 0 of a resumed run; the other ranks follow rank 0's decisions)."""
-    tc, selection = tr.cfg.train, tr.task.selection
-    val_batch = tr.task.val_batch()
-    conv = Convergence(*selection, tc.patience, tc.min_delta, earliest=tc.steps // 2, stop_at=tc.stop_at)
-    selected = Selection(*selection)
-    conv.extend(earlier, up_to=start)
-    selected.extend(earlier, up_to=start)
-    return Curve(val_batch, conv, selected)
-
-
-def stops(tr: Training, curve: Curve) -> bool:
-    """Whether early stopping stops the run now (rank 0 decides, every rank alike)."""
-    return bool(broadcast(tr.cfg.train.early_stop and curve.conv.should_stop, tr.dist))
 
 
 @dataclass(frozen=True)
@@ -392,20 +289,146 @@ class Logs:
             self.feed.close(summary)
 
 
-def open_logs(tr: Training, launch: Launch, run: Run | None, start: int) -> Logs:
-    """On rank 0, the first change to a resumed run (every check has passed), then metrics.jsonl open for
-    appending (cut back to step `start` on resume), the tracking sinks, and the freeze event, written once per
-    run."""
-    if run is None:
-        return Logs()
-    if launch.resume:
-        run.begin()
-    metrics = run.open_metrics(resume_step=start if launch.resume else None)
-    kept = run.metrics()
-    logs = Logs(metrics, launch.feed(run, kept) if launch.feed is not None else None)
-    if not any(e.get("event") == "freeze" for e in kept):
-        logs.write({"step": 0, "event": "freeze", **tr.report.to_dict()})
-    return logs
+def train_session(
+    tr: Training,
+    run: Run | None,
+    *,
+    resume: bool,
+    progress: bool,
+    compile: bool,
+    on_step: Callable[[int, float], None] | None,
+    keep_checkpoints: KeepCheckpoints,
+    feed: OpenFeed | None,
+) -> dict[str, Any]:
+    """One process's training session, top to bottom: restore the latest checkpoint (on resume), evaluate where
+    the curve starts, then each optimizer step and what its number calls for (a train log line, an evaluation, a
+    checkpoint) until the step budget or early stopping; then the summary, written to summary.json.
+
+    `run` is the locked run directory on rank 0, None on the others (which read checkpoints, never write); the
+    other arguments are `train`'s (`progress`: rank 0's). A new run holds nothing yet: the checkpoint, summary and
+    metrics read from `run` below are a resumed run's."""
+    tc, dist, dev, model = tr.cfg.train, tr.dist, tr.device, tr.model
+    _, eval_every, log_every, checkpoint_every = tc.cadence
+    start = restore(tr, run)
+    done_before = broadcast(run.summary() if run is not None else None, dist)
+    if done_before is not None and (start >= tc.steps or done_before.get("convergence", {}).get("stopped_early")):
+        return done_before  # nothing left to train: every step done, or stopped early
+
+    # Rank 0 opens the logs: metrics.jsonl (on resume, cut back to step `start`) and the tracking sinks.
+    logs = Logs()
+    kept: list[dict[str, Any]] = []
+    if run is not None:
+        if resume:
+            run.begin()  # the first change to a resumed run: every check has passed
+        metrics = run.open_metrics(resume_step=start if resume else None)
+        kept = run.metrics()
+        logs = Logs(metrics, feed(run, kept) if feed is not None else None)
+        if not any(e.get("event") == "freeze" for e in kept):
+            logs.write({"step": 0, "event": "freeze", **tr.report.to_dict()})  # once per run
+
+    # The validation curve goes on from the evaluations kept (rank 0's; the other ranks follow its decisions).
+    curve = Curve(
+        tr.task.val_batch(),
+        Convergence(*tr.task.selection, tc.patience, tc.min_delta, earliest=tc.steps // 2, stop_at=tc.stop_at),
+        Selection(*tr.task.selection),
+    )
+    curve.conv.extend(kept, up_to=start)
+    curve.selected.extend(kept, up_to=start)
+    # Early stopping (rank 0 decides): a run killed just after early stopping stopped it is stopped already.
+    stopped = bool(broadcast(tc.early_stop and curve.conv.should_stop, dist))
+
+    test: dict[str, float] = {}
+    val: dict[str, float] = {}
+    try:
+        if broadcast(start == 0 and not curve.conv.history, dist):  # logged once: a run resumed at 0 may have it
+            test, val = evaluation(tr, curve, logs, 0)
+        # The forward pass: under torchrun, DistributedDataParallel's (it sums the gradients of the processes and,
+        # through no_sync, skips that for every micro-batch but the last); compiled if asked.
+        ddp: DistributedDataParallel | None = None
+        if dist.active:
+            ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None)
+        forward = ddp if ddp is not None else model
+        parts = StepParts(
+            torch.compile(forward) if compile else forward,
+            tr.optimizer,
+            [p for p in model.parameters() if p.requires_grad],
+            tc.grad_clip,
+            tr.precision,
+            dist.world_size,
+            ddp.no_sync if ddp is not None else None,
+        )
+        log_steps = set(log_spaced_steps(tc.steps)) if keep_checkpoints == "log" else set()
+        # The bar redraws at most every 10 s when stderr is a log file rather than a terminal.
+        with tqdm(
+            total=tc.steps,
+            initial=start,
+            disable=not progress,
+            desc=f"{tr.cfg.task}/{tr.cfg.variant}",
+            dynamic_ncols=True,
+            mininterval=0.1 if sys.stderr.isatty() else 10.0,
+        ) as bar:
+            trained, train_time, t0 = start, 0.0, time.perf_counter()
+            model.train()
+            for step in range(start, tc.steps):
+                if stopped:
+                    break
+                # This process's micro-batches: rank r takes examples [r * span, (r + 1) * span) of the global
+                # batch, so the examples of a step do not depend on how many processes share it.
+                batch = tr.task.train_batch(step, tc.batch_size)
+                span = tr.per_rank * tc.grad_accum
+                mine = batch[dist.rank * span : (dist.rank + 1) * span]
+                micro = [mine[i : i + tr.per_rank] for i in range(0, span, tr.per_rank)]
+                scored = int((batch.targets != IGNORE).sum())  # of the whole global batch
+                lr = tc.lr_at(step)
+                for group in tr.optimizer.param_groups:
+                    group["lr"] = lr
+                tick = time.perf_counter()
+                share = accumulated_step(parts, [(b.inputs.to(dev), b.targets.to(dev)) for b in micro], scored)
+                train_time += time.perf_counter() - tick
+                done = step + 1
+
+                if done % log_every == 0 or done == tc.steps:
+                    loss = all_sum(share.item(), dist, dev)  # the global batch's mean
+                    elapsed = round(time.perf_counter() - t0, 3)
+                    logs.write({"step": done, "event": "train", "loss": loss, "lr": lr, "elapsed_s": elapsed})
+                    accuracy = next((test[k] for k in ACCURACIES if k in test), float("nan"))
+                    bar.set_postfix(loss=f"{loss:.4f}", **({"test": f"{accuracy:.3f}"} if test else {}))
+                if done % eval_every == 0 or done == tc.steps:
+                    test, val = evaluation(tr, curve, logs, done)
+                    stopped = bool(broadcast(tc.early_stop and curve.conv.should_stop, dist))
+                # Which checkpoints are written and kept: the module docstring's `keep_checkpoints`.
+                logged = done in log_steps
+                if run is not None and (done % checkpoint_every == 0 or done == tc.steps or stopped or logged):
+                    keep = keep_checkpoints == "all" or logged or (keep_checkpoints == "log" and stopped)
+                    save_checkpoint(run.checkpoints_dir, done, model, tr.optimizer, tr.precision, keep)
+                trained = done
+                bar.update(1)
+                if on_step is not None and dist.main:
+                    on_step(done, share.item())
+
+        if not test:  # resumed from the final checkpoint of a run killed before its summary
+            test, val = evaluate_model(tr), evaluate_model(tr, curve.val_batch)
+        resumed_from = start if resume else None
+        summary = session_summary(tr, curve, test, val, resumed_from, trained, train_time, time.perf_counter() - t0)
+        if run is not None:
+            run.write_summary(summary)
+    except BaseException:
+        with contextlib.suppress(*FAULTS):  # closing may fail as the session did (a full disk): that is said once
+            logs.close(None)  # the session ends without a summary; the sinks' run goes on when it is resumed
+        raise
+    logs.close(summary)
+    return summary
+
+
+def restore(tr: Training, run: Run | None) -> int:
+    """Load the latest checkpoint into the model and the optimizer (rank 0 finds it in `run`, every rank loads it)
+    and return its step; 0 for a new run, and for a run killed before its first checkpoint."""
+    found = run.latest_checkpoint() if run is not None else None
+    latest = broadcast(str(found) if found is not None else None, tr.dist)
+    if latest is None:
+        return 0
+    load_model_state(tr.model, Path(latest))
+    return load_training_state(tr.optimizer, Path(latest), tr.precision)
 
 
 def evaluate_model(tr: Training, batch: Batch | None = None) -> dict[str, float]:
@@ -415,78 +438,36 @@ def evaluate_model(tr: Training, batch: Batch | None = None) -> dict[str, float]
     )
 
 
-class Evaluated(NamedTuple):
-    """The test and validation metrics of one evaluation."""
-
-    test: dict[str, float]
-    val: dict[str, float]
-
-
-def evaluation(tr: Training, curve: Curve, logs: Logs, step: int) -> Evaluated:
-    """Test and validation metrics at `step`, added to the curve and logged."""
+def evaluation(tr: Training, curve: Curve, logs: Logs, step: int) -> tuple[dict[str, float], dict[str, float]]:
+    """The test and validation metrics at `step`, added to the curve and logged."""
     test = evaluate_model(tr)
     val = evaluate_model(tr, curve.val_batch)
     curve.conv.add(step, val[curve.conv.metric])
     curve.selected.add(step, test, val)
     logs.write({"step": step, "event": "eval", **test, **{f"val_{k}": v for k, v in val.items()}})
-    return Evaluated(test, val)
-
-
-def step_parts(tr: Training, compile: bool) -> StepParts:
-    """The forward pass (wrapped in DistributedDataParallel under torchrun, compiled if asked) and the rest of
-    what each optimizer step uses."""
-    trainable = [p for p in tr.model.parameters() if p.requires_grad]
-    ddp = None
-    if tr.dist.active:
-        ddp = DistributedDataParallel(tr.model, device_ids=[tr.device] if tr.device.type == "cuda" else None)
-    forward: Callable[[torch.Tensor], torch.Tensor] = ddp if ddp is not None else tr.model
-    forward = torch.compile(forward) if compile else forward
-    no_sync = ddp.no_sync if ddp is not None else None
-    return StepParts(
-        forward, tr.optimizer, trainable, tr.cfg.train.grad_clip, tr.precision, tr.dist.world_size, no_sync
-    )
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
-    """Set every parameter group's learning rate to `lr` (the schedule's, `TrainConfig.lr_at`); return it."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return lr
-
-
-def progress_bar(cfg: RunConfig, start: int, show: bool) -> tqdm:
-    """The bar of steps `start` to cfg.train.steps, named task/variant (hidden unless `show`)."""
-    # Redraw at most every 10 s when stderr is a log file rather than a terminal.
-    return tqdm(
-        total=cfg.train.steps,
-        initial=start,
-        disable=not show,
-        desc=f"{cfg.task}/{cfg.variant}",
-        dynamic_ncols=True,
-        mininterval=0.1 if sys.stderr.isatty() else 10.0,
-    )
+    return test, val
 
 
 def session_summary(
     tr: Training,
-    launch: Launch,
     curve: Curve,
-    last: Evaluated,
-    start: int,
+    test: dict[str, float],
+    val: dict[str, float],
+    resumed_from: int | None,
     trained: int,
     train_time: float,
     wall_time: float,
 ) -> dict[str, Any]:
-    """summary.json: the latest evaluation, what the curve selected and says of convergence, the step the session
-    started from and the steps trained by its end, and the seconds it spent training and in all."""
+    """summary.json: the latest evaluation, what the curve selected and says of convergence, the step a resumed
+    session started from and the steps trained by its end, and the seconds it spent training and in all."""
     tc, report = tr.cfg.train, tr.report
     return {
         "task": tr.task.describe(),
         "variant": tr.cfg.variant,
         "steps": tc.steps,
-        "resumed_from": start if launch.resume else None,
-        "test": last.test,
-        "val": last.val,
+        "resumed_from": resumed_from,
+        "test": test,
+        "val": val,
         "selected": curve.selected.summary(),
         "convergence": curve.conv.summary(stopped_early=trained < tc.steps, steps_trained=trained),
         "n_params": report.n_trainable + report.n_frozen,
@@ -495,26 +476,5 @@ def session_summary(
         "wall_seconds_this_session": round(wall_time, 2),
         "device": str(tr.device),
         "world_size": tr.dist.world_size,
-        "run_dir": str(launch.run_dir),
+        "run_dir": str(tr.run_dir),
     }
-
-
-def slices(batch: Batch, dist: Dist, per_rank: int, accum: int) -> tuple[list[Batch], int]:
-    """This process's micro-batches of global batch `batch`, and the scored positions of the whole
-    global batch. Rank r takes examples [r * per_rank * accum, (r + 1) * per_rank * accum), so the
-    examples of a step do not depend on how many processes share it."""
-    mine = batch[dist.rank * per_rank * accum : (dist.rank + 1) * per_rank * accum]
-    micro = [mine[i * per_rank : (i + 1) * per_rank] for i in range(accum)]
-    return micro, int((batch.targets != IGNORE).sum())
-
-
-ACCURACIES = ("exact_match", "accuracy", "token_acc")
-"""The accuracies a person reads first, in order of preference (`first_accuracy`)."""
-
-
-def first_accuracy(metrics: dict[str, float]) -> float:
-    """The first of `ACCURACIES` that `metrics` holds (the progress bar's test number); nan if none."""
-    for key in ACCURACIES:
-        if key in metrics:
-            return metrics[key]
-    return float("nan")
