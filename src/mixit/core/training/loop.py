@@ -314,9 +314,19 @@ def train_session(
     if done_before is not None and (start >= tc.steps or done_before.get("convergence", {}).get("stopped_early")):
         return done_before  # nothing left to train: every step done, or stopped early
 
+    # The validation curve goes on from the evaluations of metrics.jsonl, read (and a damaged file refused) before
+    # anything of a resumed run is changed; rank 0's: the other ranks follow its decisions.
+    earlier = run.metrics() if run is not None and resume else []
+    curve = Curve(
+        tr.task.val_batch(),
+        Convergence(*tr.task.selection, tc.patience, tc.min_delta, earliest=tc.steps // 2, stop_at=tc.stop_at),
+        Selection(*tr.task.selection),
+    )
+    curve.conv.extend(earlier, up_to=start)
+    curve.selected.extend(earlier, up_to=start)
+
     # Rank 0 opens the logs: metrics.jsonl (on resume, cut back to step `start`) and the tracking sinks.
     logs = Logs()
-    kept: list[dict[str, Any]] = []
     if run is not None:
         if resume:
             run.begin()  # the first change to a resumed run: every check has passed
@@ -326,14 +336,6 @@ def train_session(
         if not any(e.get("event") == "freeze" for e in kept):
             logs.write({"step": 0, "event": "freeze", **tr.report.to_dict()})  # once per run
 
-    # The validation curve goes on from the evaluations kept (rank 0's; the other ranks follow its decisions).
-    curve = Curve(
-        tr.task.val_batch(),
-        Convergence(*tr.task.selection, tc.patience, tc.min_delta, earliest=tc.steps // 2, stop_at=tc.stop_at),
-        Selection(*tr.task.selection),
-    )
-    curve.conv.extend(kept, up_to=start)
-    curve.selected.extend(kept, up_to=start)
     # Early stopping (rank 0 decides): a run killed just after early stopping stopped it is stopped already.
     stopped = bool(broadcast(tc.early_stop and curve.conv.should_stop, dist))
 
