@@ -579,7 +579,8 @@ class Tracking:
         in one line if one cannot work, or if a project or name is given and no sink receives the run. None if
         there are none, else how to open the feed of the locked run given the events metrics.jsonl keeps."""
         naming = Naming(self.tracking_project, self.tracking_name)
-        remembered = tracking_state(Run(run_dir)) if resume and Run(run_dir).state() != "absent" else {}
+        run = Run(run_dir)
+        remembered = tracking_state(run) if resume and run.state() != "absent" else {}
         sinks = check_sinks([*remembered, *self.logger], run_dir=run_dir if resume else None)
         naming.check_sent(sinks)
         if not sinks:
