@@ -301,7 +301,7 @@ def check_transplant(cfg: RunConfig) -> None:
         check(cfg.model.causal, "transplant_part pattern needs a causal model; use transplant_part qk")
     else:
         check(
-            attention == "softmax",
+            ATTENTION.get(attention).has_qk,
             f"transplant_part qk needs softmax attention, whose q and k it takes; not {attention!r}",
         )
 
