@@ -55,6 +55,21 @@ def donor_average(donor_run, n=512):
     return torch.stack([patterns[f"blocks.{i}.attn.hook_pattern"].double().mean(0) for i in range(len(patterns))])
 
 
+def test_has_qk_is_declared_by_exactly_the_kinds_with_q_and_k():
+    """A qk transplant asks the kind's declared `has_qk`, not its name: it holds for a kind exactly when each of its
+    layers has q and k projections (softmax today, and no input-independent mixer)."""
+    from mixit.core.config import ModelConfig
+    from mixit.core.models import ATTENTION, Transformer
+
+    for name in ATTENTION:
+        attn = Transformer(ModelConfig(vocab_size=4, n_ctx=4, d_model=4, n_heads=1, attention=name)).blocks[0].attn
+        has = isinstance(getattr(attn, "q", None), torch.nn.Module) and isinstance(
+            getattr(attn, "k", None), torch.nn.Module
+        )
+        assert ATTENTION.get(name).has_qk == has, name
+    assert [name for name in ATTENTION if ATTENTION.get(name).has_qk] == ["softmax"]
+
+
 def freeze_event(run):
     return next(e for e in Run.open(run).metrics() if e["event"] == "freeze")
 

@@ -419,7 +419,6 @@ class TrainConfig(Config):
     def cadence(self) -> tuple[int, int, int, int]:
         """(warmup_steps, eval_every, log_every, checkpoint_every), resolved (never None after construction)."""
         values = (self.warmup_steps, self.eval_every, self.log_every, self.checkpoint_every)
-        assert all(v is not None for v in values)
         return typing.cast(tuple[int, int, int, int], values)
 
 
@@ -457,8 +456,7 @@ class DataConfig(Config):
     @property
     def sizes(self) -> tuple[int, int]:
         """(test_size, val_size), resolved (val_size is never None after construction)."""
-        assert self.val_size is not None
-        return self.test_size, self.val_size
+        return self.test_size, typing.cast(int, self.val_size)
 
 
 @dataclass

@@ -1,37 +1,19 @@
-"""A run's whole configuration (`RunConfig`), how it is resolved from what a
-user asks for, and how it is built into a task and a model.
+"""A run's whole configuration (`RunConfig`), how it is resolved from what a user asks for, and how it is built
+into a task and a model.
 
-A *request* is a partial, nested mapping with the shape of a RunConfig:
+A *request* is a partial, nested mapping with the shape of a RunConfig, every key optional:
 
     {"task": "retrieval", "variant": "mixit", "task_params": {"max_pairs": 10},
      "model": {"d_model": 256}, "train": {"steps": 500}, "data_seed": 0, "test_size": 4000}
 
-Every key is optional. `resolve` fills in the rest, each layer overriding the
-one before:
+`resolve` fills in the rest, each layer overriding the one before: the dataclass defaults, the task's
+``run_defaults``, the recipe's settings (`mixit.core.recipes`) and the request; below them, what follows from
+the model chosen (`coupling`), and what only the task can say (vocab_size, n_ctx unless requested, a classifier
+head for sentiment). Resolving constructs the task but loads no corpus and trains no tokenizer.
 
-    1. the dataclass defaults (`ModelConfig`, `TrainConfig`, `DataConfig`, the task's Config)
-    2. the task's own defaults (``run_defaults`` on its Config: steps, batch size, lr, ...)
-    3. the recipe's settings (`mixit.core.recipes`: ``laptop`` adds nothing, ``reference``
-       the paper's code's hyperparameters)
-    4. the request
-    and, below all of these, what follows from the model chosen (`coupling`: the
-    settings the reference switches on with MixiT attention, and those of depth
-    scaling), and what only the task can say: vocab_size, n_ctx (the length the
-    reference builds its model for, unless requested) and the settings a task
-    needs (a classifier head for sentiment).
-
-Resolving reads only the task's parameters and the shape facts a task states
-from them (vocab_size, lengths): constructing a task is cheap, and no corpus
-is loaded nor tokenizer trained until a run needs data.
-
-The command line (flags and ``--config`` files) and `run_config` build
-requests. The request is data: `resolve` keeps it on the config
-(`RunConfig.request`), a run records it in config.json beside the resolved
-config (`record`), and ``mixit train --config RUN_DIR`` and ``--resume``
-start from it, so flags change what was asked for and every value that was a
-default follows (another task's n_ctx, another step count's cadences).
-Reading a config.json written by another mixit version fills in options
-added since from today's defaults and says so in one line (`read_record`).
+The request is data (docs/design.md, "The request is data"): the config keeps it (`RunConfig.request`), a run
+records it in config.json (`record`), and ``--config RUN_DIR`` and ``--resume`` start from it, so every value that
+was a default follows a changed task or step count. `read_record` reads a config.json of another mixit version.
 """
 
 from __future__ import annotations
@@ -167,14 +149,9 @@ SECTIONS = ("model", "train", "task_params")
 
 def flat_options() -> dict[str, str]:
     """Every option a flat keyword override (`run_config(..., d_model=64)`) may name -> the request section it
-    belongs to ("model", "train", or "" for the top level), read off the config dataclasses."""
-    names: dict[str, str] = {}
-    for group, cls in (("model", ModelConfig), ("train", TrainConfig)):
-        for f in dataclasses.fields(cls):
-            if f.name not in TASK_DECIDES:
-                assert f.name not in names, f"option {f.name} is declared twice"
-                names[f.name] = group
-    return {**names, **dict.fromkeys(DATA_OPTIONS, "")}
+    belongs to ("model", "train", or "" for the top level)."""
+    names = {f.name: "model" for f in dataclasses.fields(ModelConfig) if f.name not in TASK_DECIDES}
+    return {**names, **{f.name: "train" for f in dataclasses.fields(TrainConfig)}, **dict.fromkeys(DATA_OPTIONS, "")}
 
 
 def nest(overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,14 +194,6 @@ def _name(request: Mapping[str, Any], key: str, default: str) -> str:
     return value
 
 
-def as_data(request: Mapping[str, Any]) -> dict[str, Any]:
-    """`request` as plain JSON data (a task parameter object becomes its mapping), for config.json."""
-    out = dict(request)
-    if "task_params" in out:
-        out["task_params"] = _section(out, "task_params")
-    return json.loads(json.dumps(out, default=str))
-
-
 def resolve(request: Mapping[str, Any]) -> RunConfig:
     """The complete, validated RunConfig that `request` asks for (module docstring); it keeps the request
     (`RunConfig.request`), which a run records beside the config.
@@ -244,15 +213,27 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
     attention = requested_model.setdefault("attention", "transplant" if pattern else variant.attention)
     check(isinstance(attention, str), f"attention must be a string, got {attention!r}")
     check_pairing(variant, attention)
-    recipe = nest_request(RECIPES.get(recipe_name).settings(task_name, attention))
-    params = task_cls.Config.from_dict({**recipe.get("task_params", {}), **_section(request, "task_params")})
+    settings = RECIPES.get(recipe_name).settings(task_name, attention)
+    recipe = nest({k: v for k, v in settings.items() if k != "task_params"})
+    recipe["task_params"] = settings.get("task_params", {})
+    params = task_cls.Config.from_dict({**recipe["task_params"], **_section(request, "task_params")})
     data = DataConfig.from_dict({k: request[k] for k in DATA_OPTIONS if k in request})
     check_memory(
         f"task {task_name}", {"its table of examples": params.memory_bytes()}, "cpu", "choose smaller task parameters"
     )
     task = task_cls(params, data)
     defaults = nest(task_cls.Config.run_defaults)
-    model = _model_options(task, attention, [defaults.get("model", {}), recipe.get("model", {}), requested_model])
+    # The model: the task's defaults, the recipe and the request, over what follows from them and what the task
+    # needs, with the task's vocabulary and, unless requested, the length the reference builds its model for.
+    model = {**defaults.get("model", {}), **recipe.get("model", {}), **requested_model}
+    if "vocab_size" in model:
+        check(
+            model["vocab_size"] == task.vocab_size,
+            f"vocab_size comes from the task: {task.describe()} has {task.vocab_size} tokens, "
+            f"not {model['vocab_size']!r}",
+        )
+    model = {"n_ctx": task.reference_len, **task.model_defaults(attention), **coupling(model), **model}
+    model["vocab_size"] = task.vocab_size
     train = {**defaults.get("train", {}), **recipe.get("train", {}), **_section(request, "train")}
     cfg = RunConfig(
         task=task_name,
@@ -271,7 +252,9 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
 
         cfg.transplant_donor = identify(cfg)
         request = {**request, "transplant_donor": cfg.transplant_donor}  # recorded: a resume reads no donor
-    cfg.request = as_data(request)
+    if "task_params" in request:  # a task parameter object (`run_config`) is recorded as its mapping
+        request = {**request, "task_params": _section(request, "task_params")}
+    cfg.request = json.loads(json.dumps(request, default=str))
     return cfg
 
 
@@ -282,9 +265,7 @@ TRANSPLANT_FREEZE = {"pattern": (), "qk": ("blocks.*.attn.q", "blocks.*.attn.k")
 
 def check_transplant(cfg: RunConfig) -> None:
     """Refuse a transplant declaration that cannot hold, without reading the donor (`mixit.core.transplant.identify`
-    reads it): a part or a donor identity without a donor, transplant attention without a pattern transplant,
-    a pattern transplant into another attention kind or a non-causal model, a qk transplant into a model
-    without softmax attention."""
+    reads it)."""
     attention, part = cfg.model.attention, cfg.transplant_part
     if cfg.transplant_from is None:
         check(part == "pattern", "transplant_part qk needs transplant_from, the donor run's directory")
@@ -301,36 +282,19 @@ def check_transplant(cfg: RunConfig) -> None:
         check(cfg.model.causal, "transplant_part pattern needs a causal model; use transplant_part qk")
     else:
         check(
-            attention == "softmax",
+            ATTENTION.get(attention).has_qk,
             f"transplant_part qk needs softmax attention, whose q and k it takes; not {attention!r}",
         )
 
 
 def check_pairing(variant: Variant, attention: str) -> None:
-    """Refuse, before any work, an attention kind `variant` cannot take: a kind the variants name (softmax,
-    mixing) unless `variant` names it or takes any kind (`check_attention`); a kind any variant may take
-    (`Attention.any_variant`) where the variant's freeze rule finds nothing to freeze in it (frozen_qk: it has no q
-    or k), found by applying the rule to a one-layer model of the kind."""
+    """Refuse, before any work, an attention kind `variant` cannot take: a kind the variants name unless `variant`
+    names it or takes any kind (`check_attention`); a kind any variant may take (`Attention.any_variant`) where
+    the variant's freeze rule finds nothing to freeze, tried on a one-layer model of the kind."""
     if not ATTENTION.get(attention).any_variant:
         check_attention(variant, attention)
         return
     apply_variant(Transformer(ModelConfig(vocab_size=2, n_ctx=2, d_model=2, n_heads=1, attention=attention)), variant)
-
-
-def _model_options(task: Task, attention: str, layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The model options of a run: `layers` (task defaults, recipe, request) merged in order, over what
-    follows from them (`coupling`) and what the task needs (`Task.model_defaults`), with the task's
-    vocabulary and, unless requested, the length the reference builds its model for."""
-    model = {k: v for layer in layers for k, v in layer.items()}
-    if "vocab_size" in model:
-        check(
-            model["vocab_size"] == task.vocab_size,
-            f"vocab_size comes from the task: {task.describe()} has {task.vocab_size} tokens, "
-            f"not {model['vocab_size']!r}",
-        )
-    model = {**task.model_defaults(attention), **coupling(model), **model, "vocab_size": task.vocab_size}
-    model.setdefault("n_ctx", task.reference_len)
-    return model
 
 
 def coupling(model: Mapping[str, Any]) -> dict[str, Any]:
@@ -340,23 +304,14 @@ def coupling(model: Mapping[str, Any]) -> dict[str, Any]:
     take precedence, as in the reference). `model` holds the options chosen so far,
     `attention` among them."""
     out = dict(ATTENTION.get(model["attention"]).coupled)
-    alpha = typed("depth_alpha", float, model.get("depth_alpha", _default("depth_alpha")))
+    fields = ModelConfig.__dataclass_fields__
+    alpha = typed("depth_alpha", float, model.get("depth_alpha", fields["depth_alpha"].default))
     if alpha:
-        base = typed("base_n_layers", int, model.get("base_n_layers", _default("base_n_layers")))
-        depth = typed("n_layers", int, model.get("n_layers", _default("n_layers")))
+        base = typed("base_n_layers", int, model.get("base_n_layers", fields["base_n_layers"].default))
+        depth = typed("n_layers", int, model.get("n_layers", fields["n_layers"].default))
         check(base > 0 and depth > 0, f"n_layers and base_n_layers must be positive integers, got {depth!r}, {base!r}")
         out.update(skip_scale=1.0, branch_scale=(base / depth) ** alpha)
     return out
-
-
-def _default(name: str) -> Any:
-    return ModelConfig.__dataclass_fields__[name].default
-
-
-def nest_request(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """A recipe's settings (flat option names, and task_params) as a nested request."""
-    flat = {k: v for k, v in settings.items() if k != "task_params"}
-    return {**nest(flat), **({"task_params": settings["task_params"]} if "task_params" in settings else {})}
 
 
 def run_config(
@@ -475,13 +430,16 @@ def read_request_file(path: Path) -> dict[str, Any]:
 
 def check_fits(cfg: RunConfig, task: Task) -> None:
     """Refuse a model that cannot read the task: another vocabulary, or sequences longer than n_ctx."""
-    if cfg.model.vocab_size != task.vocab_size:
-        raise UsageError(f"model vocab_size={cfg.model.vocab_size} but task {cfg.task} needs {task.vocab_size}")
-    if task.input_len > cfg.model.n_ctx:
-        raise UsageError(
-            f"task {task.describe()} feeds sequences of length {task.input_len}, "
-            f"longer than n_ctx={cfg.model.n_ctx}; n_ctx must be >= {task.input_len}"
-        )
+    model = cfg.model
+    check(
+        model.vocab_size == task.vocab_size,
+        f"model vocab_size={model.vocab_size} but task {cfg.task} needs {task.vocab_size}",
+    )
+    check(
+        task.input_len <= model.n_ctx,
+        f"task {task.describe()} feeds sequences of length {task.input_len}, "
+        f"longer than n_ctx={model.n_ctx}; n_ctx must be >= {task.input_len}",
+    )
 
 
 def build_task(cfg: RunConfig, run_dir: Path | None = None) -> Task:
@@ -508,12 +466,9 @@ def build_model(cfg: RunConfig, fresh: bool = True) -> tuple[Transformer, Freeze
 def build(
     cfg: RunConfig, run_dir: Path | None = None, fresh: bool | None = None
 ) -> tuple[Task, Transformer, FreezeReport]:
-    """The task, the model (initialised from cfg.model.seed) and the applied variant and freeze selectors.
-
-    run_dir: the run's directory, whose saved tokenizer (if any) the task then uses.
-    fresh: whether the model starts from its initialisation (a transplant's donor is then read: `build_model`)
-    rather than from a checkpoint; by default, when no run directory is given.
-    """
+    """The task (with `run_dir`'s saved tokenizer, if any), the model and the applied variant and freeze
+    selectors. `fresh` (default: without `run_dir`): the model starts from its initialisation, not a checkpoint,
+    and a transplant's donor is read (`build_model`)."""
     task = build_task(cfg, run_dir)
     check_fits(cfg, task)
     model, report = build_model(cfg, run_dir is None if fresh is None else fresh)

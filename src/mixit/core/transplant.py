@@ -23,7 +23,7 @@ import torch
 
 from mixit.core.experiment import RunConfig
 from mixit.core.models import Transformer, capture_patterns
-from mixit.core.models.attention import TransplantAttention
+from mixit.core.models.attention import ATTENTION, TransplantAttention
 from mixit.core.run import Run
 from mixit.core.tasks import Task
 from mixit.errors import UsageError
@@ -64,7 +64,7 @@ def open_donor(cfg: RunConfig) -> Run:
             differ.append(f"{name} {theirs} != {ours}")
     if differ:
         raise UsageError(f"transplant_from {path} differs from this run (donor != this run): " + "; ".join(differ))
-    if cfg.transplant_part == "qk" and donor.model.attention != "softmax":
+    if cfg.transplant_part == "qk" and not ATTENTION.get(donor.model.attention).has_qk:
         raise UsageError(
             f"transplant_part qk takes a donor's q and k, which softmax attention has; "
             f"{path} has {donor.model.attention} attention"

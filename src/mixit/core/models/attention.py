@@ -64,6 +64,9 @@ class Attention(nn.Module):
     (softmax, mixing), which only a variant naming it, or one taking any kind (random), may take."""
     rotary: ClassVar[bool] = False
     """True for a kind that rotates its queries and keys by position (RoPE), which needs an even d_head."""
+    has_qk: ClassVar[bool] = False
+    """True for a kind whose pattern comes from its own query and key projections, ``q`` and ``k`` (what a qk
+    transplant copies and an outside model's weights map onto); False for a kind with none."""
     classifies_causally: ClassVar[bool] = False
     """The default ``causal`` of a sequence classifier on this kind: as in the reference code, softmax attention
     reads causally (the Hugging Face Llama classifier) and the mixing kinds read the whole text."""
@@ -219,6 +222,7 @@ class SoftmaxAttention(Attention):
     config says otherwise (then padded keys are masked out)."""
 
     rotary = True
+    has_qk = True
     classifies_causally = True
     rope_cos: torch.Tensor  # (n_ctx, d_head) buffer
     rope_sin: torch.Tensor  # (n_ctx, d_head) buffer

@@ -1,16 +1,8 @@
-"""What every task shares: the registry, the task contract, the batches, and scoring; and, for the tasks
-made of token sequences, the example format, the fixed held-out sets and the seeded training stream.
+"""What every task shares: the registry, the task contract (docs/tasks.md, "The task contract"), batches and
+scoring; and, for tasks made of token sequences, the fixed held-out sets and the seeded training stream.
 
-A task is registered under its CLI name in `TASKS` and declares its parameters once, as a `TaskConfig`
-dataclass (``Task.Config``). The rest of mixit sees only the contract of `Task` (docs/tasks.md, "The task
-contract"): training batches, the fixed test and validation sets as `Batch`es, scoring, and the shape
-facts (vocab_size, input_len, reference_len, model_defaults, describe). Constructing a task is cheap: the
-shape facts come from its parameters, and its data (examples, tables, corpus, tokenizer) is built the
-first time a run asks for it.
-
-Most tasks are `SequenceTask`s: they produce whole token sequences ``seq`` (N, L) and a boolean loss mask
-``mask`` (N, L), where ``mask[i, t]`` says the prediction made at position t (of token t+1) is trained
-and scored (docs/tasks.md, "Common rules"). The model never sees the last token, so a `Batch` holds
+A `SequenceTask` produces whole sequences ``seq`` (N, L) and a loss mask ``mask`` (N, L), ``mask[i, t]`` saying
+that the prediction made at t (of token t+1) is trained and scored. The model never sees the last token:
 
     inputs  = seq[:, :-1]                                   # (N, L-1)
     targets = seq[:, 1:] where mask[:, :-1] else IGNORE     # (N, L-1)
@@ -18,20 +10,10 @@ and scored (docs/tasks.md, "Common rules"). The model never sees the last token,
 and one loss (cross-entropy with ``ignore_index=IGNORE``) serves every task.
 
 Determinism: the test set is ``test_size`` draws of ``numpy.random.default_rng([data_seed, 2, test_seed])``,
-the validation set ``val_size`` draws of ``default_rng([data_seed, 3])``, and training batch number ``step``
-comes from ``default_rng([data_seed, 1, step])``, minus any test or validation example. A batch therefore
-depends only on (data_seed, test_seed, step), never on global RNG state or on how many batches came before,
-which is what makes ``--resume`` exact.
-
-The validation and test sets are two independent samples of the same distribution, so a validation
-number predicts the test number: an example the generator draws often (Dyck's shortest strings) is in
-both, as often in each as the generator makes it. They may share examples (both are held out); what
-matters is that neither is in the training stream. ``test_seed`` draws another test set and leaves the
-validation set as it is, so a test set that no setting was chosen on can be drawn after the fact.
-
-Three sets, three uses (docs/reproduction.md, "Protocol"): the model trains on
-the stream, settings are chosen and training is stopped on the validation set,
-and the test set gives the number that is reported.
+the validation set ``val_size`` draws of ``default_rng([data_seed, 3])``, and training batch ``step`` comes from
+``default_rng([data_seed, 1, step])`` minus any held-out example, so ``--resume`` is exact. The validation and
+test sets are independent samples of one distribution (they may share an example; neither is trained on), and
+``test_seed`` draws a fresh test set that no setting was chosen on (docs/reproduction.md, "Protocol").
 """
 
 from __future__ import annotations
@@ -142,18 +124,10 @@ class ParamCounts:
 class Task:
     """The contract every task meets; the rest of mixit calls nothing else (docs/tasks.md, "The task contract").
 
-    Data: `train_batch` (batch number `step`, a function of (seed, step) only), `test_batch` and
-    `val_batch` (the fixed test and validation sets). Scoring: `score` and `loss_metrics`. Shape facts:
-    `vocab_size`, `input_len`, `reference_len`, `model_defaults`, `describe`, `analysis_tokens`,
-    `token_names`. And
-    `save_artifacts`, what a run directory must keep to rebuild the task.
-
-    Constructing a task is cheap: it checks and stores its parameters (``cfg``, its Config) and its data
-    options (``data_config``, a `DataConfig`: data seed, test and validation sizes, test seed), and the
-    shape facts come from them; the data is built the first time a batch (or a tokenizer) is asked for.
-    A subclass sets ``name`` and its parameter class ``Config``, implements the three batch methods,
-    ``vocab_size`` and ``input_len``; most do so by deriving from `SequenceTask`. Its Config's
-    ``run_defaults`` holds the task's own training (and model) defaults, by option name.
+    Constructing a task is cheap: the shape facts come from its parameters (``cfg``, its Config) and data options
+    (``data_config``); the data is built the first time a batch (or a tokenizer) is asked for. A subclass sets
+    ``name`` and ``Config`` and implements the three batch methods, ``vocab_size`` and ``input_len``; most do so
+    by deriving from `SequenceTask`.
     """
 
     name: ClassVar[str]
@@ -308,13 +282,9 @@ class SequenceTask(Task):
 
     # -- test set, validation set and training stream ---------------------------
     def build_held_out(self) -> tuple[Examples, Examples]:
-        """(test set, validation set): two independent samples of `sample` (module docstring), test_size
-        draws from ``default_rng([data_seed, 2, test_seed])`` and val_size draws from ``default_rng([data_seed, 3])``.
-
-        Not one pool split in two by example, as before: that put every copy of a frequent example on one
-        side, so the two sets held different mixes of strings (Dyck/MixiT read 75.8% on validation and
-        66.6% on test at every evaluation). The keys leave the training stream's ``[data_seed, 1, step]`` alone.
-        """
+        """(test set, validation set): two independent samples of `sample`, seeded as the module docstring says.
+        Not one pool split in two, which put every copy of a frequent example on one side (Dyck/MixiT read
+        75.8% on validation and 66.6% on test)."""
         d = self.data_config
         test_size, val_size = d.sizes
         test = self.sample(np.random.default_rng([d.data_seed, 2, d.test_seed]), test_size)
@@ -323,7 +293,6 @@ class SequenceTask(Task):
 
     @functools.cached_property
     def _held_out(self) -> tuple[Examples, Examples]:
-        """`build_held_out`, built the first time either set is asked for."""
         return self.build_held_out()
 
     @functools.cached_property
@@ -344,15 +313,13 @@ class SequenceTask(Task):
         rng = np.random.default_rng([self.data_config.data_seed, 1, step])
         seqs, masks, have, drawn = [], [], 0, 0
         while have < n:
-            if drawn > 100 * n + 10_000:
-                # Otherwise held-out sets covering the whole example space (e.g.
-                # addition with n_digits=1: 81 pairs) loop forever.
-                check(
-                    False,
-                    f"{self.describe()}: nearly every example drawn for the training batch is held out (test set of"
-                    f" {self.data_config.test_size}, validation set of {self.data_config.val_size}); lower test_size"
-                    " and val_size or enlarge the task",
-                )
+            # Held-out sets may cover the whole example space (addition with n_digits=1: 81 pairs).
+            check(
+                drawn <= 100 * n + 10_000,
+                f"{self.describe()}: nearly every example drawn for the training batch is held out (test set of"
+                f" {self.data_config.test_size}, validation set of {self.data_config.val_size}); lower test_size"
+                " and val_size or enlarge the task",
+            )
             drawn += n - have
             seq, mask = self.sample(rng, n - have)
             keep = ~np.isin(row_hashes(seq), self._held_keys)

@@ -167,9 +167,7 @@ class TextTask(Task):
 
     @property
     def reference_len(self) -> int:
-        """The reference builds its text models for the tokens they read (its max_seq_len). Not `Task`'s default
-        again: `LanguageModeling` is also a `SequenceTask`, whose reference_len (the whole example, one token
-        more) would come first in its method order without this one."""
+        """The tokens the model reads (the reference's max_seq_len), not `SequenceTask`'s whole example."""
         return self.input_len
 
     def save_artifacts(self, run_dir: Path) -> None:

@@ -176,26 +176,22 @@ MAX_CLASSES = 100_000
 stray huge one is refused before anything is allocated."""
 
 
-def _label(value: Any) -> int:
-    """`value` as a class id: an integer in [0, MAX_CLASSES), or a float or string that is exactly one."""
-    number = float(value) if isinstance(value, str | float) else value
-    if isinstance(number, float) and number.is_integer():
-        number = int(number)
-    if isinstance(number, int) and not isinstance(number, bool) and 0 <= number < MAX_CLASSES:
-        return number
-    raise ValueError(value)
-
-
 def labels_of(values: Iterable[Any], where: str) -> list[int]:
-    """The class labels `values` (`_label`), or UsageError naming `where` and the first bad one."""
+    """The class labels `values`, each an integer in [0, MAX_CLASSES) or a float or string that is exactly one;
+    else a UsageError naming `where` and the first bad one."""
     labels = []
     for value in values:
         try:
-            labels.append(_label(value))
+            number = float(value) if isinstance(value, str | float) else value
         except ValueError:
+            number = None
+        if isinstance(number, float) and number.is_integer():
+            number = int(number)
+        if not (isinstance(number, int) and not isinstance(number, bool) and 0 <= number < MAX_CLASSES):
             raise UsageError(
                 f"{where}: 'label' must hold integers in [0, {MAX_CLASSES:,}) (class ids 0, 1, ...), found {value!r}"
-            ) from None
+            )
+        labels.append(number)
     return labels
 
 

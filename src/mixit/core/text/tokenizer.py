@@ -17,6 +17,7 @@ import numpy as np
 
 from mixit.core.text.cache import cache_dir
 from mixit.errors import UsageError
+from mixit.files import write_text
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -58,10 +59,7 @@ class TextTokenizer:
         return hashlib.sha256(self.to_str().encode()).hexdigest()[:16]
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_str())
-        tmp.replace(path)
+        write_text(Path(path), self.to_str())
 
     @classmethod
     def load(cls, path: str | Path) -> TextTokenizer:
