@@ -120,17 +120,9 @@ def test_table_puts_each_cell_under_its_header():
 
 
 def test_bench_step_trains_the_model():
-    """The benchmarked step is the training step: the loss it reports on the fixed batch (before its update) falls."""
-    from mixit.bench import _batch
-    from mixit.core.config import TrainConfig
-    from mixit.core.training.optim import build_optimizer
-    from mixit.core.training.step import train_step
-
-    model = tiny_model("mixit")
-    x, y = _batch(TINY, torch.device("cpu"))
-    optimizer = build_optimizer(model, TrainConfig(lr=1e-2), torch.device("cpu"))
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    losses = [train_step(model, optimizer, x, y, trainable, 1.0).item() for _ in range(21)]
+    """The benchmarked step is the training step: the loss it reports on its fixed batch (before its update) falls."""
+    step = bench_variant("mixit", TINY, CPU).step
+    losses = [step().item() for _ in range(21)]
     assert losses[-1] < losses[0] - 0.1
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib.util
 import itertools
 import os
 import time
@@ -35,6 +36,7 @@ from mixit.core.tasks import make_task
 from mixit.core.training.optim import build_optimizer
 from mixit.core.training.step import train_step
 from mixit.errors import UsageError
+from mixit.export import llama_config
 from mixit.files import check_output_dir, write_json
 from mixit.runtime import release_free_memory, resolve_device
 from mixit.version import __version__, git_commit, install_hint
@@ -256,12 +258,6 @@ def profile_summary(profile: list[dict[str, Any]], step_ms: float) -> dict[str, 
     return {"busy_ms": busy, "matmul_ms": matmul, "idle_share": max(0.0, 1 - busy / step_ms)}
 
 
-def _batch(shape: Shape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    x, y = (torch.randint(shape.vocab_size, (shape.batch_size, shape.seq_len), generator=g) for _ in range(2))
-    return x.to(device), y.to(device)  # (B, T) each
-
-
 def _contender(
     name: str,
     model: nn.Module,
@@ -271,15 +267,17 @@ def _contender(
     compile: bool,
     logits: Callable[[Any], torch.Tensor] = lambda output: output,
 ) -> Contender:
-    """`model`, on `precision`'s device, trained by mixit's step on a fixed batch, `logits` reading its output.
-    FLOPs are counted over one eager step (FlopCounterMode does not see into compiled kernels), which trains the
-    model by that step."""
+    """`model`, on `precision`'s device, trained by mixit's step on a fixed random batch, `logits` reading its
+    output. FLOPs are counted over one eager step (FlopCounterMode does not see into compiled kernels), which trains
+    the model by that step."""
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    x, y = _batch(shape, precision.device)
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randint(shape.vocab_size, (shape.batch_size, shape.seq_len), generator=g) for _ in range(2))
+    x, y = x.to(precision.device), y.to(precision.device)  # (B, T) each
 
-    def step(forward: Callable[..., Any]) -> None:
-        train_step(lambda t: logits(forward(t)), optimizer, x, y, trainable, TrainConfig.grad_clip, precision)
+    def step(forward: Callable[..., Any]) -> torch.Tensor:
+        return train_step(lambda t: logits(forward(t)), optimizer, x, y, trainable, TrainConfig.grad_clip, precision)
 
     flops = count_flops(partial(step, model))
     n_trainable = sum(p.numel() for p in trainable)
@@ -296,39 +294,22 @@ def bench_variant(variant: str, shape: Shape, precision: Precision, compile: boo
     return _contender(variant, model, optimizer, shape, precision, compile)
 
 
-def hf_llama(shape: Shape) -> nn.Module | None:
-    """A Hugging Face LlamaForCausalLM of `shape` (biases on, untied head, SDPA attention, as mixit's standard
-    model), or None without `transformers`."""
-    try:
-        from transformers import LlamaConfig, LlamaForCausalLM
-    except ImportError:
-        return None
-    config = LlamaConfig(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.d_model,
-        intermediate_size=4 * shape.d_model,
-        num_hidden_layers=shape.n_layers,
-        num_attention_heads=shape.n_heads,
-        num_key_value_heads=shape.n_heads,
-        max_position_embeddings=shape.seq_len,
-        attention_bias=True,
-        mlp_bias=True,
-        tie_word_embeddings=False,
-        use_cache=False,
-    )
-    config._attn_implementation = "sdpa"
+def hf_llama(shape: Shape) -> nn.Module:
+    """The Hugging Face LlamaForCausalLM that mixit's standard model of `shape` exports to (`llama_config`), with
+    SDPA attention and no cache."""
+    from transformers import LlamaForCausalLM
+
+    config = llama_config(shape.model_config("standard"))
+    config.use_cache, config._attn_implementation = False, "sdpa"
     with torch.random.fork_rng(devices=[]):  # Hugging Face initialises from the global generator: leave it be
         torch.manual_seed(0)
         return LlamaForCausalLM(config)
 
 
-def bench_hf(shape: Shape, precision: Precision, compile: bool = False) -> Contender | None:
+def bench_hf(shape: Shape, precision: Precision, compile: bool = False) -> Contender:
     """The baseline: the Llama model through mixit's step (same loss, clipping, precision) with a plain
-    torch.optim.AdamW of the same hyperparameters, every parameter trained; None without `transformers`."""
-    model = hf_llama(shape)
-    if model is None:
-        return None
-    model.to(precision.device)
+    torch.optim.AdamW of the same hyperparameters, every parameter trained."""
+    model = hf_llama(shape).to(precision.device)
     tc = TrainConfig()
     betas = (tc.beta1, tc.beta2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=betas, weight_decay=tc.weight_decay)
@@ -385,22 +366,19 @@ def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], Non
     dev = _checked_device(shape, options)
     say = progress or (lambda message: None)
     data_s = None if options.task is None else data_seconds(options.task, options.task_params or {}, shape.batch_size)
-    builders: dict[str, Callable[[], Contender | None]] = {
+    builders = {
         v: partial(bench_variant, v, shape, Precision(options.dtype, dev), options.compile) for v in options.variants
     }
-    if options.baseline:
+    notes = []
+    if options.baseline and importlib.util.find_spec("transformers") is None:
+        notes.append(f"transformers is not installed: no Hugging Face baseline row ({install_hint('bench')} to add it)")
+    elif options.baseline:
         builders[HF_NAME] = partial(bench_hf, shape, Precision(options.dtype, dev), options.compile)
-    contenders: list[Contender] = []
-    notes: list[str] = []
+    contenders = []
     for name, build in builders.items():
         say(f"building and warming up {name}")
         before = _memory_baseline(dev)
         contender = build()  # counts its FLOPs with an eager step, before the peak measured below
-        if contender is None:
-            notes.append(
-                f"transformers is not installed: no Hugging Face baseline row ({install_hint('bench')} to add it)"
-            )
-            continue
         _memory_baseline(dev)  # restarts the peak count; what was held before building stays the baseline
         for _ in range(options.warmup):
             contender.step()

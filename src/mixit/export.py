@@ -219,12 +219,11 @@ def llama_refusal(cfg: ModelConfig) -> None:
             raise UsageError(f"a Hugging Face Llama cannot express {said}; export with --to hub instead")
 
 
-def llama_config(loaded: Loaded) -> Any:
-    """The LlamaConfig of the run's model: the same shapes, RoPE base and norm epsilon, no tied head."""
+def llama_config(cfg: ModelConfig, tokenizer: Any = None, eps: float | None = 1e-6) -> Any:
+    """The LlamaConfig of a model of `cfg` (its shapes, RoPE base and RMSNorm `eps`, no tied head) with a text
+    task's `tokenizer`."""
     from transformers import LlamaConfig
 
-    cfg = loaded.cfg.model
-    tokenizer = getattr(loaded.task, "tokenizer", None)
     eos = tokenizer.eos_id if tokenizer is not None else None
     # from_dict: rope_theta is the field in transformers 4 and read into rope_parameters by transformers 5.
     return LlamaConfig.from_dict(
@@ -238,7 +237,7 @@ def llama_config(loaded: Loaded) -> Any:
             "head_dim": cfg.d_head,
             "max_position_embeddings": cfg.n_ctx,
             "rope_theta": cfg.rope_base,
-            "rms_norm_eps": loaded.model.norm_f.eps,
+            "rms_norm_eps": eps,
             "attention_bias": cfg.bias,
             "mlp_bias": cfg.bias,
             "hidden_act": "silu",
@@ -281,7 +280,8 @@ def write_llama(loaded: Loaded, out: Path) -> None:
     from transformers import LlamaForCausalLM
 
     with torch.random.fork_rng(devices=[]):  # transformers initialises from the caller's generator
-        llama = LlamaForCausalLM(llama_config(loaded))
+        tokenizer = getattr(loaded.task, "tokenizer", None)
+        llama = LlamaForCausalLM(llama_config(loaded.cfg.model, tokenizer, loaded.model.norm_f.eps))
     llama.load_state_dict(llama_state_dict(loaded.model), strict=True)
     check_parity(loaded.model, llama.eval())
     llama.save_pretrained(out)

@@ -95,7 +95,9 @@ def sample_run(
     """
     check_run_sampling(max_new_tokens, num_samples, temperature, top_k)
     run = Run.open(run_dir)
-    check_sampling_memory(run, num_samples, device)
+    # The model reads at most n_ctx tokens at a time: num_samples rows of n_ctx, without gradients.
+    parts = inference_parts(run.config.model, num_samples, f"{num_samples} rows of activations")
+    check_memory("sampling", parts, resolve_device(device), "lower num_samples")
     loaded = run.load(device)
     cfg, task, model = loaded.cfg, loaded.task, loaded.model
     tokenizer = getattr(task, "tokenizer", None)
@@ -125,11 +127,3 @@ def check_run_sampling(max_new_tokens: int, num_samples: int, temperature: float
     if top_k < 0:
         raise UsageError(f"top_k must be >= 0 (0 = all), got {top_k}")
     check_sampling(temperature, top_k or None)
-
-
-def check_sampling_memory(run: Run, num_samples: int, device: str) -> None:
-    """Refuse to sample `num_samples` rows from `run` on `device` if they cannot fit in its memory."""
-    # The model reads at most n_ctx tokens at a time: num_samples rows of n_ctx, without gradients.
-    model = run.config.model
-    parts = inference_parts(model, num_samples, f"{num_samples} rows of activations")
-    check_memory("sampling", parts, resolve_device(device), "lower num_samples")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from mixit.core.models import SoftmaxAttention, Transformer
+from mixit.core.models import ATTENTION, SoftmaxAttention, Transformer
 from mixit.core.models.layers import Linear
 from mixit.errors import UsageError
 
@@ -29,11 +29,10 @@ token name. The model cannot embed it, so such a word fails in the embedding ins
 
 
 def transformer_lens_refusal(model: Transformer) -> str | None:
-    """Why TransformerLens's native transformer cannot compute `model` exactly, or None if it can: it has softmax
-    attention with rotate-half RoPE of an integer base, pre-RMSNorm blocks on the plain residual h + branch, a
-    SiLU-gated MLP and an LM head without bias (width multipliers, branch_scale and biases are carried over)."""
+    """Why TransformerLens's native transformer cannot compute `model` exactly, or None if it can (width
+    multipliers, branch_scale and biases are folded into its weights)."""
     cfg = model.cfg
-    if cfg.attention != "softmax":
+    if not ATTENTION.get(cfg.attention).rotary:  # a kind without queries and keys of its own to rotate
         return f"it has softmax attention only, not {cfg.attention} (read this model through nnsight: docs/interop.md)"
     if cfg.head != "lm" or not cfg.causal:
         return f"it builds causal language models only, not the {cfg.head} head"
@@ -134,8 +133,7 @@ def task_tokenizer(task: Task, n_ctx: int) -> Any:
 
 
 def _folded(layer: Linear, scale: float = 1.0, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """`layer`'s weight and bias (zeros where it has none) with its output multiplier and `scale` folded in, rows
-    reordered by `rows`."""
+    """`layer`'s weight and bias (zeros if none) times its multiplier and `scale`, rows reordered by `rows`."""
     factor = layer.multiplier * scale
     weight = layer.weight.detach()
     bias = layer.bias.detach() * factor if layer.bias is not None else weight.new_zeros(layer.out_features)
