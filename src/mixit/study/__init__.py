@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,17 +28,22 @@ from mixit.core.experiment import RunConfig
 from mixit.core.resources import model_numel
 from mixit.core.run import Run
 from mixit.errors import UsageError
+from mixit.study.atlas import atlas_map, atlas_study
+from mixit.study.collect import collect
 from mixit.study.directory import RECORD, load_study_record
 from mixit.study.executors import Executor, Pool, cell_values, execute, run_dir
 from mixit.study.paper import PRESETS, paper_study
 from mixit.study.report import format_checks, write_report
 from mixit.study.search import apply, plan_study, upper_bound
-from mixit.study.spec import MAX_RUNS, PlannedRun, Study, load_study_file, merge_planned, plan
+from mixit.study.spec import MAX_RUNS, PlannedRun, RunSpec, Study, load_study_file, merge_planned, plan
 from mixit.tracking import SINKS, Naming, Sink, check_export, check_sinks, export_run, run_grouping, study_grouping
 
 __all__ = [
+    "AtlasOptions",
     "ReproduceOptions",
     "Study",
+    "atlas",
+    "atlas_study",
     "estimate_seconds",
     "export_logs",
     "list_studies",
@@ -75,11 +80,18 @@ def estimate_seconds(cfg: RunConfig, flops_per_second: float) -> float:
 
 def planned_runs(study: Study, search: bool = True) -> list[PlannedRun]:
     """Every run `study` may train, resolved: its cells (a searched cell with its first candidates, which
-    the search may change for others) and the most screening runs its searches can ask for (`upper_bound`)."""
-    planned = plan_study(study, search)
-    cells = plan(apply(spec, g.combinations[0]) for g in planned.groups for spec in g.specs)
-    screens = plan((s for g in planned.groups for s in upper_bound(g)), role="screen")
-    return merge_planned(planned.plain, cells, screens)
+    the search may change for others) and the most screening runs its searches can ask for (`upper_bound`).
+    A run that waits for its donor (`RunSpec.donor`) is resolved without it, as a model of its donor's shape
+    and cost, and counted apart from the runs it would resolve alike with."""
+
+    def resolved(specs: list[RunSpec]) -> list[PlannedRun]:
+        planned = plan_study(replace(study, specs=specs), search)
+        cells = plan(apply(spec, g.combinations[0]) for g in planned.groups for spec in g.specs)
+        screens = plan((s for g in planned.groups for s in upper_bound(g)), role="screen")
+        return merge_planned(planned.plain, cells, screens)
+
+    waiting = [spec for spec in study.specs if spec.donor]
+    return [*resolved([s for s in study.specs if not s.donor]), *(resolved(waiting) if waiting else [])]
 
 
 def _size(study: Study, speed: float, search: bool = True) -> tuple[int, int, str]:
@@ -240,6 +252,119 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
     )
     report = write_report(out)
     return {"tally": tally, "report": report, "seconds": time.perf_counter() - start, "text": format_checks(report)}
+
+
+@dataclass
+class AtlasOptions:
+    """The options of `atlas` and of ``mixit atlas``: which tasks to map, at which preset's sizes, where to write the
+    study, and how its runs execute."""
+
+    task: tuple[str, ...] = ()
+    """A task to map (repeatable: --task addition --task dyck), one of addition, modular_addition, dyck, retrieval,
+    induction and memorization."""
+    preset: Literal["smoke", "quick"] = "quick"
+    """Whose sizes every task takes: quick (the paper study's, under docs/protocol.md) or smoke (seconds a run)."""
+    seeds: int | None = None
+    """Seeds per cell; null means the preset's first look (quick: 3, with seeds added to undecided words up to 7)."""
+    first_seed: int = 0
+    """The first seed: the cells' seeds are first_seed..first_seed+seeds-1."""
+    out: Path | None = None
+    """The study directory; null means runs/atlas-<preset>."""
+    executor: Executor = "local"
+    """Where the runs execute: local (a process pool), sequential (one after another in this process), slurm or
+    submitit-local (docs/scaling.md)."""
+    workers: int = 0
+    """Processes of the local pool (0: one per core)."""
+    threads: int = 0
+    """Torch threads per worker (0: one)."""
+    slurm: dict[str, Any] = field(default_factory=dict)
+    """A parameter of the Slurm jobs as KEY=VALUE (repeatable), as for mixit reproduce."""
+    retry_failed: bool = False
+    """Run again the runs that failed before (otherwise they are skipped)."""
+    list: bool = False
+    """Print the plan (cells and runs per task) and an estimate of its time here, and run nothing."""
+    max_runs: int = MAX_RUNS
+    """The most final runs (cells x seeds) the atlas may ask for: one that asks for more is refused before any work."""
+    progress: bool = True
+    """Show a progress bar."""
+    search: bool = True
+    """Choose each cell's settings on validation as the paper study does; false trains each at the preset's own."""
+
+
+def atlas(options: AtlasOptions) -> dict[str, Any]:
+    """Map which parts each task needs: the standard model, each part frozen alone and trained alone, MixiT and a
+    pattern transplant, searched and seeded as the paper study is, then the report with the map (docs/atlas.md).
+
+    Resumable: the same command again skips what has finished. From Python:
+    ``atlas(AtlasOptions(task=["addition"], preset="smoke", seeds=3, out=Path("runs/atlas")))``."""
+    seeds = typed("seeds", int | None, options.seeds)
+    check(seeds is None or seeds >= 1, f"seeds must be a positive integer or null, got {seeds}")
+    max_runs = typed("max_runs", int, options.max_runs)
+    check(max_runs >= 1, f"max_runs must be a positive integer, got {max_runs!r}")
+    check(options.preset in ("smoke", "quick"), f"unknown atlas preset {options.preset!r}; allowed: smoke, quick")
+    tasks = typed("task", tuple[str, ...], options.task)
+    study = atlas_study(tasks, options.preset, seeds, options.first_seed, max_runs)
+    pool = Pool(options.executor, options.workers, options.threads, dict(options.slurm))
+    if options.list:
+        return {"listing": atlas_listing(study, options.search)}
+    out = options.out or Path("runs") / f"{study.name}{'' if options.search else '-nosearch'}"
+
+    def announce() -> None:
+        print(size_line(study, options.search), file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    tally = execute(
+        study,
+        out,
+        pool,
+        options.retry_failed,
+        options.progress,
+        options.search,
+        announce=announce if options.progress else None,
+    )
+    result = write_report(out)
+    return {"tally": tally, "report": result, "seconds": time.perf_counter() - start, "text": atlas_text(out)}
+
+
+def atlas_listing(study: Study, search: bool = True) -> str:
+    """The atlas's plan: per task its cells, final runs and the most screening runs, and the most time here."""
+    speed = matmul_flops_per_second()
+    lines = [
+        f"{study.name}: {study.seeds} seed(s) per cell from seed {study.first_seed}"
+        + ("; seeds added to undecided words up to the protocol's last look" if study.more_seeds else "")
+        + (f"; runs still moving trained again at up to {study.extend[-1]}x" if study.extend else "")
+        + f". This machine: {speed / 1e9:.0f} GFLOP/s matmul, estimates assume {EFFICIENCY:.0%} of it and every run "
+        "to its step cap:"
+    ]
+    total = 0.0
+    for task in dict.fromkeys(s.labels["task"] for s in study.specs):
+        mine = replace(study, specs=[s for s in study.specs if s.labels["task"] == task])
+        planned = planned_runs(mine, search)
+        screens = sum(p.role == "screen" for p in planned)
+        seconds = sum(estimate_seconds(p.cfg, speed) for p in planned)
+        total += seconds
+        cells = len(
+            {json.dumps({k: v for k, v in s.labels.items() if k != "seed"}, sort_keys=True) for s in mine.specs}
+        )
+        lines.append(
+            f"  {task:<17} {cells} cells, {len(planned) - screens} final runs and at most {screens} screening runs, "
+            f"at most about {seconds / 60:.0f} min"
+        )
+    lines.append(f"  in all: at most about {total / 3600:.1f} h on this machine, before added seeds and extensions")
+    return "\n".join(lines)
+
+
+def atlas_text(study_dir: Path) -> str:
+    """The map in words, one line per task: each part's word frozen and alone, then MixiT's and the transplant's."""
+    found = atlas_map(collect(study_dir))
+    lines = []
+    for task in found["tasks"]:
+        cells = [c for c in found["cells"] if c["task"] == task]
+        said = [f"{c['part'] or c['regime']} {c['word']}" for c in cells if c["regime"] == "frozen"]
+        alone = [f"{c['part']} {c['word']}" for c in cells if c["regime"] == "alone"]
+        whole = [f"{c['regime']} {c['word']}" for c in cells if c["regime"] in ("mixit", "transplant")]
+        lines.append(f"{task}: frozen alone: {', '.join(said)}; trained alone: {', '.join(alone)}; {', '.join(whole)}")
+    return "\n".join([*lines, f"written to {study_dir / 'report.md'}"])
 
 
 def report(study_dir: Path) -> dict[str, Any]:

@@ -301,10 +301,16 @@ def _stages(
     The first stage is the runs that need no search and every search's rung-0 screening runs. Each later one
     holds what the runs finished so far ask for: a search's next screening runs, the searched cells whose search
     has chosen, and the extensions of the final runs (`_extensions`). A search that cannot go on (a screening run
-    that neither finished nor failed: a Slurm job that died) leaves its cells for the next call."""
-    planned = plan_study(study, search)
+    that neither finished nor failed: a Slurm job that died) leaves its cells for the next call.
+
+    A run with a donor (`RunSpec.donor`: a transplant, whose config reads its donor run) joins the study, with its
+    search, in the stage after its donor has finished at its longest budget (`donated`)."""
+    ready = [spec for spec in study.specs if not spec.donor]
+    waiting = [spec for spec in study.specs if spec.donor]
+    planned = plan_study(replace(study, specs=ready), search)
     runs: list[PlannedRun] = []
     wanted = merge_planned(planned.plain, list(planned.screens.values()))
+    given: list[RunSpec] = []  # the waiting runs whose donors have finished, with their donors' directories
     while True:
         known = {p.id for p in runs}
         stage = [p for p in wanted if p.id not in known]
@@ -313,16 +319,58 @@ def _stages(
         if not stage:
             return
         run(stage)
-        outcomes = _search_outcomes(planned, study_dir)
-        screens = plan((s for o in outcomes for s in o.screens), role="screen")
-        finals = list(planned.plain)
-        for group, outcome in zip(planned.groups, outcomes):
-            if outcome.chosen is not None:  # the search has chosen: its cells with the values chosen
-                for final in plan(apply(spec, outcome.chosen) for spec in group.specs):
-                    final.chosen = dict(outcome.chosen)
-                    finals.append(final)
-        finals = merge_planned(finals)
+        screens, finals = _decided(planned, study_dir)
+        now = donated(waiting, finals, study.extend, study_dir)
+        if len(now) > len(given):  # new transplants: the study planned again with them and their searches
+            given = now
+            planned = plan_study(replace(study, specs=[*ready, *given]), search)
+            screens, finals = _decided(planned, study_dir)
         wanted = merge_planned(screens, finals, _extensions(finals, study.extend, study_dir))
+
+
+def _decided(planned: SearchPlan, study_dir: Path) -> tuple[list[PlannedRun], list[PlannedRun]]:
+    """What `planned`'s runs finished so far ask for: the screening runs of its searches, and its final runs (those
+    with no search, and the searched cells whose search has chosen, with the values chosen)."""
+    outcomes = _search_outcomes(planned, study_dir)
+    screens = plan((s for o in outcomes for s in o.screens), role="screen")
+    finals = list(planned.plain)
+    for group, outcome in zip(planned.groups, outcomes):
+        if outcome.chosen is not None:  # the search has chosen: its cells with the values chosen
+            for final in plan(apply(spec, outcome.chosen) for spec in group.specs):
+                final.chosen = dict(outcome.chosen)
+                finals.append(final)
+    return screens, merge_planned(finals)
+
+
+def donated(
+    waiting: Sequence[RunSpec], finals: Sequence[PlannedRun], multiples: Sequence[int], study_dir: Path
+) -> list[RunSpec]:
+    """The runs of `waiting` whose donor (`RunSpec.donor`: the labels of a final run of `finals`) has finished at
+    the longest budget its cell is trained to (`longest`), each with that run's directory as its `transplant_from`
+    (an absolute path: a Slurm job may start elsewhere), in the order of `waiting`. A donor that failed gives none."""
+    found = []
+    for spec in waiting:
+        donors = [f for f in finals if any(_has(labels, spec.donor) for labels in f.labels)]
+        donor = longest(donors[0], multiples, study_dir) if donors else None
+        if donor is not None:
+            path = str(run_dir(study_dir, donor.id).resolve())
+            found.append(replace(spec, request=merge(spec.request, {"transplant_from": path}), donor={}))
+    return found
+
+
+def _has(labels: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def longest(final: PlannedRun, multiples: Sequence[int], study_dir: Path) -> PlannedRun | None:
+    """`final` at the longest budget it is trained to (its own cap, or the extension after which it settled, or the
+    last of `multiples`), once that run is done; None while a run of its chain has not finished, or if one failed."""
+    last = final
+    for multiple in multiples:
+        if state(study_dir, last.id) != "done" or not unconverged(study_dir, last.id):
+            break
+        last = extended(final, multiple)
+    return last if state(study_dir, last.id) == "done" else None
 
 
 def _extensions(finals: Sequence[PlannedRun], multiples: Sequence[int], study_dir: Path) -> list[PlannedRun]:

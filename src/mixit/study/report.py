@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mixit.files import check_output_dir, write_text
+from mixit.study.atlas import atlas_section
 from mixit.study.cells import cell_name, converged, converged_cell, fmt, not_converged, spread
 from mixit.study.collect import Result, StudyResults, collect, reported, task_class
 from mixit.study.directory import check_report_paths
@@ -294,6 +295,8 @@ def write_report(study_dir: Path) -> dict[str, Any]:
 
     for table in TABLES if paper else ():
         section(table.title, table.section(study))
+    if study.record.get("preset") == "atlas":
+        section("The atlas: which parts each task needs", atlas_section(study))
     if not paper:
         section("Cells", cells_section(study))
         section("Curves", curves_section(study))

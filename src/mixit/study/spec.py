@@ -42,6 +42,10 @@ class RunSpec:
     search: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     """Candidate values per dotted request path (``{"train.lr": (1e-3, 3e-3)}``), screened on the validation
     set to train this run with the best (`mixit.study.search`); empty: the request as it is."""
+    donor: Mapping[str, Any] = field(default_factory=dict)
+    """A transplant's donor: the labels (cell and seed) of the study's final run whose directory becomes this run's
+    `transplant_from`, once that run has finished at the longest budget its cell is trained to. Such a run is
+    planned only then, a stage after its donor (`mixit.study.executors`); empty: none."""
 
 
 @dataclass
@@ -317,7 +321,10 @@ class Study:
         text = json.dumps(
             {
                 "name": self.name,
-                "specs": [[s.request, s.labels, s.analyze, s.search if search else {}] for s in self.specs],
+                "specs": [
+                    [s.request, s.labels, s.analyze, s.search if search else {}, *([s.donor] if s.donor else [])]
+                    for s in self.specs
+                ],
                 "screen_fraction": self.screen_fraction if search else None,
                 **({"screen_min_steps": self.screen_min_steps} if search and self.screen_min_steps else {}),
                 **({"search_procedure": SEARCH_PROCEDURE} if search else {}),
@@ -387,9 +394,12 @@ def read_study_data(path: Path) -> dict[str, Any]:
 
 FILE_KEYS = (
     "name", "description", "seeds", "base", "grid", "analyze", "search", "screen_fraction", "screen_min_steps",
-    "extend",
+    "extend", "atlas",
 )  # fmt: skip
 """The keys a study file may hold (docs/studies.md, "The keys")."""
+
+ATLAS_KEYS = ("name", "description", "seeds", "atlas")
+"""The keys of a study file's atlas form (docs/atlas.md): the atlas table, and its name, description and seeds."""
 
 
 def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, max_runs: int = MAX_RUNS) -> Study:
@@ -407,6 +417,18 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, m
     check(not unknown, f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(FILE_KEYS)}")
     name = data.get("name", Path(path).stem)
     check(isinstance(name, str) and bool(name), f"{where}: name must be a non-empty string")
+    if "atlas" in data:
+        beside = sorted(set(data) - set(ATLAS_KEYS))
+        check(not beside, f"{where}: an atlas takes only {', '.join(ATLAS_KEYS)}, not {', '.join(beside)}")
+        # Here, not at the top: the atlas judges its cells with the report's readers, which import this module.
+        from mixit.study.atlas import atlas_study, read_atlas_file
+
+        tasks, preset = read_atlas_file(data, where)
+        n_seeds = typed(f"{where}: seeds", int | None, seeds if seeds is not None else data.get("seeds"))
+        study = atlas_study(tasks, preset, n_seeds, first_seed, max_runs, name)
+        study.description = data.get("description", study.description)
+        study.source = json.loads(json.dumps(data, default=str))
+        return study
     base, axes = data.get("base", {}), data.get("grid", {})
     check(isinstance(base, dict) and isinstance(axes, dict), f"{where}: base and grid must be tables")
     analyze = data.get("analyze", False)
