@@ -4,6 +4,7 @@ resumes exactly."""
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -141,26 +142,36 @@ def _tiny(**kw):
     return run_config("addition", "standard", {"n_digits": 1}, **{**base, **kw})
 
 
-def test_early_stopping_stops_a_converged_run_and_a_resume_does_not_train_it_further(tmp_path):
-    # 1-digit addition: 100 pairs, learnt in a few hundred steps; the budget is far more.
-    cfg = _tiny(steps=3000, eval_every=50, early_stop=True, patience=2, test_size=20, val_size=20)
-    summary = train(cfg, tmp_path / "run", progress=False)
+EARLY_STOP = dict(steps=3000, eval_every=50, early_stop=True, patience=2, test_size=20, val_size=20)
+"""1-digit addition: 100 pairs, learnt in a few hundred steps; the budget is far more."""
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """A run of `EARLY_STOP` trained once for the module, stopped early: its directory and its summary. Tests that
+    resume it do so in a copy."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    return run, train(_tiny(**EARLY_STOP), run, progress=False)
+
+
+def test_early_stopping_stops_a_converged_run_and_a_resume_does_not_train_it_further(stopped, tmp_path):
+    summary = stopped[1]
     conv = summary["convergence"]
     assert conv["stopped_early"] and conv["reason"] in ("solved", "plateau")
     assert conv["steps_trained"] < 3000 and conv["steps_trained"] % 50 == 0
+    shutil.copytree(stopped[0], tmp_path / "run")
     latest = (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
     assert latest == f"step_{conv['steps_trained']:07d}"  # a checkpoint where it stopped
     before = (tmp_path / "run" / "metrics.jsonl").read_text()
-    again = train(cfg, tmp_path / "run", resume=True, progress=False)
+    again = train(_tiny(**EARLY_STOP), tmp_path / "run", resume=True, progress=False)
     assert again == summary and (tmp_path / "run" / "metrics.jsonl").read_text() == before
 
 
-def test_a_run_killed_after_it_stopped_resumes_to_the_same_summary(tmp_path):
-    cfg = _tiny(steps=3000, eval_every=50, early_stop=True, patience=2, test_size=20, val_size=20)
-    summary = train(cfg, tmp_path / "a", progress=False)
-    train(cfg, tmp_path / "b", progress=False)
+def test_a_run_killed_after_it_stopped_resumes_to_the_same_summary(stopped, tmp_path):
+    run, summary = stopped
+    shutil.copytree(run, tmp_path / "b")
     (tmp_path / "b" / "summary.json").unlink()  # killed between the last checkpoint and the summary
-    resumed = train(cfg, tmp_path / "b", resume=True, progress=False)
+    resumed = train(_tiny(**EARLY_STOP), tmp_path / "b", resume=True, progress=False)
     assert (
         resumed["test"] == summary["test"]
         and resumed["convergence"]["steps_trained"] == (summary["convergence"]["steps_trained"])

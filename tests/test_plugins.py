@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from mixit.cli import main
 from mixit.errors import UsageError
 from mixit.plugins import ENV, load_plugins, plugin_names
 from mixit.registry import Registry
@@ -42,6 +43,23 @@ def mixit(args, cwd, **env):
     environment.update(HF_HUB_OFFLINE="1", **env)
     command = [sys.executable, "-m", "mixit", *args]
     return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=300)
+
+
+def mixit_here(args, cwd, monkeypatch, capsys, **env):
+    """`mixit ARGS` in this process, in `cwd`, with `env` set (PYTHONPATH put on sys.path): its exit status, stdout
+    and stderr. For plugins that fail to import, which leave nothing behind in the process."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # Python's own __pycache__ of the plugin stays unwritten
+    for key, value in env.items():
+        if key == "PYTHONPATH":
+            monkeypatch.syspath_prepend(value)
+        else:
+            monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def test_a_plugin_variant_trains_from_the_command_line_and_in_a_studys_workers(tmp_path):
@@ -79,11 +97,11 @@ def test_an_installed_entry_point_is_a_plugin(tmp_path):
         ("broken.py", "cannot be imported: ZeroDivisionError: division by zero"),
     ],
 )
-def test_a_plugin_that_cannot_be_imported_is_refused_in_one_line(tmp_path, plugin, message):
+def test_a_plugin_that_cannot_be_imported_is_refused_in_one_line(tmp_path, plugin, message, monkeypatch, capsys):
     (tmp_path / "broken.py").write_text("1 / 0\n")
-    done = mixit(["list"], tmp_path, MIXIT_PLUGINS=plugin)
-    assert done.returncode == 2 and message in done.stderr, done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1 and done.stdout == ""
+    code, out, err = mixit_here(["list"], tmp_path, monkeypatch, capsys, MIXIT_PLUGINS=plugin)
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1 and out == ""
 
 
 def snapshot(root):
@@ -113,16 +131,18 @@ def installed(tmp_path, module):
         ("entry point", "raise RuntimeError('no licence')\n", "RuntimeError: no licence"),
     ],
 )
-def test_a_plugin_that_exits_is_interrupted_or_raises_is_refused_before_a_study_writes(tmp_path, how, source, raised):
+def test_a_plugin_that_exits_is_interrupted_or_raises_is_refused_before_a_study_writes(
+    tmp_path, how, source, raised, monkeypatch, capsys
+):
     (tmp_path / "bad_plugin.py").write_text(source)
     (tmp_path / "grid.toml").write_text(STUDY)
-    env = {"PYTHONDONTWRITEBYTECODE": "1"}  # Python's own __pycache__ of the plugin would change the snapshot
     name = "bad_plugin.py" if how == "file" else "bad_plugin"
-    env |= installed(tmp_path, name) if how == "entry point" else {ENV: name, "PYTHONPATH": str(tmp_path)}
+    env = installed(tmp_path, name) if how == "entry point" else {ENV: name, "PYTHONPATH": str(tmp_path)}
     before = snapshot(tmp_path)
-    done = mixit(["reproduce", "--study", "grid.toml", "--out", "study", "--no-progress"], tmp_path, **env)
-    assert done.returncode == 2 and done.stdout == "", done.stderr
-    lines = done.stderr.strip().splitlines()
+    args = ["reproduce", "--study", "grid.toml", "--out", "study", "--no-progress"]
+    code, out, err = mixit_here(args, tmp_path, monkeypatch, capsys, **env)
+    assert code == 2 and out == "", err
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"mixit reproduce: error: plugin {name!r} (from MIXIT_PLUGINS")
     assert lines[0].endswith(f"cannot be imported: {raised}") or f"cannot be imported: {raised} (" in lines[0], lines
     assert snapshot(tmp_path) == before and not (tmp_path / "study").exists()

@@ -505,35 +505,56 @@ import json, sys
 from mixit import run_config, train
 from mixit.tracking import Tracking
 from trackio.sqlite_storage import SQLiteStorage
-cfg = run_config("addition", "standard", {"n_digits": 2}, **json.loads(sys.argv[2]))
+resumed, named, kw = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+cfg = run_config("addition", "standard", {"n_digits": 2}, **kw)
 class Stop(Exception): pass
 def stop(step, loss):
     if step == 7:
         raise Stop
 try:
-    train(cfg, sys.argv[1], progress=False, on_step=stop, tracking=Tracking(["trackio"]))
+    train(cfg, resumed, progress=False, on_step=stop, tracking=Tracking(["trackio"]))
 except Stop:
     pass
-train(cfg, sys.argv[1], resume=True, progress=False, tracking=Tracking(["trackio"]))
+train(cfg, resumed, resume=True, progress=False, tracking=Tracking(["trackio"]))
 print(json.dumps(SQLiteStorage.get_logs("mixit", "run")))
+train(cfg, named, progress=False, tracking=Tracking(["trackio"], "proj", "named"))
+print(json.dumps([len(SQLiteStorage.get_logs("proj", "named")), len(SQLiteStorage.get_logs("mixit", "named"))]))
 """
 
 
-def test_trackio_holds_every_point_once_after_a_resume(tmp_path):
-    # In a process of its own: trackio reads TRACKIO_DIR, where it keeps its store, once, when imported.
-    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
-    kw = json.dumps(TINY)
+@pytest.fixture(scope="module")
+def trackio_runs(tmp_path_factory):
+    """Two runs sent to one trackio store by a process of its own (trackio reads TRACKIO_DIR, where it keeps its
+    store, once, when imported): RUN/run, interrupted after step 7 and resumed; RUN/named, with a project and a
+    name. Their directory, and the last two lines the process printed (what the store holds of each)."""
+    root = tmp_path_factory.mktemp("trackio")
+    env = {**os.environ, "TRACKIO_DIR": str(root / "trackio")}
     result = subprocess.run(
-        [sys.executable, "-c", TRACKIO_SCRIPT, str(tmp_path / "run"), kw], env=env, capture_output=True, text=True
+        [sys.executable, "-c", TRACKIO_SCRIPT, str(root / "run"), str(root / "named"), json.dumps(TINY)],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr
-    assert "Trackio" not in result.stdout.splitlines()[-1]  # what trackio prints goes to stderr
+    return root, result.stdout.splitlines()[-2:]
+
+
+def test_trackio_holds_every_point_once_after_a_resume(trackio_runs):
+    root, (logs, _) = trackio_runs
+    assert "Trackio" not in logs  # what trackio prints goes to stderr
     got = defaultdict(list)
-    for row in json.loads(result.stdout.splitlines()[-1]):
+    for row in json.loads(logs):
         for name, value in row.items():
             if name not in ("step", "timestamp") and not name.startswith("summary/"):
                 got[name].append((row["step"], value))
-    assert_same_points(dict(got), expected(tmp_path / "run"), resumed_in_place=True)
+    assert_same_points(dict(got), expected(root / "run"), resumed_in_place=True)
+
+
+def test_trackio_takes_the_project_and_the_name(trackio_runs):
+    root, (_, counts) = trackio_runs
+    in_project, in_default = json.loads(counts)
+    assert in_project == len(Run.open(root / "named").metrics()) + 1 and in_default == 0  # every event, the summary
+    assert tracking_state(Run.open(root / "named"))["trackio"] == {"project": "proj", "name": "named"}
 
 
 # -- names and projects -------------------------------------------------------------------------
@@ -562,31 +583,6 @@ def test_the_options_name_the_project_and_the_run_and_the_environment_names_the_
         assert tensorboard_text(out, "tags") == about + "task=addition, variant=standard, seed=0"
     # Names are no part of the run: the same config, the same id.
     assert (tmp_path / "plain" / "config.json").read_bytes() == (tmp_path / "named" / "config.json").read_bytes()
-
-
-TRACKIO_NAMED_SCRIPT = """
-import json, sys
-from mixit import run_config, train
-from mixit.tracking import Tracking
-from trackio.sqlite_storage import SQLiteStorage
-cfg = run_config("addition", "standard", {"n_digits": 2}, **json.loads(sys.argv[2]))
-train(cfg, sys.argv[1], progress=False, tracking=Tracking(["trackio"], "proj", "named"))
-print(json.dumps([len(SQLiteStorage.get_logs("proj", "named")), len(SQLiteStorage.get_logs("mixit", "named"))]))
-"""
-
-
-def test_trackio_takes_the_project_and_the_name(tmp_path):
-    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
-    result = subprocess.run(
-        [sys.executable, "-c", TRACKIO_NAMED_SCRIPT, str(tmp_path / "run"), json.dumps(TINY)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr
-    in_project, in_default = json.loads(result.stdout.splitlines()[-1])
-    assert in_project == len(Run.open(tmp_path / "run").metrics()) + 1 and in_default == 0  # every event, the summary
-    assert tracking_state(Run.open(tmp_path / "run"))["trackio"] == {"project": "proj", "name": "named"}
 
 
 def test_a_study_in_worker_processes_names_its_runs_readably_under_the_project_and_prefix(tmp_path, mlflow_uri):
