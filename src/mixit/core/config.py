@@ -113,14 +113,25 @@ def field_hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of dataclass `cls` (and its bases), on one line."""
+_PARSED: dict[object, Any] = {}
+
+
+def parsed_doc(obj: object) -> Any:
+    """docstring_parser's reading of `obj`'s docstrings (its fields' too), once per object: it reads the source,
+    which is slow, and every parser built for the command line asks again."""
     import docstring_parser  # here, not above: the model code a --to hub export ships imports this module
 
+    if obj not in _PARSED:
+        _PARSED[obj] = docstring_parser.parse_from_object(obj)
+    return _PARSED[obj]
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass `cls` (and its bases), on one line."""
     fields, docs = {f.name for f in dataclasses.fields(cls)}, {}
     for klass in reversed(cls.__mro__):
         if dataclasses.is_dataclass(klass):
-            for param in docstring_parser.parse_from_object(klass).params:
+            for param in parsed_doc(klass).params:
                 if param.arg_name in fields:
                     docs[param.arg_name] = " ".join((param.description or "").split())
     return docs
@@ -128,9 +139,7 @@ def field_docs(cls: type) -> dict[str, str]:
 
 def short_doc(obj: object) -> str:
     """The first line of an object's docstring."""
-    import docstring_parser
-
-    return (docstring_parser.parse_from_object(obj).short_description or "").strip()
+    return (parsed_doc(obj).short_description or "").strip()
 
 
 class Config:
