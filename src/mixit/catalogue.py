@@ -15,29 +15,22 @@ from mixit.core.recipes import RECIPES
 from mixit.core.tasks import TASKS
 
 
-def _type_label(hint: Any) -> str:
-    return getattr(hint, "__name__", str(hint).replace("typing.", ""))
-
-
 def catalogue() -> dict[str, Any]:
     """Every registered choice, as a JSON-serialisable dict."""
     tasks = {}
     for name, cls in TASKS.items():
         hints, docs = field_hints(cls.Config), field_docs(cls.Config)
+        types = {k: getattr(hint, "__name__", str(hint).replace("typing.", "")) for k, hint in hints.items()}
         tasks[name] = {
             "description": cls.description(),
             "parameters": {
-                key: {"default": value, "type": _type_label(hints[key]), "doc": docs.get(key, "")}
+                key: {"default": value, "type": types[key], "doc": docs.get(key, "")}
                 for key, value in cls.Config().to_dict().items()
             },
             "defaults": dict(cls.Config.run_defaults),
         }
     variants = {
-        name: {
-            "attention": v.attention,
-            "description": v.description,
-            "freezes": list(v.freeze),
-        }
+        name: {"attention": v.attention, "description": v.description, "freezes": list(v.freeze)}
         for name, v in VARIANTS.items()
     }
     recipes = {
@@ -57,8 +50,15 @@ def catalogue() -> dict[str, Any]:
     }
 
 
-def format_catalogue(listing: dict[str, Any]) -> str:
-    """`catalogue()` as text for a terminal."""
+def catalogue_text(json: bool = False) -> str:
+    """List the tasks with their parameters and defaults, the variants, attention kinds, recipes and activations.
+
+    Args:
+        json: Print machine-readable JSON instead of text.
+    """
+    listing = catalogue()
+    if json:
+        return jsonlib.dumps(listing, indent=2)
     lines = ["tasks (--task NAME; parameters with -p KEY=VALUE; own defaults of other options in brackets):"]
     for name, info in listing["tasks"].items():
         params = ", ".join(f"{k}={p['default']!r}" for k, p in info["parameters"].items())
@@ -85,13 +85,3 @@ def format_catalogue(listing: dict[str, Any]) -> str:
                 lines.append(f"  {'':<17} {task}: {text}")
     lines.append(f"activations (--activation): {', '.join(listing['activations'])}")
     return "\n".join(lines)
-
-
-def catalogue_text(json: bool = False) -> str:
-    """List the tasks with their parameters and defaults, the variants, attention kinds, recipes and activations.
-
-    Args:
-        json: Print machine-readable JSON instead of text.
-    """
-    listing = catalogue()
-    return jsonlib.dumps(listing, indent=2) if json else format_catalogue(listing)

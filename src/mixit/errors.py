@@ -1,12 +1,8 @@
-"""The exceptions mixit raises for bad user input and for faults of the machine, and the category of its own
-warnings.
+"""The exceptions for bad user input and for faults of the machine, and the category of mixit's own warnings.
 
-Anything a user can get wrong (an option, a value, a run directory, a checkpoint file) raises `UsageError`
-before any work starts: the CLI prints it on one line and exits with status 2. A fault of the machine (a full
-disk, no permission, a read-only filesystem, a name too long, too many open files: `WORDS`) is one line too,
-worded by `machine_fault`: a refusal where a check finds it before any work (`faults_refused`), a `MachineFault`
-with exit status 1 where work is under way (`faults_said`; docs/reliability.md, "Faults of the machine").
-A `MixitWarning` is printed by the CLI as one ``mixit: warning: ...`` line.
+Bad input raises `UsageError` before any work: one line, exit status 2. A fault of the machine (`WORDS`) is one
+line too (`machine_fault`): refused where a check finds it before any work (`faults_refused`), a `MachineFault`
+with exit status 1 once work is under way (`faults_said`; docs/reliability.md, "Faults of the machine").
 """
 
 import contextlib
@@ -37,13 +33,11 @@ class MachineFault(OSError):
 
 
 FAULTS: tuple[type[Exception], ...] = (OSError, SafetensorError)
-"""What a fault of the machine is raised as: an OSError, or safetensors' error, whose message alone holds the
-OS error's number (``I/O error: No space left on device (os error 28)``)."""
+"""What a fault of the machine is raised as: an OSError, or safetensors' error, whose message holds the errno."""
 
 ACCESS = "give this user access to it, or choose a path of your own"
 
-RUST_ERRNO = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
-"""Where a SafetensorError's message holds the OS error's number (safetensors' wordings of Rust's io::Error)."""
+RUST_ERRNO = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")  # safetensors' wordings of Rust's io::Error
 
 WORDS: dict[int, tuple[str, str, str]] = {
     errno.ENOSPC: ("no space left on device writing {path}", "no space left on device", "free some space on it"),
@@ -127,7 +121,7 @@ def show_warning(shown: Callable[..., None], message: Warning | str, category: t
     """A `warnings.showwarning` for the CLI and a study's workers: a `MixitWarning` as one ``mixit: warning: ...``
     line, any other as `shown` (the previous one) shows it, with its file and line `where`."""
     if issubclass(category, MixitWarning):
-        print(f"mixit: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+        print(f"mixit: warning: {one_line(message)}", file=sys.stderr, flush=True)
     else:
         shown(message, category, *where)
 
@@ -163,13 +157,10 @@ class DamagedFile(UsageError):
 
 @contextlib.contextmanager
 def damaged(file: Path, remedy: str) -> Iterator[None]:
-    """Within: what reading `file` raises where it is missing, truncated or corrupt becomes one `DamagedFile` line
-    naming it and `remedy` (what to do).
-
-    The libraries raise OSError, ValueError (json's), KeyError and TypeError (an entry missing or of another
-    type), RuntimeError (torch's ``load_state_dict``) and SafetensorError; a UsageError of mixit's own gets
-    `remedy` added. Code inside should read the file and no more, since whatever raises there is blamed on it;
-    but a fault of the machine (`machine_fault`) is refused as such: the file may be sound."""
+    """Within: what reading `file` raises where it is missing, truncated or corrupt (a library's error, or a
+    UsageError of mixit's own) becomes one `DamagedFile` line naming it and `remedy` (what to do). Code inside
+    should read the file and no more: whatever raises there is blamed on it. A fault of the machine is refused as
+    such (`faults_refused`): the file may be sound."""
     try:
         with faults_refused(file):
             yield
@@ -188,3 +179,8 @@ def reason_of(error: BaseException) -> str:
     path)."""
     text = error.strerror if isinstance(error, OSError) and error.strerror else str(error).strip().partition("\n")[0]
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def one_line(error: BaseException | Warning | str) -> str:
+    """What `error` says, which may span lines, on one line."""
+    return " ".join(str(error).split())

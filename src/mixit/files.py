@@ -14,8 +14,7 @@ from typing import IO, Any
 
 from mixit.errors import UsageError, fault_errno, fault_line, faults_refused
 
-TEMPORARY = re.compile(r"\..+\.[0-9]+\.tmp")
-"""The name of `write_text`'s temporary file, ``.NAME.PID.tmp``: one left behind was a killed write's."""
+TEMPORARY = re.compile(r"\..+\.[0-9]+\.tmp")  # `write_text`'s .NAME.PID.tmp: one left behind was a killed write's
 
 
 def write_text(path: Path, text: str) -> None:
@@ -42,18 +41,16 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def give_open_mode(path: Path) -> None:
-    """Give the file `path` the mode `open(path, "w")` gives (0666 less the umask), as every other file mixit
-    writes has: safetensors writes through a temporary file created 0600, which a cluster's group cannot read.
-
-    The umask is read from /proc/self/status where Linux says it: setting it to read it, as elsewhere, changes it
-    for every thread for a moment. A filesystem that keeps no modes and refuses one leaves the file as it is."""
+    """Give the file `path` the mode `open(path, "w")` gives (0666 less the umask): safetensors writes through a
+    temporary file created 0600, which a cluster's group cannot read. The umask is read from /proc/self/status
+    where Linux has it, since setting it to read it changes it for every thread for a moment."""
     mask = None
     with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status") as status:
         mask = int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
     if mask is None:
         mask = os.umask(0o077)
         os.umask(mask)
-    with contextlib.suppress(PermissionError):
+    with contextlib.suppress(PermissionError):  # a filesystem that keeps no modes leaves the file as it is
         os.chmod(path, 0o666 & ~mask)
 
 

@@ -1,19 +1,9 @@
 """The options of `mixit`'s commands, generated from typed declarations and parsed by jsonargparse.
 
 Every option is declared once, as a dataclass field or a function parameter with a type hint, a default and a
-docstring. `Parser.add_options` turns each into one jsonargparse ``add_argument`` whose type is the hint, so
-jsonargparse reads and checks the value. What mixit adds (docs/design.md, "Configuration", says why):
-
-- two names: the path jsonargparse gives it (``--model.d_model``) and the bare name with dashes (``--d-model``),
-  unless another option already has that one;
-- a bool alone is true (``--compile``) and ``--no-compile`` false;
-- a list may be given comma-separated (``--depths 2,4``): `bracket_lists` brackets it for jsonargparse;
-- --help states each option's type and default as typed on the command line (``Type: int or null; default:
-  null.``), and a value of the wrong type is refused in those words (``train.steps: expected int, got 'ten'``).
-
-`call` maps the parsed options back onto the function. A parameter typed as a dataclass contributes its fields
-and is built from them; a Callable parameter is a hook the caller supplies; ``task`` with ``task_params`` takes
-``-p KEY=VALUE`` typed by the task's Config; a mapping parameter (``--slurm``) takes repeatable ``KEY=VALUE``.
+docstring; `Parser.add_options` turns each into one jsonargparse ``add_argument`` typed by the hint, and `call` maps
+the parsed options back onto the function. What mixit adds (two names, ``--compile``/``--no-compile``, comma lists,
+--help in the command line's words, one-line refusals) and why: docs/design.md, "Configuration".
 """
 
 from __future__ import annotations
@@ -36,10 +26,9 @@ from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
 from mixit.core.config import field_docs, field_hints, help_type, short_doc, typed
 from mixit.core.tasks import TASKS
-from mixit.errors import UsageError
+from mixit.errors import UsageError, one_line
 
-REQUIRED: Any = dataclasses.MISSING
-"""The default of an option that has none."""
+REQUIRED: Any = dataclasses.MISSING  # the default of an option that has none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,10 +145,8 @@ class Parser(ArgumentParser):
             **kwargs,
         )
         self.add_argument("-h", "--help", action="help", help="Show this help message and exit.")
-        self.spellings: dict[str, Option] = {}
-        """Each name of an option that takes a value, and the option."""
-        self.commands: dict[str, Parser] = {}
-        """The parser of each subcommand, by name."""
+        self.spellings: dict[str, Option] = {}  # each name of an option that takes a value, and the option
+        self.commands: dict[str, Parser] = {}  # the parser of each subcommand, by name
 
     def add_options(
         self,
@@ -288,11 +275,6 @@ def task_params(task: Any, items: Sequence[str]) -> dict[str, Any]:
             raise UsageError(f"unknown parameter {key!r} for task {task}; allowed: {allowed}")
         values[key] = typed(f"task parameter {key}", hints[key], value)
     return values
-
-
-def one_line(error: BaseException) -> str:
-    """An error's message, which may span lines, on one line."""
-    return " ".join(str(error).split())
 
 
 def key_values(option: str, items: Sequence[str]) -> dict[str, Any]:

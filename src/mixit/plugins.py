@@ -1,19 +1,7 @@
-"""Plugins: what you register (a task, a variant, an attention kind; docs/extending.md) from a module of
-your own, outside mixit's source, in every process that needs it.
-
-A study trains in worker processes and Slurm jobs that start afresh: a task registered by the script or
-notebook that started the study is unknown to them. A plugin module is imported by every mixit process
-instead, the study's workers and jobs included (`load_plugins`), when it is named
-
-- in the environment variable ``MIXIT_PLUGINS``: comma-separated module names (importable from
-  sys.path) or paths of .py files, e.g. ``MIXIT_PLUGINS=my_tasks.py mixit reproduce --study grid.toml``
-  (workers inherit the environment; so do Slurm jobs, which sbatch starts with the submitting shell's);
-- or by an installed package, as an entry point of the group ``mixit.plugins`` whose value is the module
-  (``[project.entry-points."mixit.plugins"]`` ``my_tasks = "my_package.tasks"`` in its pyproject.toml).
-
-The command line loads them before it parses anything, so a plugin's task is in ``mixit list``, in
-``mixit train --task`` and in ``--help``; from Python, `load_plugins()` does the same (importing the module
-yourself is as good in one process).
+"""Plugins: modules of your own that register a task, a variant or an attention kind (docs/extending.md,
+"Plugins"), imported by every mixit process, a study's workers and Slurm jobs included (`load_plugins`). They are
+named in ``MIXIT_PLUGINS`` (comma-separated module names or .py paths) or by an installed package's entry point
+of the group ``mixit.plugins``; the command line loads them before it parses anything.
 """
 
 from __future__ import annotations
@@ -25,16 +13,11 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from mixit.errors import UsageError
+from mixit.errors import UsageError, one_line
 
-ENV = "MIXIT_PLUGINS"
-"""The environment variable naming plugin modules or files."""
-
-GROUP = "mixit.plugins"
-"""The entry-point group of installed packages' plugin modules."""
-
-_loaded: set[str] = set()
-"""The plugins this process has imported (each once)."""
+ENV = "MIXIT_PLUGINS"  # names plugin modules or files
+GROUP = "mixit.plugins"  # the entry-point group of installed packages' plugin modules
+_loaded: set[str] = set()  # the plugins this process has imported (each once)
 
 
 def plugin_names() -> list[str]:
@@ -59,18 +42,13 @@ def load_plugins() -> list[str]:
         try:
             _import(name)
         except BaseException as e:  # a plugin's own error, whatever it is, is said in one line
+            raised = f"{type(e).__name__}: {one_line(e)}" if str(e).strip() else type(e).__name__
             raise UsageError(
-                f"plugin {name!r} (from {ENV} or the entry points of {GROUP}) cannot be imported: {_raised(e)}"
+                f"plugin {name!r} (from {ENV} or the entry points of {GROUP}) cannot be imported: {raised}"
             ) from e
         _loaded.add(name)
         imported.append(name)
     return imported
-
-
-def _raised(e: BaseException) -> str:
-    """What `e` says, on one line: its type and its message (``SystemExit: 3`` for ``sys.exit(3)``)."""
-    message = " ".join(str(e).split())
-    return f"{type(e).__name__}: {message}" if message else type(e).__name__
 
 
 def _import(name: str) -> None:

@@ -1,21 +1,9 @@
 """The device a command runs on, and process-level settings that make CPU training faster.
 
-glibc's malloc serves a request above its mmap threshold with a fresh
-``mmap`` and returns it with ``munmap`` on free; the threshold adapts upwards
-but stops at 32 MiB on 64-bit systems. A training step allocates and frees
-activations of exactly that size and larger on every step (64 x 128 x 1024
-fp32 is 32 MiB), so each of them is mapped anew and its pages faulted in and
-zeroed by the kernel before torch writes a single value. Measured on this
-project's 2-core machine (`docs/results/performance/step_ab.py --setting allocator`): an
-elementwise multiply of two such tensors takes 21.8 ms with fresh pages and
-5.4 ms when the memory is reused, and one training step of the standard model
-at d_model 256, 4 layers, batch 64 x 128 drops from 2.83 s to 2.57 s.
-
-`tune_allocator` raises the mmap threshold and the heap trim threshold so
-that large blocks stay in the heap and are reused. The cost is that memory
-freed by torch is kept by the process (resident memory stays at its peak)
-instead of being returned to the system. The ``mixit`` command calls it once
-at start-up; library users who want the same behaviour call it themselves.
+`tune_allocator` keeps large freed blocks in glibc's heap: above its mmap threshold (adaptive, but capped at
+32 MiB) every activation is mapped afresh and its pages zeroed by the kernel on every step. The cost: resident
+memory stays at its peak. The ``mixit`` command calls it at start-up; a library user calls it themselves
+(docs/design.md, "glibc malloc thresholds"; docs/performance.md has the measurements).
 """
 
 from __future__ import annotations
@@ -41,11 +29,8 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 def tune_allocator() -> bool:
-    """Keep large freed blocks in glibc's heap (see the module docstring).
-
-    Returns True if both settings were applied, False where the C library is
-    not glibc (macOS, musl, Windows), which is left untouched.
-    """
+    """Keep large freed blocks in glibc's heap (the module docstring says why): True if both settings were applied,
+    False where the C library is not glibc (macOS, musl, Windows), which is left untouched."""
     libc = _glibc()
     if libc is None:
         return False
@@ -55,8 +40,8 @@ def tune_allocator() -> bool:
 
 
 def release_free_memory() -> None:
-    """Return the free part of glibc's heap to the system (``malloc_trim``), so
-    that the resident set counts live memory only; a no-op elsewhere."""
+    """Return the free part of glibc's heap to the system (``malloc_trim``), so that the resident set counts live
+    memory only; a no-op elsewhere."""
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)

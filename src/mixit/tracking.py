@@ -1,18 +1,10 @@
 """Tracking sinks: a run's metrics.jsonl and summary, projected onto TensorBoard, W&B, MLflow or trackio through
 accelerate's trackers (docs/tracking.md).
 
-    mixit train --logger tensorboard,wandb ...       # any subset of `SINKS`
-    mixit reproduce --logger mlflow ...              # every run of the study, grouped under its name
-    mixit export-logs RUN_OR_STUDY --to tensorboard  # a run trained without a sink, or a sink left short
-
-metrics.jsonl is the record; a sink is sent its events as points (`points`, `summary_points`), from rank 0 only.
-Which sinks a session uses, and how it names the runs (`Tracking`, which `train` takes as its `tracking`), is no part
-of config.json or of a run id.
-
-Every point reaches a sink once across kills: the run's tracking.json remembers each sink and what identifies the
-run there, written before the sink holds anything; each session reads back from every sink what it holds (never
-counted by mixit) and sends it the rest (`Feed`). `check_sinks` refuses a sink that cannot work in one line before
-any work; a sink that fails later is warned about once and sent nothing more in that session.
+metrics.jsonl is the record. Every point reaches a sink once across kills: tracking.json remembers each sink and
+what identifies the run there, written before the sink holds anything, and each session reads back from every sink
+what it holds and sends it the rest (`Feed`). A sink that cannot work is refused in one line before any work
+(`check_sinks`); one that fails later is warned about once and sent nothing more in that session.
 """
 
 from __future__ import annotations
@@ -37,7 +29,7 @@ from typing import Any, Literal, cast, get_args
 from mixit.core.config import flatten
 from mixit.core.experiment import RunConfig
 from mixit.core.run import LOCK, Run, is_number
-from mixit.errors import UsageError, require
+from mixit.errors import UsageError, one_line, require
 from mixit.files import check_output_dir, read_json, write_json
 from mixit.version import install_hint
 
@@ -46,17 +38,10 @@ Sink = Literal["tensorboard", "wandb", "mlflow", "trackio"]
 
 SINKS: tuple[str, ...] = get_args(Sink)
 
-DEFAULT_PROJECT = "mixit"
-"""The W&B and trackio project, and the MLflow experiment, where nothing names one."""
-
-NAME_MAX = 128
-"""The longest project or run name a user may give: W&B's limit for a project."""
-
-PROJECT_FORBIDDEN = "/\\#?%:"
-"""The characters W&B refuses in a project's name (trackio makes a file of it, which takes no / either)."""
-
-REACH_TIMEOUT_S = 2.5
-"""How long an http(s) tracking server has to accept a connection before it is refused as unreachable."""
+DEFAULT_PROJECT = "mixit"  # the W&B and trackio project, and the MLflow experiment, where nothing names one
+NAME_MAX = 128  # the longest project or run name a user may give: W&B's limit for a project
+PROJECT_FORBIDDEN = "/\\#?%:"  # what W&B refuses in a project's name (trackio makes a file of it: no / either)
+REACH_TIMEOUT_S = 2.5  # seconds an http(s) tracking server has to accept a connection
 
 
 def tracking_state(run: Run) -> dict[str, dict[str, Any]]:
@@ -239,10 +224,10 @@ class SinkKind(abc.ABC):
     """The points (name, step) the sink holds, read back from it as the session starts."""
 
     @staticmethod
+    @abc.abstractmethod
     def check(run: Run | None, held: Held) -> None:
         """Refuse, in one line naming what to set, settings the sink cannot work with. `run`: the run it will write,
-        if it exists already. Nothing to refuse by default."""
-        return None
+        if it exists already."""
 
     def new_ids(self, grouping: Grouping) -> dict[str, Any]:
         """What identifies a run new to the sink, recorded before it starts (a session killed at once goes on
@@ -541,7 +526,7 @@ class Feed:
         try:
             yield
         except Exception as e:  # any failure of a sink's library (network, disk, its own bugs) is the sink's
-            message = " ".join(str(e).split()) or type(e).__name__
+            message = one_line(e) or type(e).__name__
             print(
                 f"mixit: warning: the {name} logger failed ({type(e).__name__}: {message[:300]}); nothing more goes "
                 f"to it in this session (metrics.jsonl holds every event; the next session sends it what it lacks)",
