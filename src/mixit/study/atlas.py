@@ -30,7 +30,7 @@ from mixit.core.experiment import merge, resolve
 from mixit.core.models import ATTENTION
 from mixit.errors import UsageError
 from mixit.study.collect import Result, StudyResults, collect
-from mixit.study.presets import PRESETS, Scale
+from mixit.study.presets import ALGORITHMIC, PRESETS, Scale
 from mixit.study.spec import MAX_RUNS, RunSpec, Seeds, Study, check_size, grid, seed_range
 from mixit.study.verdicts import RULE, Check, Part, accuracy, judge
 
@@ -49,7 +49,7 @@ PARTS: dict[str, tuple[str, ...]] = {
 WHOLE = ("mixit", "transplant")
 """The regimes of the map's last columns, each a drop from the standard model: MixiT and the pattern transplant."""
 
-TASKS = ("addition", "modular_addition", "dyck", "retrieval", "induction", "memorization")
+TASKS = ALGORITHMIC
 """The tasks an atlas maps: the algorithmic tasks of the presets, each judged by its accuracy."""
 
 ATLAS_PRESETS = ("smoke", "quick")

@@ -288,6 +288,9 @@ PAPER = Scale(
 
 PRESETS: dict[str, Scale] = {"smoke": SMOKE, "quick": QUICK, "gpu": GPU, "paper": PAPER}
 
+ALGORITHMIC = ("addition", "modular_addition", "dyck", "retrieval", "induction", "memorization")
+"""The presets' algorithmic tasks, each judged by its accuracy: the tasks `mixit atlas` maps."""
+
 
 def variant_runs(
     scale: Scale,
