@@ -8,6 +8,9 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# One torch thread per process (torch reads this when it starts): the tests' models are tiny, and the tests that
+# start study workers, torchrun ranks or commands would otherwise run two threads each on a 2-core machine.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 _CACHE = tempfile.mkdtemp(prefix="mixit-test-cache-")
 os.environ["MIXIT_CACHE"] = os.path.join(_CACHE, "mixit")
 os.environ["HF_DATASETS_CACHE"] = os.path.join(_CACHE, "hf-datasets")
