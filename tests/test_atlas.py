@@ -8,7 +8,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-import torch
 
 from mixit.cli import main
 from mixit.core.experiment import build, resolve
@@ -24,14 +23,6 @@ from mixit.study.spec import RunSpec, Study, load_study_file, seeded
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "atlas.md"
 SMOKE = PRESETS["smoke"].tasks["addition"]
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def names(params) -> set[str]:
@@ -79,7 +70,7 @@ def tiny(lr: float, **more) -> dict:
     return seeded({**SMOKE, "train": {**SMOKE["train"], "steps": 8, "lr": lr}, **more}, 0)
 
 
-def test_a_transplant_is_searched_a_stage_after_its_donor(tmp_path, one_thread):
+def test_a_transplant_is_searched_a_stage_after_its_donor(tmp_path):
     """The donor's search chooses, the donor trains, then the transplant is planned with that run as its
     transplant_from, and searched in turn; again, nothing is trained twice."""
     search = {"train.lr": (1e-3, 3e-3)}
@@ -109,7 +100,7 @@ def test_a_transplant_is_searched_a_stage_after_its_donor(tmp_path, one_thread):
     assert again["done"] == len(record["runs"])
 
 
-def test_a_study_file_grids_over_transplant_options(tmp_path, one_thread):
+def test_a_study_file_grids_over_transplant_options(tmp_path):
     """A study file's grid over transplant_part: one run takes the donor's pattern, the other its q and k."""
     donor = tmp_path / "donor"
     train(resolve(tiny(1e-3)), donor, progress=False)
@@ -197,7 +188,7 @@ def commands() -> list[tuple[list[str], str | None]]:
     return found
 
 
-def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys, one_thread):
+def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
     """Every command of docs/atlas.md in order, in a fresh directory (its study file written from the page): each
     refusal prints its line with exit 2, the smoke atlas writes its map, and the study file finds it done."""
     monkeypatch.chdir(tmp_path)

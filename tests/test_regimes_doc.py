@@ -7,9 +7,6 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
-import torch
-
 from mixit.cli import main
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "regimes.md"
@@ -44,15 +41,6 @@ def frozen(run: Path) -> set[str]:
     return set(report["frozen"])
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread while the page's runs train: on a shared 2-core machine two threads contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_the_page_has_the_sections_it_promises():
     headings = re.findall(r"^## (.+)$", DOC.read_text(), flags=re.M)
     assert headings == [
@@ -65,7 +53,7 @@ def test_the_page_has_the_sections_it_promises():
     ]
 
 
-def test_every_command_of_the_page_runs_as_it_says(tmp_path, monkeypatch, capsys, one_thread):
+def test_every_command_of_the_page_runs_as_it_says(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     quoted = [line for block in blocks("text") for line in block]
     printed: list[str] = []
