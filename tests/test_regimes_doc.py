@@ -50,6 +50,7 @@ def test_the_page_has_the_sections_it_promises():
         "Is MixiT's particular random matrix special?",
         "The refusals you will meet",
         "In one command: mixit litmus",
+        "Every part at once: mixit atlas",
     ]
 
 
