@@ -26,12 +26,13 @@ setup: $(BIN)/mixit
 run: setup
 	$(BIN)/mixit reproduce --preset quick --out runs/study-quick
 
-# Lint (ruff: rules and formatting) and types (mypy on src/) are part of the tests.
+# Lint (ruff: rules and formatting) and types (mypy on src/) are part of the tests. The tests run in one worker
+# per core (pytest-xdist), each worker and what it starts with one torch thread (tests/conftest.py).
 test: setup
 	$(BIN)/ruff check src tests scripts examples docs/results
 	$(BIN)/ruff format --check src tests scripts examples docs/results
 	$(BIN)/mypy
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests --durations=15
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests -n auto --durations=15
 
 # What a user installs: python -m build makes the sdist, then the wheel from the unpacked sdist;
 # scripts/check_package.py checks both and installs the wheel into a fresh environment (docs/versioning.md).
