@@ -223,11 +223,9 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
             check(not given, f"{flag} {what}, and --study runs a study file instead; give one of them, not both")
     if options.list:
         return {"listing": list_studies(options.seeds)}
-    seeds, test_seed = typed("seeds", int | None, options.seeds), typed("test_seed", int | None, options.test_seed)
-    check(seeds is None or seeds >= 1, f"seeds must be a positive integer or null, got {seeds}")
+    seeds, max_runs = _counts(options.seeds, options.max_runs)
+    test_seed = typed("test_seed", int | None, options.test_seed)
     check(test_seed is None or test_seed >= 0, f"test_seed must be a non-negative integer or null, got {test_seed}")
-    max_runs = typed("max_runs", int, options.max_runs)
-    check(max_runs >= 1, f"max_runs must be a positive integer, got {max_runs!r}")
     naming = Naming(options.tracking_project, options.tracking_name)
     if options.study is not None:  # the file's own seeds, or --seeds where it sets none
         chosen = load_study_file(options.study, seeds, options.first_seed, max_runs)
@@ -235,23 +233,39 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
         chosen = paper_study(options.preset or "quick", seeds, options.first_seed, test_seed, max_runs)
     out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
 
+    done = _run(
+        chosen, out, options.pool(), options.retry_failed, options.progress, options.search, options.logger, naming
+    )
+    return {**done, "text": format_checks(done["report"])}
+
+
+def _counts(seeds: Any, max_runs: Any) -> tuple[int | None, int]:
+    """--seeds and --max-runs, typed, each refused in one line unless positive (seeds may be null)."""
+    seeds, max_runs = typed("seeds", int | None, seeds), typed("max_runs", int, max_runs)
+    check(seeds is None or seeds >= 1, f"seeds must be a positive integer or null, got {seeds}")
+    check(max_runs >= 1, f"max_runs must be a positive integer, got {max_runs!r}")
+    return seeds, max_runs
+
+
+def _run(
+    study: Study,
+    out: Path,
+    pool: Pool,
+    retry_failed: bool,
+    progress: bool,
+    search: bool,
+    logger: Sequence[Sink] = (),
+    naming: Naming | None = None,
+) -> dict[str, Any]:
+    """Run what `study` has not finished into `out`, then write its report: the tally, the report and the seconds."""
+
     def announce() -> None:  # with the progress bar: the bar counts runs as they are planned, stage by stage
-        print(size_line(chosen, options.search), file=sys.stderr, flush=True)
+        print(size_line(study, search), file=sys.stderr, flush=True)
 
     start = time.perf_counter()
-    tally = execute(
-        chosen,
-        out,
-        options.pool(),
-        options.retry_failed,
-        options.progress,
-        options.search,
-        options.logger,
-        naming,
-        announce if options.progress else None,
-    )
+    tally = execute(study, out, pool, retry_failed, progress, search, logger, naming, announce if progress else None)
     report = write_report(out)
-    return {"tally": tally, "report": report, "seconds": time.perf_counter() - start, "text": format_checks(report)}
+    return {"tally": tally, "report": report, "seconds": time.perf_counter() - start}
 
 
 @dataclass
@@ -297,33 +311,14 @@ def atlas(options: AtlasOptions) -> dict[str, Any]:
 
     Resumable: the same command again skips what has finished. From Python:
     ``atlas(AtlasOptions(task=["addition"], preset="smoke", seeds=3, out=Path("runs/atlas")))``."""
-    seeds = typed("seeds", int | None, options.seeds)
-    check(seeds is None or seeds >= 1, f"seeds must be a positive integer or null, got {seeds}")
-    max_runs = typed("max_runs", int, options.max_runs)
-    check(max_runs >= 1, f"max_runs must be a positive integer, got {max_runs!r}")
-    check(options.preset in ("smoke", "quick"), f"unknown atlas preset {options.preset!r}; allowed: smoke, quick")
+    seeds, max_runs = _counts(options.seeds, options.max_runs)
     tasks = typed("task", tuple[str, ...], options.task)
     study = atlas_study(tasks, options.preset, seeds, options.first_seed, max_runs)
     pool = Pool(options.executor, options.workers, options.threads, dict(options.slurm))
     if options.list:
         return {"listing": atlas_listing(study, options.search)}
     out = options.out or Path("runs") / f"{study.name}{'' if options.search else '-nosearch'}"
-
-    def announce() -> None:
-        print(size_line(study, options.search), file=sys.stderr, flush=True)
-
-    start = time.perf_counter()
-    tally = execute(
-        study,
-        out,
-        pool,
-        options.retry_failed,
-        options.progress,
-        options.search,
-        announce=announce if options.progress else None,
-    )
-    result = write_report(out)
-    return {"tally": tally, "report": result, "seconds": time.perf_counter() - start, "text": atlas_text(out)}
+    return {**_run(study, out, pool, options.retry_failed, options.progress, options.search), "text": atlas_text(out)}
 
 
 def atlas_listing(study: Study, search: bool = True) -> str:

@@ -18,7 +18,6 @@ sequential design adds seeds to the cells of an undecided word, as the paper stu
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from mixit.core.experiment import merge, resolve
 from mixit.core.models import ATTENTION
 from mixit.errors import UsageError
 from mixit.study.collect import Result, StudyResults, collect
+from mixit.study.paper import seeds_to_add
 from mixit.study.presets import ALGORITHMIC, PRESETS, Scale
 from mixit.study.spec import MAX_RUNS, RunSpec, Seeds, Study, check_size, grid, seed_range
 from mixit.study.verdicts import RULE, Check, Part, accuracy, judge
@@ -146,30 +146,11 @@ def _more_seeds(
 
     def more(study_dir: Path) -> list[RunSpec]:
         study = collect(study_dir)
-        wanted: list[tuple[dict[str, Any], int]] = []
-        for word in words(study.final, tasks):
-            for part in word.check.undecided():
-                target = RULE.next_look(len(part.seeds))
-                if target is not None and target <= max_seeds:
-                    wanted += [(cell, target) for cell in part.cells]
-        present = {_key(labels) for r in study.final for labels in r.labels}
+        undecided = [part for word in words(study.final, tasks) for part in word.check.undecided()]
         grown = atlas_study(tasks, preset, max_seeds, first_seed, name=name)
-        return [
-            spec
-            for spec in grown.specs
-            if _key(spec.labels) in present
-            or any(_has(spec.labels, cell) and spec.labels["seed"] < first_seed + n for cell, n in wanted)
-        ]
+        return seeds_to_add(undecided, study.final, grown.specs, first_seed, max_seeds)
 
     return more
-
-
-def _key(labels: Mapping[str, Any]) -> str:
-    return json.dumps({k: v for k, v in labels.items() if k != "budget"}, sort_keys=True, default=str)
-
-
-def _has(labels: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    return all(labels.get(k) == v for k, v in wanted.items())
 
 
 # -- the map: a word per cell, read off its interval -------------------------------------------------------

@@ -10,17 +10,17 @@ undecided (`more_seeds`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from mixit.core.config import check
-from mixit.study.collect import collect
+from mixit.study.collect import Result, collect
 from mixit.study.presets import PRESETS
 from mixit.study.spec import MAX_RUNS, RunSpec, Study, check_size, seed_range
 from mixit.study.tables import TABLES
-from mixit.study.verdicts import RULE
+from mixit.study.verdicts import RULE, PartVerdict
 
 
 def paper_study(
@@ -66,24 +66,36 @@ def more_seeds(preset: str, first_seed: int, test_seed: int | None, max_seeds: i
 
     def more(study_dir: Path) -> list[RunSpec]:
         study = collect(study_dir)
-        wanted: list[tuple[Mapping[str, Any], int]] = []
-        for table in TABLES:
-            for finding in table.checks:
-                for part in finding(study).undecided():
-                    target = RULE.next_look(len(part.seeds))
-                    if target is not None and target <= max_seeds:
-                        wanted += [(cell, target) for cell in part.cells]
-        # The seeds added at earlier looks stay asked for whatever the verdicts now say, so the study only grows.
-        present = {_key(labels) for r in study.final for labels in r.labels}
+        undecided = [part for table in TABLES for finding in table.checks for part in finding(study).undecided()]
         grown = paper_study(preset, max_seeds, first_seed, test_seed)
-        return [
-            spec
-            for spec in grown.specs
-            if _key(spec.labels) in present
-            or any(_matches(spec, cell) and spec.labels["seed"] < first_seed + n for cell, n in wanted)
-        ]
+        return seeds_to_add(undecided, study.final, grown.specs, first_seed, max_seeds)
 
     return more
+
+
+def seeds_to_add(
+    undecided: Iterable[PartVerdict],
+    final: Sequence[Result],
+    grown: Sequence[RunSpec],
+    first_seed: int,
+    max_seeds: int,
+) -> list[RunSpec]:
+    """One step of the sequential design, for any study: the runs of `grown` (the study at `max_seeds` seeds) to
+    train. Every cell an `undecided` part reads gets seeds up to the rule's next look (`Rule.next_look`), at most
+    `max_seeds`; the seeds among the `final` runs stay asked for whatever the verdicts now say, so a study only
+    grows."""
+    wanted: list[tuple[Mapping[str, Any], int]] = []
+    for part in undecided:
+        target = RULE.next_look(len(part.seeds))
+        if target is not None and target <= max_seeds:
+            wanted += [(cell, target) for cell in part.cells]
+    present = {_key(labels) for r in final for labels in r.labels}
+    return [
+        spec
+        for spec in grown
+        if _key(spec.labels) in present
+        or any(_matches(spec, cell) and spec.labels["seed"] < first_seed + n for cell, n in wanted)
+    ]
 
 
 def _key(labels: Mapping[str, Any]) -> str:
