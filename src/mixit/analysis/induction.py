@@ -131,6 +131,7 @@ def icl_gap(logits: torch.Tensor, x: torch.Tensor, m: int) -> dict[str, float]:
     return result
 
 
-def strongest(scores: list[list[float]]) -> tuple[int, int, float]:
-    """(layer, head, score) of the highest entry of a [layer][head] table."""
-    return max(((layer, h, s) for layer, row in enumerate(scores) for h, s in enumerate(row)), key=lambda t: t[2])
+def strongest(scores: list[list[float]]) -> dict[str, Any]:
+    """The highest entry of a [layer][head] table: {"layer", "head", "score"}."""
+    layer, head, score = max(((i, h, s) for i, row in enumerate(scores) for h, s in enumerate(row)), key=lambda t: t[2])
+    return {"layer": layer, "head": head, "score": score}
