@@ -134,7 +134,8 @@ scores = {{k: [[0.1, 0.2]] for k in ("previous_token", "induction", "duplicate_t
 plot_score_tables(scores, r"{tmp_path}/b.png", "t")
 options = SignalOptions(variants=["standard"], depths=[1, 2], d_model=16, n_heads=2, n_ctx=8, seeds=1)
 plot_signal(signal_propagation(options), r"{tmp_path}/c.png")
-bench_hf(Shape(d_model=16, n_layers=1, n_heads=2, vocab_size=8, seq_len=8, batch_size=2), Precision("fp32", torch.device("cpu")))
+shape = Shape(d_model=16, n_layers=1, n_heads=2, vocab_size=8, seq_len=8, batch_size=2)
+bench_hf(shape, Precision("fp32", torch.device("cpu")))
 assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
 assert torch.get_num_threads() == threads
 assert torch.equal(torch.random.get_rng_state(), state)

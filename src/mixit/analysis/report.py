@@ -117,9 +117,8 @@ def analyze_run(
 
 
 def analysis_target(run_dir: Path, out: Path | None, over_time: bool) -> tuple[Path, Run | None, Analysis]:
-    """What `analyze_run` reads and writes: the directory `run_dir` names (a Hub repo id's local copy), its run
-    (None for an export), and the analysis directory, `out` or the run's own. An export is never written into,
-    and holds no checkpoints to analyse over time: either need is refused naming what would do."""
+    """What `analyze_run` reads and writes: the directory `run_dir` names, its run (None for an export, which is
+    never written into and holds no checkpoints to analyse over time), and the analysis directory."""
     path = locate(run_dir)
     run = None if holds_export(path) else Run.open(path)
     if run is None and over_time:
@@ -156,9 +155,8 @@ def pattern_input(
 
 
 def over_time_history(run: Run, loaded: Loaded, batch: int, seed: int) -> dict[str, Any]:
-    """Score the heads (`head_scores` with `batch` and `seed`) and evaluate the test set at every checkpoint
-    `run` holds (what over_time.json holds); nothing is written. The model of `loaded` is loaded with each
-    checkpoint in turn, and with its own again at the end."""
+    """over_time.json: the head scores and the test metrics at every checkpoint `run` holds, nothing written. The
+    model of `loaded` is loaded with each checkpoint in turn, and with its own again at the end."""
     steps = run.checkpoints()
     model, task = loaded.model, loaded.task
     scores, tests = [], []
@@ -195,9 +193,7 @@ def over_time_line(history: dict[str, Any]) -> str:
 
 @torch.no_grad()
 def retrieval_by_pairs(model: torch.nn.Module, batch: Batch, chunk: int = 500) -> dict[str, dict[str, float]]:
-    """Accuracy of a retrieval model on `batch`, by the number of stored pairs: {k: {"accuracy": fraction
-    right, "examples": n}}, k as a string (JSON keys).
-
+    """Accuracy of a retrieval model on `batch` by the number of stored pairs: {str(k): {"accuracy", "examples"}}.
     An example with k pairs asks at position 2k, the only scored one (docs/tasks.md, "retrieval")."""
     device = next(model.parameters()).device
     preds = torch.cat(
