@@ -7,7 +7,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from mixit.analysis.signal import Probe, pairwise_stats, plot_signal, signal_propagation, token_similarity
+from mixit.analysis.signal import SignalOptions, pairwise_stats, plot_signal, signal_propagation, token_similarity
 from mixit.cli import main
 from mixit.core.config import ModelConfig
 from mixit.core.models import Transformer
@@ -121,9 +121,13 @@ def test_token_similarity_equals_running_the_blocks_by_hand(attention):
     assert token_similarity(model, tokens) == {k: [s[k] for s in by_hand] for k in ("cosine", "covariance", "norm")}
 
 
+def sweep(variants, depths, **settings):
+    return signal_propagation(SignalOptions(variants=variants, depths=depths, **{**TINY, **settings}))
+
+
 def test_signal_propagation_shape_determinism_and_json():
-    a = signal_propagation(["standard", "mixit", "random"], [1, 2], Probe(seeds=(0, 1), **TINY))
-    b = signal_propagation(["standard", "mixit", "random"], [1, 2], Probe(seeds=(0, 1), **TINY))
+    a = sweep(["standard", "mixit", "random"], [1, 2], seeds=2)
+    b = sweep(["standard", "mixit", "random"], [1, 2], seeds=2)
     assert json.dumps(a) == json.dumps(b)
     assert set(a["results"]) == {"standard", "mixit", "random"}
     for by_depth in a["results"].values():
@@ -136,7 +140,8 @@ def test_signal_propagation_shape_determinism_and_json():
     # At initialisation a variant matters only through its attention kind.
     assert a["results"]["random"] == a["results"]["standard"]
     assert a["config"]["attention"] == {"standard": "softmax", "mixit": "mixing", "random": "softmax"}
-    shaped = signal_propagation(["mixit"], [1], Probe(seeds=(0,), shaped=True, **TINY))
+    assert a["config"]["seeds"] == [0, 1] and a["config"]["model_overrides"] == {"mixing_sink": "reference"}
+    shaped = sweep(["mixit"], [1], seeds=1, shaped=True)
     assert shaped["config"]["model"]["activation"] == "shaped_leaky_relu"
     assert shaped["results"]["mixit"]["1"]["cosine_std"] == 0.0
 
@@ -150,21 +155,19 @@ def test_signal_propagation_shape_determinism_and_json():
         ({"depths": [2.5]}, "depths must be"),
         ({"depths": []}, "depths must be"),
         ({"shaped": None}, "shaped must be bool, got None"),
-        ({"model_overrides": {"n_layers": 3}}, "may not set n_layers"),
-        ({"model_overrides": {"init_sd": 0.1}}, "unknown model option"),
+        ({"seeds": 0}, "seeds must be a positive integer, got 0"),
+        ({"batch": 0}, "batch must be a positive integer, got 0"),
+        ({"n_ctx": 1}, "n_ctx must be an integer >= 2"),
+        ({"mixing_sink": "nope"}, "mixing_sink must be one of reference, normalised or off"),
     ],
 )
 def test_bad_inputs_are_refused(kwargs, message):
-    sweep = {"variants": ["standard"], "depths": [1]}
-    settings = {"seeds": (0,), **TINY}
-    for key, value in kwargs.items():
-        (sweep if key in sweep else settings)[key] = value
     with pytest.raises(UsageError, match=message):
-        signal_propagation(sweep["variants"], sweep["depths"], Probe(**settings))
+        sweep(**{"variants": ["standard"], "depths": [1], "seeds": 1, **kwargs})
 
 
 def test_plot_signal_writes_a_png(tmp_path):
-    result = signal_propagation(["standard", "mixit"], [1, 2], Probe(seeds=(0, 1), **TINY))
+    result = sweep(["standard", "mixit"], [1, 2], seeds=2)
     path = tmp_path / "signal.png"
     assert isinstance(plot_signal(result, path), Figure)
     data = path.read_bytes()
@@ -176,7 +179,7 @@ def test_plot_signal_returns_its_figure_and_writes_nothing_unasked(tmp_path, mon
     """Without a path: a Figure of two panels (cosine, covariance), a line per variant through the result's means
     at each depth, and no file anywhere."""
     monkeypatch.chdir(tmp_path)
-    result = signal_propagation(["standard", "mixit"], [1, 2], Probe(seeds=(0, 1), **TINY))
+    result = sweep(["standard", "mixit"], [1, 2], seeds=2)
     fig = plot_signal(result)
     assert isinstance(fig, Figure) and list(tmp_path.iterdir()) == []
     assert len(fig.axes) == 2

@@ -126,14 +126,16 @@ state = torch.random.get_rng_state()
 import numpy as np
 import mixit
 from mixit.analysis.attention_maps import plot_pattern_grid, plot_score_tables
-from mixit.analysis.signal import Probe, plot_signal, signal_propagation
-from mixit.bench import hf_llama, Shape
+from mixit.analysis.signal import SignalOptions, plot_signal, signal_propagation
+from mixit.bench import bench_hf, Shape
+from mixit.core.precision import Precision
 plot_pattern_grid(np.random.default_rng(0).random((1, 2, 4, 4)), r"{tmp_path}/a.png", "t")
 scores = {{k: [[0.1, 0.2]] for k in ("previous_token", "induction", "duplicate_token")}}
 plot_score_tables(scores, r"{tmp_path}/b.png", "t")
-probe = Probe(d_model=16, n_heads=2, n_ctx=8, seeds=[0])
-plot_signal(signal_propagation(["standard"], [1, 2], probe), r"{tmp_path}/c.png")
-hf_llama(Shape(d_model=16, n_layers=1, n_heads=2, vocab_size=8, seq_len=8, batch_size=2))
+options = SignalOptions(variants=["standard"], depths=[1, 2], d_model=16, n_heads=2, n_ctx=8, seeds=1)
+plot_signal(signal_propagation(options), r"{tmp_path}/c.png")
+shape = Shape(d_model=16, n_layers=1, n_heads=2, vocab_size=8, seq_len=8, batch_size=2)
+bench_hf(shape, Precision("fp32", torch.device("cpu")))
 assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
 assert torch.get_num_threads() == threads
 assert torch.equal(torch.random.get_rng_state(), state)

@@ -1,11 +1,10 @@
 """`mixit bench`: training throughput, peak memory and model FLOPs utilisation (docs/performance.md).
 
-Each requested variant at one shape, and a Hugging Face Llama of that shape, is trained on a fixed random batch
-with the training loop's own step (`train_step`). Step times come from torch.utils.benchmark, FLOPs from
-FlopCounterMode over one eager step, MFU against a square matmul timed in the same run, and peak memory from
-CUDA's allocator statistics or Linux's VmHWM. The rows and the matmul are timed round-robin, block r of each
-before block r + 1 of any, so that a slow spell of a shared machine lands on all alike (torch.utils.benchmark
-times one statement at a time; its `Compare` only tabulates).
+Each variant at one shape, and a Hugging Face Llama of that shape, trains on a fixed random batch with the
+training loop's own step. Times come from torch.utils.benchmark, FLOPs from FlopCounterMode, MFU is against a
+square matmul timed in the same run, and peak memory is CUDA's allocator peak or Linux's VmHWM. Rows are timed
+round-robin, block by block, so a slow spell of a shared machine lands on all alike (torch.utils.benchmark times
+one statement at a time).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from torch.utils.benchmark import Measurement, Timer
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
@@ -48,8 +46,7 @@ PEAK_NAME = "matmul_peak"
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """What is benchmarked: model size and the batch one step trains on; the vocabulary and the tokens per
-    sequence are BenchOptions', or the task's (`shape_of`)."""
+    """The model size and the batch one step trains on (`shape_of` reads it from BenchOptions)."""
 
     d_model: int = 256
     n_layers: int = 4
@@ -133,8 +130,7 @@ class Contender:
     flops: int
     n_trainable: int
     n_params: int
-    peak_memory_mb: float | None = None
-    """Set by `run_bench` during the warm-up."""
+    peak_memory_mb: float | None = None  # measured by `run_bench` during the warm-up
 
 
 def _sync(device: torch.device) -> None:
@@ -145,8 +141,8 @@ def _sync(device: torch.device) -> None:
 def time_interleaved(
     contenders: Sequence[Contender], device: torch.device, steps: int, repeats: int
 ) -> dict[str, Measurement]:
-    """Each contender's `repeats` blocks of `steps` calls (one `Timer.timeit` each), block r of every contender
-    before block r + 1 of any, merged into one Measurement per contender (`times`: seconds per call, per block)."""
+    """`repeats` blocks of `steps` calls of each contender (one `Timer.timeit` each), block r of every contender
+    before block r + 1 of any: one Measurement per contender, its `times` the seconds per call of each block."""
 
     def clock() -> float:  # Timer's own clock synchronises the current GPU, which need not be `device`
         _sync(device)
@@ -220,9 +216,8 @@ MATMUL_KERNELS = ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_")
 
 
 def profile_step(contender: Contender, device: torch.device, top: int = 15) -> list[dict[str, Any]]:
-    """Where one step's time goes: torch.profiler over one call, the `top` operators by self time with their call
-    counts and shares of the total, then the rest together. On a GPU the kernels (the operators that launch them
-    would count their time twice); on a CPU torch's operators."""
+    """Where one step's time goes: the `top` operators of torch.profiler by self time, with call counts and shares
+    of the total, then the rest together. On a GPU the kernels (their operators would count the time twice)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -251,8 +246,7 @@ def profile_step(contender: Contender, device: torch.device, top: int = 15) -> l
 
 def profile_summary(profile: list[dict[str, Any]], step_ms: float) -> dict[str, float]:
     """A GPU profile in three numbers: the device's busy time in one step, its part in matrix products
-    (`MATMUL_KERNELS`, among the kernels listed by name), and the share of the timed step the device sat idle,
-    waiting for the host."""
+    (`MATMUL_KERNELS`, among the kernels listed), and the share of the timed step it sat waiting for the host."""
     busy = sum(op["self_ms"] for op in profile)
     matmul = sum(op["self_ms"] for op in profile if any(k in op["op"].lower() for k in MATMUL_KERNELS))
     return {"busy_ms": busy, "matmul_ms": matmul, "idle_share": max(0.0, 1 - busy / step_ms)}
@@ -260,16 +254,15 @@ def profile_summary(profile: list[dict[str, Any]], step_ms: float) -> dict[str, 
 
 def _contender(
     name: str,
-    model: nn.Module,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     shape: Shape,
     precision: Precision,
     compile: bool,
     logits: Callable[[Any], torch.Tensor] = lambda output: output,
 ) -> Contender:
-    """`model`, on `precision`'s device, trained by mixit's step on a fixed random batch, `logits` reading its
-    output. FLOPs are counted over one eager step (FlopCounterMode does not see into compiled kernels), which trains
-    the model by that step."""
+    """`model` trained by mixit's step on a fixed random batch, `logits` reading its output. FLOPs are counted
+    over one eager step (FlopCounterMode does not see into compiled kernels), which trains the model by one step."""
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     g = torch.Generator().manual_seed(0)
@@ -286,30 +279,25 @@ def _contender(
 
 
 def bench_variant(variant: str, shape: Shape, precision: Precision, compile: bool = False) -> Contender:
-    """`variant` at `shape`, with mixit's optimizer, in `precision` (the row's own: an fp16 gradient scaler adapts
-    to one model)."""
+    """`variant` at `shape` with mixit's optimizer, in `precision` (the row's own: an fp16 scaler adapts to one
+    model)."""
     model = Transformer(shape.model_config(variant))
     apply_variant(model, variant)
     optimizer = build_optimizer(model.to(precision.device), TrainConfig(), precision.device)
     return _contender(variant, model, optimizer, shape, precision, compile)
 
 
-def hf_llama(shape: Shape) -> nn.Module:
-    """The Hugging Face LlamaForCausalLM that mixit's standard model of `shape` exports to (`llama_config`), with
-    SDPA attention and no cache."""
+def bench_hf(shape: Shape, precision: Precision, compile: bool = False) -> Contender:
+    """The baseline: the LlamaForCausalLM that mixit's standard model of `shape` exports to (`llama_config`; SDPA,
+    no cache), through mixit's step with a plain torch.optim.AdamW of the same hyperparameters, all trained."""
     from transformers import LlamaForCausalLM
 
     config = llama_config(shape.model_config("standard"))
     config.use_cache, config._attn_implementation = False, "sdpa"
     with torch.random.fork_rng(devices=[]):  # Hugging Face initialises from the global generator: leave it be
         torch.manual_seed(0)
-        return LlamaForCausalLM(config)
-
-
-def bench_hf(shape: Shape, precision: Precision, compile: bool = False) -> Contender:
-    """The baseline: the Llama model through mixit's step (same loss, clipping, precision) with a plain
-    torch.optim.AdamW of the same hyperparameters, every parameter trained."""
-    model = hf_llama(shape).to(precision.device)
+        model: torch.nn.Module = LlamaForCausalLM(config)
+    model.to(precision.device)
     tc = TrainConfig()
     betas = (tc.beta1, tc.beta2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=betas, weight_decay=tc.weight_decay)
@@ -317,8 +305,7 @@ def bench_hf(shape: Shape, precision: Precision, compile: bool = False) -> Conte
 
 
 def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int) -> float:
-    """Median seconds to generate one training batch of `task_name` as the training loop does (numpy generation,
-    test-set exclusion, tensors), each call a new batch."""
+    """Median seconds to generate a new training batch of `task_name` as the training loop does."""
     task = make_task(task_name, task_params)
     timer = Timer(
         "task.train_batch(next(index), size)",
@@ -329,8 +316,7 @@ def data_seconds(task_name: str, task_params: dict[str, Any], batch_size: int) -
 
 
 def _checked_device(shape: Shape, options: BenchOptions) -> torch.device:
-    """The device to run on, after refusing unknown variants or dtypes, timing counts below 1, autocast off cuda,
-    and rows that do not fit in memory together."""
+    """The device to run on, after refusing what cannot be benchmarked there (rows that do not fit included)."""
     if not options.variants:
         raise UsageError(f"no variant given; allowed: {', '.join(VARIANTS)}")
     for variant in options.variants:
@@ -359,10 +345,9 @@ def _checked_device(shape: Shape, options: BenchOptions) -> torch.device:
 
 
 def run_bench(shape: Shape, options: BenchOptions, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Benchmark `options.variants` (and the Hugging Face baseline) at `shape`, which is `shape_of(options)`; return
-    a JSON-serialisable dict: the environment, the measured matmul peak, one row per model (with `options.profile`,
-    each with `profile_step`'s table) and, with a task, the time to generate a batch. `progress` is called with a
-    line of text as each phase starts."""
+    """Benchmark `options.variants` (and the Hugging Face baseline) at `shape_of(options)`: a JSON-serialisable
+    dict of the environment, the matmul peak, one row per model and, with a task, the time to generate a batch.
+    `progress` is called with a line of text as each phase starts."""
     dev = _checked_device(shape, options)
     say = progress or (lambda message: None)
     data_s = None if options.task is None else data_seconds(options.task, options.task_params or {}, shape.batch_size)

@@ -49,10 +49,7 @@ def plot_pattern_grid(
     patterns: np.ndarray, path: str | Path | None = None, title: str = "", labels: Sequence[str] | None = None
 ) -> Figure:
     """A layers x heads grid of (T, T) patterns with one shared colour bar; saved to `path` if one is given.
-
-    Non-negative patterns (softmax) use a sequential map on [0, 1]; signed ones (MixiT) a diverging map
-    centred on 0. `labels` name the tokens on both axes, up to 40 of them.
-    """
+    Signed patterns (MixiT) get a diverging map centred on 0; `labels` name up to 40 tokens on both axes."""
     from matplotlib.figure import Figure
 
     n_layers, n_heads, T, _ = patterns.shape
@@ -82,8 +79,7 @@ def plot_pattern_grid(
 
 
 def plot_score_tables(scores: dict[str, list[list[float]]], path: str | Path | None = None, title: str = "") -> Figure:
-    """Heatmaps (layers x heads) of the head scores, values written in the cells; saved to `path` if one is
-    given."""
+    """Heatmaps (layers x heads) of the head scores, values in the cells; saved to `path` if one is given."""
     from matplotlib.figure import Figure
 
     n_layers, n_heads = np.shape(scores[SCORE_KINDS[0]])

@@ -12,14 +12,12 @@ a score is the mean weight a query puts on its target, over the queries that hav
     duplicate_token mean over b, i in [m, T) of A[b, h, i, i - m]
 
 so a perfect head scores 1 (MixiT's signed rows may score below 0). Convention "transformer_lens" (`detect_head`
-with error measure "mul") divides the weight on the targets by the whole pattern's sum, the first copy included,
-then averages over the batch: a perfect induction head scores 0.5 there (docs/analysis.md, "The induction
-score's convention").
+with error measure "mul") divides by the whole pattern's sum instead: a perfect induction head scores 0.5 there
+(docs/analysis.md, "The induction score's convention").
 
-Beside the scores, `pattern_input_dependence` is the largest difference between the patterns of two probe
-batches (the second drawn from seed + 1): exactly 0 for a MixiT head, whose pattern is one fixed buffer, which
-makes "MixiT has no induction head" structural rather than a low score. The behavioural gap needs no pattern:
-next-token loss on the first copy (unpredictable) minus that on the second (predictable by copying).
+`pattern_input_dependence`, the largest difference between the patterns of two probe batches, is exactly 0 for
+MixiT, whose pattern is one fixed buffer: "MixiT has no induction head" is structural, not a low score. The
+behavioural gap needs no pattern: next-token loss on the first copy minus that on the second.
 """
 
 from __future__ import annotations
@@ -83,11 +81,9 @@ def head_scores(
     convention: Convention = "mixit",
 ) -> dict[str, Any]:
     """Per-layer, per-head scores and the in-context gap of `model` on `batch` repeated sequences of copies of
-    length `m` (default min(len(tokens), n_ctx // 2)) drawn from the token ids `tokens`.
-
-    Returns [n_layers][n_heads] lists under each of `SCORE_KINDS` in `convention` (module docstring), the
-    patterns' `input_dependence` on this probe and one drawn from seed + 1, "icl" (`icl_gap`; None for a
-    classifier, which predicts no next tokens) and the probe's settings under "probe".
+    length `m` (default min(len(tokens), n_ctx // 2)) drawn from the token ids `tokens`: [n_layers][n_heads]
+    lists under each of `SCORE_KINDS`, the patterns' `input_dependence` between this probe and one drawn from
+    seed + 1, "icl" (`icl_gap`; None for a classifier) and the probe's settings under "probe".
     """
     m = min(len(tokens), model.cfg.n_ctx // 2) if m is None else m
     x = repeated_sequences(tokens, m, batch, seed).to(next(model.parameters()).device)
@@ -102,11 +98,9 @@ def head_scores(
 
 
 def input_dependence(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> dict[str, float]:
-    """How much each layer's (B, H, T, T) pattern changed between two inputs of one shape.
-
-    "pattern_input_dependence": the largest |A_first - A_second| anywhere (0 for attention that ignores its
-    input); "pattern_scale": the largest |A| of either, the magnitude a rounding error would be relative to.
-    """
+    """How much each layer's (B, H, T, T) pattern changed between two inputs of one shape: the largest
+    |A_first - A_second| ("pattern_input_dependence"), and the largest |A| of either ("pattern_scale", what a
+    rounding error would be relative to)."""
     pairs = [(a.float(), b.float()) for a, b in zip(first, second, strict=True)]
     return {
         "pattern_input_dependence": max(((a - b).abs().max().item() for a, b in pairs), default=0.0),
@@ -131,6 +125,7 @@ def icl_gap(logits: torch.Tensor, x: torch.Tensor, m: int) -> dict[str, float]:
     return result
 
 
-def strongest(scores: list[list[float]]) -> tuple[int, int, float]:
-    """(layer, head, score) of the highest entry of a [layer][head] table."""
-    return max(((layer, h, s) for layer, row in enumerate(scores) for h, s in enumerate(row)), key=lambda t: t[2])
+def strongest(scores: list[list[float]]) -> dict[str, Any]:
+    """The highest entry of a [layer][head] table: {"layer", "head", "score"}."""
+    layer, head, score = max(((i, h, s) for i, row in enumerate(scores) for h, s in enumerate(row)), key=lambda t: t[2])
+    return {"layer": layer, "head": head, "score": score}

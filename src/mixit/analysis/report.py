@@ -1,14 +1,8 @@
 """`mixit analyze RUN_DIR`: every analysis of a trained run, written to RUN_DIR/analysis/ (its files are listed
-in `mixit.core.run`): the head scores and in-context gap (`mixit.analysis.induction`), every head's pattern on one
-input and a MixiT model's fixed matrices (`mixit.analysis.attention_maps`), token similarity after each layer,
-trained and at initialisation (`mixit.analysis.signal`), a retrieval run's accuracy by number of stored pairs
-(the paper's Fig. 2), with --over-time the head scores and test metrics at every checkpoint held, and
-summary.md, the findings in words.
-
-The files are rewritten by each `analyze`, and nothing else in the run directory is touched. Every checkpoint is
-read before the first file is written, so a damaged one is refused with analysis/ as it was. An exported model
-(a directory of `mixit export`, or its Hub repo id) is analysed the same way, with the task its config records,
-into the directory of --out; over_time needs a run's checkpoints, which an export does not hold.
+in `mixit.core.run`), with summary.md, the findings in words; a retrieval run's accuracy by number of stored pairs
+is the paper's Fig. 2. Each `analyze` rewrites those files and touches nothing else; every checkpoint is read
+before the first file is written, so a damaged one leaves analysis/ as it was. An exported model is analysed the
+same way, into the directory of --out.
 """
 
 from __future__ import annotations
@@ -54,8 +48,7 @@ def analyze_run(
     """Run every analysis on a run's latest checkpoint, or on an exported model, and write the results to
     RUN_DIR/analysis/ (or --out).
 
-    Returns the findings of summary.md as data, with the text itself under
-    "summary" and the directory written (`Run.analysis`, or `out`) under "out_dir".
+    Returns the findings of summary.md (`summarize`), its text under "summary" and the directory under "out_dir".
 
     Args:
         run_dir: The run directory, a directory written by `mixit export` (--to hf or hub), or the Hub repo id
@@ -124,9 +117,8 @@ def analyze_run(
 
 
 def analysis_target(run_dir: Path, out: Path | None, over_time: bool) -> tuple[Path, Run | None, Analysis]:
-    """What `analyze_run` reads and writes: the directory `run_dir` names (a Hub repo id's local copy), its run
-    (None for an export), and the analysis directory, `out` or the run's own. An export is never written into,
-    and holds no checkpoints to analyse over time: either need is refused naming what would do."""
+    """What `analyze_run` reads and writes: the directory `run_dir` names, its run (None for an export, which is
+    never written into and holds no checkpoints to analyse over time), and the analysis directory."""
     path = locate(run_dir)
     run = None if holds_export(path) else Run.open(path)
     if run is None and over_time:
@@ -163,9 +155,8 @@ def pattern_input(
 
 
 def over_time_history(run: Run, loaded: Loaded, batch: int, seed: int) -> dict[str, Any]:
-    """Score the heads (`head_scores` with `batch` and `seed`) and evaluate the test set at every checkpoint
-    `run` holds (what over_time.json holds); nothing is written. The model of `loaded` is loaded with each
-    checkpoint in turn, and with its own again at the end."""
+    """over_time.json: the head scores and the test metrics at every checkpoint `run` holds, nothing written. The
+    model of `loaded` is loaded with each checkpoint in turn, and with its own again at the end."""
     steps = run.checkpoints()
     model, task = loaded.model, loaded.task
     scores, tests = [], []
@@ -178,16 +169,11 @@ def over_time_history(run: Run, loaded: Loaded, batch: int, seed: int) -> dict[s
         "steps": steps,
         "metric": next((m for m in ACCURACIES if m in tests[-1]), "loss"),
         "test": tests,
-        "strongest": {kind: [best(s[kind]) for s in scores] for kind in SCORE_KINDS},
+        "strongest": {kind: [strongest(s[kind]) for s in scores] for kind in SCORE_KINDS},
         "scores": {kind: [s[kind] for s in scores] for kind in SCORE_KINDS},
         "icl_gap": [None if s["icl"] is None else s["icl"]["loss_gap"] for s in scores],
         "probe": scores[-1]["probe"],
     }
-
-
-def best(table: list[list[float]]) -> dict[str, Any]:
-    """`strongest` of a [layer][head] table, by name: {"layer", "head", "score"}."""
-    return dict(zip(("layer", "head", "score"), strongest(table)))
 
 
 def over_time_line(history: dict[str, Any]) -> str:
@@ -207,9 +193,7 @@ def over_time_line(history: dict[str, Any]) -> str:
 
 @torch.no_grad()
 def retrieval_by_pairs(model: torch.nn.Module, batch: Batch, chunk: int = 500) -> dict[str, dict[str, float]]:
-    """Accuracy of a retrieval model on `batch`, by the number of stored pairs: {k: {"accuracy": fraction
-    right, "examples": n}}, k as a string (JSON keys).
-
+    """Accuracy of a retrieval model on `batch` by the number of stored pairs: {str(k): {"accuracy", "examples"}}.
     An example with k pairs asks at position 2k, the only scored one (docs/tasks.md, "retrieval")."""
     device = next(model.parameters()).device
     preds = torch.cat(
@@ -226,12 +210,14 @@ def retrieval_by_pairs(model: torch.nn.Module, batch: Batch, chunk: int = 500) -
 
 def summarize(scores: dict[str, Any], signal: dict[str, Any]) -> dict[str, Any]:
     """The findings of summary.md from head_scores.json (`scores`) and signal.json (`signal`)."""
-    findings: dict[str, Any] = {kind: best(scores[kind]) for kind in ("induction", "previous_token", "duplicate_token")}
+    findings: dict[str, Any] = {
+        kind: strongest(scores[kind]) for kind in ("induction", "previous_token", "duplicate_token")
+    }
     # The previous-token head an induction head would read from sits in a lower layer.
     below = scores["previous_token"][: findings["induction"]["layer"]]
     return {
         **findings,
-        "previous_token_below_induction": best(below) if below else None,
+        "previous_token_below_induction": strongest(below) if below else None,
         "icl": scores["icl"],
         # None for an analysis written before the input dependence was measured.
         "pattern_input_dependence": scores.get("pattern_input_dependence"),

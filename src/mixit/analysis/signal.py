@@ -1,17 +1,15 @@
 """Signal propagation at initialisation: do token representations collapse with depth?
 
 The paper's depth experiment (docs/model.md, "The paper's numbers") reports that the covariance between token
-representations of the random transformer rises from 0.0022 at 2 layers to 0.054 at 32 while MixiT's stays
-flat: rank collapse, every token's residual stream drifting towards one shared vector, which shows here as
-cosine -> 1 (and covariance -> 1) with depth. `pairwise_stats` measures one stream, `token_similarity` every
-layer of a model, `signal_propagation` fresh models over variants x depths x seeds, and `plot_signal` draws
-it. The paper does not give its normalisation of the covariance, so only the trend compares with it.
+representations of the random transformer rises from 0.0022 at 2 layers to 0.054 at 32 while MixiT's stays flat:
+rank collapse, every token drifting towards one shared vector, which shows here as cosine -> 1 (and covariance
+-> 1) with depth. The paper does not give its normalisation of the covariance, so only the trend compares.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,10 +29,9 @@ from mixit.version import __version__
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-# Random inputs are drawn from a generator of their own, so they do not share a
-# stream with the parameter initialisation that uses `seed` directly.
+# The inputs have a generator of their own, so as not to share a stream with the initialisation seeded by `seed`.
 TOKEN_SEED_OFFSET = 7919
-# Set by the sweep itself (`Probe` and the depths); refused in model_overrides.
+# Set by the sweep itself: left out of the model settings it records.
 _OWN_KEYS = ("vocab_size", "n_ctx", "d_model", "n_heads", "n_layers", "attention", "seed")
 STATS = ("cosine", "covariance", "norm")
 
@@ -67,13 +64,9 @@ def pairwise_stats(h: torch.Tensor) -> dict[str, float]:
 
 @torch.no_grad()
 def token_similarity(model: Transformer, tokens: torch.Tensor) -> dict[str, list[float]]:
-    """`pairwise_stats` of the residual stream after the embedding and after each block, on `tokens` (B, T),
-    2 <= T <= n_ctx.
-
-    Returns n_layers + 1 floats under each of `STATS`: entry 0 is the stream entering block 0 (embedding, plus
-    positions where the model has them, ``blocks.0.hook_resid_pre``), entry l the stream leaving block l - 1
-    (``blocks.{l-1}.hook_resid_post``), read in one forward pass; the final norm and LM head are left out.
-    """
+    """`pairwise_stats` of the residual stream on `tokens` (B, T), 2 <= T <= n_ctx, in one forward pass:
+    n_layers + 1 floats under each of `STATS`, entry 0 the stream entering block 0 (embedding and positions),
+    entry l the stream leaving block l - 1; the final norm and LM head are left out."""
     if tokens.dim() != 2 or not 2 <= tokens.shape[1] <= model.cfg.n_ctx:
         raise UsageError(
             f"tokens must have shape (B, T) with 2 <= T <= n_ctx={model.cfg.n_ctx}, got {tuple(tokens.shape)}"
@@ -85,29 +78,34 @@ def token_similarity(model: Transformer, tokens: torch.Tensor) -> dict[str, list
 
 
 @dataclass(frozen=True)
-class Probe:
-    """The fresh models and random inputs every point of a signal sweep is measured with (all but its variant
-    and depth)."""
+class SignalOptions:
+    """What `mixit signal` measures, and where it writes signal.json and signal.png (one flag per field)."""
 
+    out: Path = Path("signal")
+    """The output directory; signal.json and signal.png there are never overwritten."""
+    variants: Sequence[str] = ("standard", "mixit", "random")
+    """The variants to build, comma-separated."""
+    depths: Sequence[int] = (2, 4, 8, 16, 32)
+    """The depths (numbers of blocks) to build, comma-separated."""
     d_model: int = 128
+    """Model width."""
     n_heads: int = 4
+    """Attention heads; must divide d_model."""
     n_ctx: int = 64
     """Tokens per random input sequence (and the models' context)."""
     vocab_size: int = 64
+    """Vocabulary the random inputs are drawn from."""
     batch: int = 16
     """Random sequences per measurement."""
-    seeds: Sequence[int] = (0, 1, 2)
-    """Initialisations averaged per point; seed s also draws the inputs (from s + TOKEN_SEED_OFFSET)."""
+    seeds: int = 3
+    """Initialisations averaged per point (seeds 0 to seeds - 1); seed s also draws the inputs."""
     shaped: bool = False
-    """False builds the standard settings of docs/model.md for every variant, True the signal-propagation
-    settings (`ModelConfig.shaped()`) for every variant. Nothing is chosen per attention kind; run both to compare."""
-    model_overrides: dict[str, Any] | None = None
-    """Further ModelConfig fields applied to every model (for instance {"init_std": 0.2}); unknown keys, and
-    keys the sweep sets itself, are refused."""
+    """Build every variant with the signal-propagation settings (`ModelConfig.shaped()`), not the standard ones."""
+    mixing_sink: Literal["reference", "normalised", "off"] = "reference"
+    """MixiT's head 0: reference, normalised or off (docs/model.md, "The sink head")."""
 
     def model(self, variant: str, depth: int, seed: int) -> ModelConfig:
         """The model of `variant` with `depth` blocks initialised from `seed` (the variant's own settings)."""
-        settings = {**(ModelConfig.shaped() if self.shaped else {}), **(self.model_overrides or {})}
         return model_config(
             variant,
             n_layers=depth,
@@ -116,7 +114,7 @@ class Probe:
             n_ctx=self.n_ctx,
             d_model=self.d_model,
             n_heads=self.n_heads,
-            **settings,
+            **{**(ModelConfig.shaped() if self.shaped else {}), "mixing_sink": self.mixing_sink},
         )
 
     def inputs(self, seed: int) -> torch.Tensor:
@@ -125,8 +123,9 @@ class Probe:
         return torch.randint(self.vocab_size, (self.batch, self.n_ctx), generator=generator)  # (batch, n_ctx)
 
 
-def _check_inputs(variants: Sequence[str], depths: Sequence[int], probe: Probe) -> None:
+def _check(options: SignalOptions) -> None:
     """Refuse, with one line, a sweep no model or measurement could be made of."""
+    variants, depths = options.variants, options.depths
     check(
         bool(variants) and not isinstance(variants, str),
         f"variants must be a non-empty list of names (allowed: {', '.join(VARIANTS)}), got {variants!r}",
@@ -138,52 +137,49 @@ def _check_inputs(variants: Sequence[str], depths: Sequence[int], probe: Probe) 
         bool(depths) and all(typed("depths", int, d) > 0 for d in depths),
         f"depths must be a non-empty list of positive integers, got {list(depths)!r}",
     )
-    check(bool(probe.seeds), f"seeds must be a non-empty list of integers, got {list(probe.seeds)!r}")
-    typed("seeds", tuple[int, ...], probe.seeds)
-    check(typed("batch", int, probe.batch) > 0, f"batch must be a positive integer, got {probe.batch!r}")
+    for name in ("seeds", "batch"):
+        value = getattr(options, name)
+        check(typed(name, int, value) > 0, f"{name} must be a positive integer, got {value!r}")
     check(
-        typed("n_ctx", int, probe.n_ctx) >= 2,
-        f"n_ctx must be an integer >= 2 (similarity needs two tokens), got {probe.n_ctx!r}",
+        typed("n_ctx", int, options.n_ctx) >= 2,
+        f"n_ctx must be an integer >= 2 (similarity needs two tokens), got {options.n_ctx!r}",
     )
-    typed("shaped", bool, probe.shaped)
-    taken = sorted(set(probe.model_overrides or {}) & set(_OWN_KEYS))
-    check(not taken, f"model_overrides may not set {', '.join(taken)}: the sweep sets them itself")
+    typed("shaped", bool, options.shaped)
 
 
-def signal_propagation(variants: Sequence[str], depths: Sequence[int], probe: Probe | None = None) -> dict[str, Any]:
-    """Token similarity (`token_similarity`) of freshly initialised models (`Probe.model`) for every variant x
-    depth, averaged over the probe's seeds, on random ids (`Probe.inputs`, the same for every variant of a seed).
+def signal_propagation(options: SignalOptions = SignalOptions()) -> dict[str, Any]:
+    """`token_similarity` of freshly initialised models for every variant x depth of `options` (its `out` is not
+    read), averaged over the seeds, on the same random ids for every variant of a seed. A variant matters only
+    through its attention kind: freezing changes no forward pass at initialisation, so "standard" and "random"
+    give identical numbers.
 
-    A variant matters here only through its attention kind: freezing leaves the forward pass at initialisation
-    untouched, so "standard" and "random" (the paper's random transformer) give identical numbers.
-
-    Returns {"config": every setting, the model settings and the mixit version, "results": {variant:
-    {str(depth): the last block's "cosine", "covariance" and "norm", each also as its sample std over seeds
-    ("cosine_std", ...), and their depth + 1 per-layer means ("per_layer_cosine", ...)}}}, as JSON types.
+    Returns {"config": every setting, "results": {variant: {str(depth): `_measure`}}}, as JSON types.
     """
-    probe = probe or Probe()
-    _check_inputs(variants, depths, probe)
-    variants, depths = list(variants), list(depths)
-    probe = replace(probe, seeds=list(probe.seeds), model_overrides=dict(probe.model_overrides or {}))
+    _check(options)
+    variants, depths, seeds = list(options.variants), list(options.depths), list(range(options.seeds))
     # Validate the model settings of every variant before any work, and check that the deepest fits.
-    example = {v: probe.model(v, depths[0], probe.seeds[0]) for v in variants}
-    deepest = probe.model(variants[0], max(depths), probe.seeds[0])
+    example = {v: options.model(v, depths[0], 0) for v in variants}
+    deepest = options.model(variants[0], max(depths), 0)
     check_memory(
         "the signal sweep",
         {
             "the deepest model": model_bytes(deepest),
-            f"its activations at batch {probe.batch}": activation_bytes(deepest, probe.batch, probe.n_ctx),
+            f"its activations at batch {options.batch}": activation_bytes(deepest, options.batch, options.n_ctx),
         },
         "cpu",
         "lower the depths, d_model or n_ctx",
     )
-    inputs = {s: probe.inputs(s) for s in probe.seeds}
-    results = {v: {str(depth): _measure(probe, v, depth, inputs) for depth in depths} for v in variants}
+    inputs = {s: options.inputs(s) for s in seeds}
+    results = {v: {str(depth): _measure(options, v, depth, inputs) for depth in depths} for v in variants}
+    probe = {k: getattr(options, k) for k in ("d_model", "n_heads", "n_ctx", "vocab_size", "batch")}
     return {
         "config": {
             "variants": variants,
             "depths": depths,
-            **vars(probe),
+            **probe,
+            "seeds": seeds,
+            "shaped": options.shaped,
+            "model_overrides": {"mixing_sink": options.mixing_sink},
             "attention": {v: example[v].attention for v in variants},
             "model": {k: v for k, v in vars(example[variants[0]]).items() if k not in _OWN_KEYS},
             "mixit_version": __version__,
@@ -192,10 +188,10 @@ def signal_propagation(variants: Sequence[str], depths: Sequence[int], probe: Pr
     }
 
 
-def _measure(probe: Probe, variant: str, depth: int, inputs: dict[int, torch.Tensor]) -> dict[str, Any]:
-    """One point of the sweep: the last block's statistics (mean and sample std over seeds, 0 for one seed), and
-    each layer's means."""
-    runs = [token_similarity(Transformer(probe.model(variant, depth, s)), inputs[s]) for s in probe.seeds]
+def _measure(options: SignalOptions, variant: str, depth: int, inputs: dict[int, torch.Tensor]) -> dict[str, Any]:
+    """One point of the sweep: the last block's "cosine", "covariance" and "norm" (means over seeds) with their
+    sample std ("cosine_std", ...; 0 for one seed), and each layer's means ("per_layer_cosine", ...)."""
+    runs = [token_similarity(Transformer(options.model(variant, depth, s)), inputs[s]) for s in inputs]
     entry: dict[str, Any] = {}
     for key in STATS:
         last = np.asarray([r[key][-1] for r in runs], dtype=np.float64)
@@ -204,12 +200,9 @@ def _measure(probe: Probe, variant: str, depth: int, inputs: dict[int, torch.Ten
 
 
 def plot_signal(result: dict[str, Any], path: str | Path | None = None) -> Figure:
-    """Two panels from a `signal_propagation` result: last-layer cosine and covariance against depth (log2
-    axis), one line per variant with error bars of one seed standard deviation; saved to `path` if one is given.
-
-    Variants that coincide at initialisation (standard and random) would hide each other, so later lines get
-    smaller markers and thinner lines, and the legend names the variant a line repeats.
-    """
+    """Two panels from a `signal_propagation` result: last-layer cosine and covariance against depth, a line per
+    variant with error bars of one seed standard deviation; saved to `path` if one is given. Variants that coincide
+    (standard and random) would hide each other: later lines are thinner, and the legend names the one repeated."""
     from matplotlib.figure import Figure
 
     cfg = result["config"]
@@ -254,50 +247,13 @@ def plot_signal(result: dict[str, Any], path: str | Path | None = None) -> Figur
     return saved(fig, path)
 
 
-@dataclass(frozen=True)
-class SignalOptions:
-    """What `mixit signal` measures, and where it writes signal.json and signal.png (one flag per field)."""
-
-    out: Path = Path("signal")
-    """The output directory; signal.json and signal.png there are never overwritten."""
-    variants: Sequence[str] = ("standard", "mixit", "random")
-    """The variants to build, comma-separated."""
-    depths: Sequence[int] = (2, 4, 8, 16, 32)
-    """The depths (numbers of blocks) to build, comma-separated."""
-    d_model: int = 128
-    """Model width."""
-    n_heads: int = 4
-    """Attention heads; must divide d_model."""
-    n_ctx: int = 64
-    """Tokens per random input sequence (and the models' context)."""
-    seeds: int = 3
-    """Initialisations averaged per point (seeds 0 to seeds - 1)."""
-    shaped: bool = False
-    """Build every variant with the signal-propagation settings (`ModelConfig.shaped()`) instead of the
-    standard ones."""
-    mixing_sink: Literal["reference", "normalised", "off"] = "reference"
-    """MixiT's head 0: reference, normalised or off (docs/model.md, "The sink head")."""
-
-
 def signal_command(options: SignalOptions) -> tuple[dict[str, Any], list[Path]]:
     """Measure, for freshly initialised models of several variants and depths, the mean cosine similarity and
     covariance between token representations after each layer; write signal.json and signal.png into the
-    output directory (`out`, --out).
-
-    Returns the result and the files written.
-    """
+    output directory (`out`, --out)."""
     files = (options.out / "signal.json", options.out / "signal.png")
     check_output_dir(options.out, tuple(f.name for f in files))
-    check(options.seeds >= 1, f"seeds must be a positive integer, got {options.seeds}")
-    probe = Probe(
-        d_model=options.d_model,
-        n_heads=options.n_heads,
-        n_ctx=options.n_ctx,
-        seeds=tuple(range(options.seeds)),
-        shaped=options.shaped,
-        model_overrides={"mixing_sink": options.mixing_sink},
-    )
-    result = signal_propagation(list(options.variants), list(options.depths), probe)
+    result = signal_propagation(options)
     options.out.mkdir(parents=True, exist_ok=True)
     write_json(files[0], result)
     plot_signal(result, files[1])
