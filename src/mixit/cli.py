@@ -180,10 +180,9 @@ class Interrupted(KeyboardInterrupt):
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """A subcommand of ``mixit``: `run` calls the library with the parsed options, prints the result and gives the
-    exit status; `summary` is its line in ``mixit --help``; `again` says what continues its work after a Ctrl-C or
-    a mended fault of the machine; `writes` names its option for where it writes, of which a fault that names no
-    file is said."""
+    """A subcommand of ``mixit``: `run` gives the exit status of a call with the parsed options; `summary` is its line
+    in ``mixit --help``; `again` says what continues its work after a Ctrl-C or a mended fault of the machine;
+    `writes` names its option for where it writes, which a fault that names no file is said of."""
 
     run: Callable[[Mapping[str, Any]], int]
     parser: Callable[[], Parser]
@@ -200,13 +199,13 @@ def command(
     **more: Any,
 ) -> Command:
     """The command that calls `function` with its options and `hooks`, and prints the result with `show`; `more`
-    are `Command`'s fields."""
+    are `Command`'s fields (its parser by default `command_parser`'s)."""
 
     def run(args: Mapping[str, Any]) -> int:
         show(call(function, args, **hooks), args)
         return 0
 
-    return Command(run, partial(command_parser, function), summary, **more)
+    return Command(run, more.pop("parser", partial(command_parser, function)), summary, **more)
 
 
 COMMANDS: dict[str, Command] = {
@@ -258,15 +257,13 @@ COMMANDS: dict[str, Command] = {
         "the runs that failed too)",
         writes="out",
     ),
-    "atlas": dataclasses.replace(
-        command(
-            atlas,
-            "Map which parts each task needs: each part frozen alone and trained alone, MixiT and a pattern "
-            "transplant, judged over seeds.",
-            lambda result, args: print(result.get("listing") or result["text"]),
-            again="the same command again resumes the atlas, each run from its last checkpoint",
-            writes="out",
-        ),
+    "atlas": command(
+        atlas,
+        "Map which parts each task needs: each part frozen alone and trained alone, MixiT and a pattern "
+        "transplant, judged over seeds.",
+        lambda result, args: print(result.get("listing") or result["text"]),
+        again="the same command again resumes the atlas, each run from its last checkpoint",
+        writes="out",
         parser=atlas_parser,
     ),
     "report": command(
@@ -318,11 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`mixit ARGS`: its exit status. mixit's own warnings are said in one line each (`show_warning`)."""
     with warnings.catch_warnings():
         warnings.showwarning = partial(show_warning, warnings.showwarning)
-        return run_command(argv)
+        return run_command(list(sys.argv[1:] if argv is None else argv))
 
 
-def run_command(argv: Sequence[str] | None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+def run_command(args: list[str]) -> int:
+    """Parse `args`, refusing bad input in one line, and run the command they name."""
     command = args[0] if args and args[0] in COMMANDS else None
     prog = f"mixit {command}" if command else "mixit"
     try:

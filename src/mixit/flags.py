@@ -21,10 +21,9 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, get_args, get_origin
 
-import docstring_parser
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
-from mixit.core.config import field_docs, field_hints, help_type, short_doc, typed
+from mixit.core.config import field_docs, field_hints, help_type, parsed_doc, short_doc, typed
 from mixit.core.tasks import TASKS
 from mixit.errors import UsageError, one_line
 
@@ -57,8 +56,7 @@ def options_of(target: Any, prefix: str = "") -> list[Option]:
             for f in dataclasses.fields(target)
         }
     else:
-        args = docstring_parser.parse(inspect.getdoc(target) or "").params
-        docs = {p.arg_name: " ".join((p.description or "").split()) for p in reversed(args)}
+        docs = {p.arg_name: " ".join((p.description or "").split()) for p in reversed(parsed_doc(target).params)}
         params = inspect.signature(target).parameters.items()
         defaults = {n: REQUIRED if p.default is p.empty else p.default for n, p in params}
     return [Option(prefix + n, hint, docs.get(n, ""), defaults[n]) for n, hint in hints_of(target).items()]
@@ -94,23 +92,18 @@ def help_text(option: Option) -> str:
 
 def fill(text: str | None) -> str | None:
     """`text` filled to the terminal, breaking between words only (never inside ``--over-time``); an indented
-    line stays a paragraph of its own, its continuation indented further."""
+    line starts a paragraph of its own, its continuation indented further."""
     if text is None:
         return None
     width = shutil.get_terminal_size().columns - 2  # argparse's width
-    paragraphs: list[str] = []
-    for line in text.strip("\n").splitlines():
-        if line[:1].strip() and paragraphs and paragraphs[-1][:1].strip():
-            paragraphs[-1] += " " + line
-        else:
-            paragraphs.append(line)
     lines: list[str] = []
-    for paragraph in paragraphs:
+    for paragraph in re.sub(r"(?<=\S)\n(?=\S)", " ", text.strip("\n")).splitlines():
         lead = paragraph[: len(paragraph) - len(paragraph.lstrip())]
-        words = " ".join(paragraph.split())
         more = lead + "    " * bool(lead)
-        lines += textwrap.wrap(words, width, initial_indent=lead, subsequent_indent=more, break_on_hyphens=False)
-        lines += [] if words else [""]
+        wrapped = textwrap.wrap(
+            " ".join(paragraph.split()), width, initial_indent=lead, subsequent_indent=more, break_on_hyphens=False
+        )
+        lines += wrapped or [""]
     return "\n".join(lines)
 
 

@@ -1,20 +1,15 @@
 """`mixit litmus`: does a task need input-dependent attention? A short seeded comparison that answers it.
 
-For each seed it trains three arms at one budget: the standard model, MixiT (a fixed random mixing matrix per
-head) and a pattern transplant (the standard run's own average attention pattern, fixed: docs/model.md,
-"Attention transplants"). Each arm is read by its selected test number (summary.json ``selected``: the test
-metric at the best validation evaluation, in the task's report units, `Task.report_metric`). Within a seed the
-arms share their data and test set, so the arms are compared seed by seed: the paired differences standard -
-transplant (does the task need attention that depends on the input, beyond the right fixed pattern?) and
-standard - MixiT (does any fixed random pattern do?), each with its mean and 95% Student's t interval over the
-seeds. The answer is read off the standard - transplant interval alone: wholly above 0, the task needs
-input-dependent attention; wholly below 0, the transplant does better; otherwise undecided at this budget.
+For each seed it trains three arms at one budget, on that seed's data and test set: the standard model, MixiT and a
+pattern transplant (the standard run's own average attention pattern, fixed: docs/model.md, "Attention
+transplants"). Each arm is read by its selected test number (summary.json ``selected``, in the task's report units)
+and the arms are compared seed by seed, each paired difference with its 95% Student's t interval; the answer is
+read off the standard - transplant interval alone (docs/regimes.md, "In one command: mixit litmus").
 
-The runs are written under OUT/runs/<arm>-seed<s>; the same command again keeps the finished runs and resumes the
-others, while another command into the same OUT is refused (OUT/request.json records the command). Only --seeds
-may change: a seed's runs depend on that seed alone, so more seeds train only the new ones. Each count of seeds the
-OUT was read at is kept (``looks``), and an answer reached after more than one says so: an interval grown by adding
-seeds until it excludes 0 covers less often than its stated level.
+The runs are written under OUT/runs/<arm>-seed<s>; OUT/request.json records the command, so that the same command
+again resumes and another is refused. Only --seeds may change, since a seed's runs depend on that seed alone. Each
+count of seeds the OUT was read at is kept (``looks``) and an answer reached after more than one says so: an
+interval grown by adding seeds until it excludes 0 covers less often than its stated level.
 """
 
 from __future__ import annotations
@@ -91,9 +86,26 @@ def litmus(options: LitmusOptions, say: Callable[[str], None] | None = None) -> 
     if len(seeds) < 2:
         raise UsageError(f"seeds must be an integer >= 2 (the interval is over seeds), got {options.seeds}")
     out = options.out or Path("runs") / f"litmus-{options.task}"
-    base = base_request(options)
-    configs = {(arm, s): resolve(seeded(merge(base, {"variant": arm}), s)) for arm in ARMS[:2] for s in seeds}
-    donor = configs["standard", seeds[0]]
+    runs = out / "runs"
+
+    def given(*names: str) -> dict[str, Any]:
+        return {k: getattr(options, k) for k in names if getattr(options, k) is not None}
+
+    base = {
+        "task": options.task,
+        "task_params": options.task_params or {},
+        "model": given("d_model", "n_layers", "n_heads"),
+        "train": given("steps", "batch_size", "lr"),
+        **given("test_size", "val_size"),
+    }
+
+    def config(arm: str, seed: int) -> RunConfig:
+        transplant = {"transplant_from": str(runs / f"standard-seed{seed}"), "transplant_part": "pattern"}
+        arm_request = {"variant": "standard", **transplant} if arm == "transplant" else {"variant": arm}
+        return resolve(seeded(merge(base, arm_request), seed))
+
+    checked = [config(arm, seed) for seed in seeds for arm in ARMS[:2]]  # a bad option is refused before any write
+    donor = checked[0]
     if not donor.model.causal:
         raise UsageError(f"task {options.task} trains a non-causal model, which a pattern transplant cannot take")
     request = {**base, "task_params": donor.params.to_dict(), "seeds": options.seeds, "first_seed": options.first_seed}
@@ -102,47 +114,47 @@ def litmus(options: LitmusOptions, say: Callable[[str], None] | None = None) -> 
     looks += [options.seeds] if looks[-1:] != [options.seeds] else []
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / REQUEST, {**request, "looks": looks})  # this OUT is now this command's
-    runs = out / "runs"
+
+    column, key, scale = task_class(options.task).report_metric
     values: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    for i, s in enumerate(seeds):
-        for j, arm in enumerate(ARMS):
-            run_dir = runs / f"{arm}-seed{s}"
-            if options.progress and say is not None:
-                say(f"{arm} seed {s} ({i * len(ARMS) + j + 1} of {len(seeds) * len(ARMS)}): {run_dir}")
-            if arm == "transplant":
-                transplant = {"transplant_from": str(runs / f"standard-seed{s}"), "transplant_part": "pattern"}
-                cfg = resolve(seeded(merge(base, {"variant": "standard"}, transplant), s))
-            else:
-                cfg = configs[arm, s]
-            values[arm].append(reported_number(trained(cfg, run_dir, options)))
-    result = compare(options.task, list(seeds), values, looks)
-    result = {"mixit_version": __version__, "git_commit": git_commit(), "request": request, **result}
-    result["runs"] = {arm: [str(runs / f"{arm}-seed{s}") for s in seeds] for arm in ARMS}
+    for i, (seed, arm) in enumerate((seed, arm) for seed in seeds for arm in ARMS):
+        run_dir = runs / f"{arm}-seed{seed}"
+        if options.progress and say is not None:
+            say(f"{arm} seed {seed} ({i + 1} of {len(seeds) * len(ARMS)}): {run_dir}")
+        summary = trained(config(arm, seed), run_dir, options)
+        values[arm].append(float(summary["selected"]["test"][key]) * scale)
+
+    differences = {
+        f"standard-{other}": paired([a - b for a, b in zip(values["standard"], values[other], strict=True)])
+        for other in ("transplant", "mixit")
+    }
+    result = {
+        "mixit_version": __version__,
+        "git_commit": git_commit(),
+        "request": request,
+        "task": options.task,
+        "metric": {"column": column, "test_metric": key, "scale": scale},
+        "level": LEVEL,
+        "seeds": list(seeds),
+        "arms": {arm: paired(values[arm]) for arm in ARMS},
+        "differences": differences,
+        "looks": looks,
+        "answer": answer(differences["standard-transplant"], differences["standard-mixit"], looks),
+        "runs": {arm: [str(runs / f"{arm}-seed{s}") for s in seeds] for arm in ARMS},
+    }
     write_json(out / "litmus.json", result)
-    text = format_litmus(result)
-    title = f"# Litmus: does {options.task} need input-dependent attention?"
-    write_text(out / "litmus.md", f"{title}\n\n{markdown(result)}")
-    return {**result, "text": text, "out": str(out)}
-
-
-def base_request(options: LitmusOptions) -> dict[str, Any]:
-    """The request every run of the litmus shares (the arm and the seed set the rest): the task, its parameters
-    and the options given."""
-    model = {k: getattr(options, k) for k in ("d_model", "n_layers", "n_heads") if getattr(options, k) is not None}
-    training = {k: getattr(options, k) for k in ("steps", "batch_size", "lr") if getattr(options, k) is not None}
-    data = {k: getattr(options, k) for k in ("test_size", "val_size") if getattr(options, k) is not None}
-    return {"task": options.task, "task_params": options.task_params or {}, "model": model, "train": training, **data}
+    write_text(out / "litmus.md", markdown(result))
+    return {**result, "text": f"{table(result)}\n\n{options.task}: {result['answer']}", "out": str(out)}
 
 
 def check_same_command(out: Path, request: Mapping[str, Any]) -> list[int]:
     """Refuse `out` unless it is absent or empty, or holds a litmus of the same `request` but perhaps its number of
     seeds (which it resumes or extends). Returns the counts of seeds `out` was read at before (its ``looks``)."""
-    recorded = out / REQUEST
-    if not recorded.exists():
+    if not (out / REQUEST).exists():
         if out.exists() and any(out.iterdir()):
             raise UsageError(f"{out} is not empty and holds no litmus ({REQUEST}); choose another --out")
         return []
-    before = read_json(recorded, "the command of the litmus in it")
+    before = read_json(out / REQUEST, "the command of the litmus in it")
     looks = before.pop("looks", [before["seeds"]])
     changed = [
         f"{key} {before.get(key)!r} -> {request.get(key)!r}"
@@ -161,8 +173,7 @@ def trained(cfg: RunConfig, run_dir: Path, options: LitmusOptions) -> dict[str, 
     """The summary of the run of `cfg` in `run_dir`: a finished run's own (its files left untouched), else that of
     training it, resumed from its last checkpoint where it had started."""
     run = Run(run_dir)
-    state = run.state()
-    if state == "done":
+    if (state := run.state()) == "done":
         run.check_same(cfg)
         summary = run.summary()
         assert summary is not None
@@ -170,105 +181,57 @@ def trained(cfg: RunConfig, run_dir: Path, options: LitmusOptions) -> dict[str, 
     return train(cfg, run_dir, device=options.device, resume=state == "started", progress=options.progress)
 
 
-def reported_number(summary: Mapping[str, Any]) -> float:
-    """A run's number: its test report metric at the best validation evaluation (summary.json ``selected``), in the
-    task's report units (`Task.report_metric`)."""
-    _, key, scale = task_class(summary["task"]).report_metric
-    return float(summary["selected"]["test"][key]) * scale
-
-
-def interval(values: Sequence[float]) -> dict[str, Any]:
-    """The mean of `values` (independent seeds, at least two) and its two-sided `LEVEL` Student's t interval."""
+def paired(values: Sequence[float]) -> dict[str, Any]:
+    """`values` (one per seed), their mean and its two-sided `LEVEL` Student's t interval."""
     n, mean = len(values), statistics.fmean(values)
     half = t_quantile(1 - (1 - LEVEL) / 2, n - 1) * statistics.stdev(values) / math.sqrt(n)
-    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
+    return {"per_seed": list(values), "n": n, "mean": mean, "low": mean - half, "high": mean + half}
 
 
-def compare(task: str, seeds: list[int], values: Mapping[str, list[float]], looks: list[int]) -> dict[str, Any]:
-    """Each arm's numbers over `seeds` and their interval, the paired differences standard - transplant and standard
-    - mixit with theirs, and the answer read off the first (`answer`); `looks`: the counts of seeds read so far,
-    this one last."""
-    column, key, scale = task_class(task).report_metric
-    arms = {arm: {"per_seed": list(values[arm]), **interval(values[arm])} for arm in ARMS}
-    differences = {}
-    for other in ("transplant", "mixit"):
-        paired = [a - b for a, b in zip(values["standard"], values[other], strict=True)]
-        differences[f"standard-{other}"] = {"per_seed": paired, **interval(paired)}
-    return {
-        "task": task,
-        "metric": {"column": column, "test_metric": key, "scale": scale},
-        "level": LEVEL,
-        "seeds": seeds,
-        "arms": arms,
-        "differences": differences,
-        "looks": looks,
-        "answer": answer(differences["standard-transplant"], differences["standard-mixit"], looks),
-    }
+def side(difference: Mapping[str, Any]) -> str:
+    """Where 0 lies for an interval: "above" (the interval lies above it), "below", or "contains"."""
+    return "above" if difference["low"] > 0 else "below" if difference["high"] < 0 else "contains"
+
+
+TRANSPLANT_SAYS = {
+    "above": "needs input-dependent attention: the standard model beats its own average pattern held fixed (the "
+    "standard - transplant interval lies above 0)",
+    "below": "the transplant does better: the standard model's own average pattern, held fixed, beats attention that "
+    "depends on the input (the standard - transplant interval lies below 0)",
+    "contains": "undecided at this budget: the standard - transplant interval contains 0; more seeds narrow it, and "
+    "more steps let every arm get closer to where it converges",
+}
+MIXIT_SAYS = {"above": "does worse than", "below": "does better than", "contains": "is not told apart from"}
 
 
 def answer(transplant: Mapping[str, Any], mixit: Mapping[str, Any], looks: Sequence[int]) -> str:
-    """The answer in words, from the intervals alone: standard - transplant wholly above 0 (needs input-dependent
-    attention), wholly below 0 (the transplant does better), else undecided; then what standard - mixit says, and
-    whether the seeds were added after looking (`looks`)."""
-    low, high = transplant["low"], transplant["high"]
-    if low > 0:
-        text = "needs input-dependent attention: the standard model beats its own average pattern held fixed "
-        text += "(the standard - transplant interval lies above 0)"
-    elif high < 0:
-        text = "the transplant does better: the standard model's own average pattern, held fixed, beats attention "
-        text += "that depends on the input (the standard - transplant interval lies below 0)"
-    else:
-        text = "undecided at this budget: the standard - transplant interval contains 0; more seeds narrow it, and "
-        text += "more steps let every arm get closer to where it converges"
-    if mixit["low"] > 0:
-        text += "; a random fixed pattern (MixiT) does worse than the standard model"
-    elif mixit["high"] < 0:
-        text += "; a random fixed pattern (MixiT) does better than the standard model"
-    else:
-        text += "; a random fixed pattern (MixiT) is not told apart from the standard model"
+    """The answer in words, from the intervals alone (standard - transplant, then standard - mixit), and whether
+    the seeds were added after looking (`looks`)."""
+    text = f"{TRANSPLANT_SAYS[side(transplant)]}; a random fixed pattern (MixiT) {MIXIT_SAYS[side(mixit)]} the "
+    text += "standard model"
     if transplant["n"] < 3:
         text += f" (with {transplant['n']} seeds the t quantile is large and every interval wide)"
     if len(looks) > 1:
-        earlier = ", ".join(map(str, looks[:-1]))
-        text += f" (read before at {earlier} seeds: an interval reached by adding seeds after looking covers the "
-        text += f"difference less often than {round(100 * LEVEL)}%)"
+        text += f" (read before at {', '.join(map(str, looks[:-1]))} seeds: an interval reached by adding seeds "
+        text += f"after looking covers the difference less often than {round(100 * LEVEL)}%)"
     return text
 
 
-def rows(result: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """One (name, mean [interval], per-seed values) row per arm and per difference."""
-    found = [*(("arm " + k, v) for k, v in result["arms"].items()), *result["differences"].items()]
-    return [
-        (
-            name,
-            f"{v['mean']:.2f} [{v['low']:.2f}, {v['high']:.2f}]",
-            " ".join(f"{x:.2f}" for x in v["per_seed"]),
-        )
-        for name, v in found
-    ]
-
-
-def format_litmus(result: Mapping[str, Any]) -> str:
-    """The table and the answer, as `mixit litmus` prints them."""
-    metric, level = result["metric"]["column"], round(100 * result["level"])
-    head = ("", f"{metric}: mean [{level}% t-interval]", "seeds " + " ".join(map(str, result["seeds"])))
-    table = [head, *rows(result)]
-    widths = [max(len(row[i]) for row in table) for i in range(3)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
-    return "\n".join([*lines, "", f"{result['task']}: {result['answer']}"])
+def table(result: Mapping[str, Any]) -> str:
+    """The table `mixit litmus` prints: each arm's and each difference's mean, interval and per-seed values."""
+    level, seeds = round(100 * result["level"]), " ".join(map(str, result["seeds"]))
+    rows = [("", f"{result['metric']['column']}: mean [{level}% t-interval]", f"seeds {seeds}")]
+    for name, v in [*(("arm " + k, v) for k, v in result["arms"].items()), *result["differences"].items()]:
+        per_seed = " ".join(f"{x:.2f}" for x in v["per_seed"])
+        rows.append((name, f"{v['mean']:.2f} [{v['low']:.2f}, {v['high']:.2f}]", per_seed))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
 
 
 def markdown(result: Mapping[str, Any]) -> str:
-    """litmus.md's body: what was run, the table and the answer."""
-    metric, level = result["metric"]["column"], round(100 * result["level"])
+    """litmus.md: the question, what was run, the table and the answer."""
     request = {k: v for k, v in result["request"].items() if v not in ({}, None)}
-    lines = [
-        f"mixit {result['mixit_version']}, commit {result['git_commit']}; request `{request}`.",
-        "",
-        f"| | {metric}: mean [{level}% t-interval] | per seed ({', '.join(map(str, result['seeds']))}) |",
-        "|---|---|---|",
-        *(f"| {a} | {b} | {c} |" for a, b, c in rows(result)),
-        "",
-        f"**Answer:** {result['answer']}.",
-    ]
-    return "\n".join(lines) + "\n"
+    title = f"# Litmus: does {result['task']} need input-dependent attention?"
+    provenance = f"mixit {result['mixit_version']}, commit {result['git_commit']}; request `{request}`."
+    return f"{title}\n\n{provenance}\n\n```\n{table(result)}\n```\n\n**Answer:** {result['answer']}.\n"

@@ -1,11 +1,10 @@
 """Typed, validated configuration: the model, the optimisation, the data a task draws, and the base of every
 task's parameters (the run as a whole is `mixit.core.experiment.RunConfig`).
 
-Each option is one dataclass field with a type, a default and a docstring; the command line, its --help, ``mixit
-list`` and ``config.json`` are generated from them (docs/extending.md). At construction every value is read by
-its field's type as jsonargparse reads the command line (`typed`: ``"10"`` for an int is 10), then checked
-against its range; `Config.from_dict` refuses unknown keys. Each failure is a `UsageError` naming the key, the
-value and what is allowed. Names follow the glossary of docs/model.md.
+Each option is one dataclass field with a type, a default and a docstring, from which the command line, its
+--help, ``mixit list`` and ``config.json`` are generated (docs/extending.md). At construction each value is read
+by its type as jsonargparse reads the command line (`typed`), then checked against its range; each failure is a
+`UsageError` naming the key, the value and what is allowed. Names follow the glossary of docs/model.md.
 """
 
 from __future__ import annotations
@@ -106,24 +105,20 @@ _HINTS: dict[type, dict[str, Any]] = {}
 
 
 def field_hints(cls: type) -> dict[str, Any]:
-    """The resolved type of each dataclass field of `cls`."""
+    """The resolved type of each dataclass field of `cls` (kept: a config reads them at every construction)."""
     if cls not in _HINTS:
         hints = typing.get_type_hints(cls)
         _HINTS[cls] = {f.name: hints[f.name] for f in dataclasses.fields(cls)}
     return _HINTS[cls]
 
 
-_PARSED: dict[object, Any] = {}
-
-
+@functools.cache
 def parsed_doc(obj: object) -> Any:
     """docstring_parser's reading of `obj`'s docstrings (its fields' too), once per object: it reads the source,
     which is slow, and every parser built for the command line asks again."""
     import docstring_parser  # here, not above: the model code a --to hub export ships imports this module
 
-    if obj not in _PARSED:
-        _PARSED[obj] = docstring_parser.parse_from_object(obj)
-    return _PARSED[obj]
+    return docstring_parser.parse_from_object(obj)
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -143,8 +138,7 @@ def short_doc(obj: object) -> str:
 
 
 class Config:
-    """Base of the config dataclasses: each value typed at construction (`typed`), then `validate`d; `from_dict`
-    refuses unknown keys and builds a field typed as a config from its mapping; `to_dict` gives JSON data."""
+    """Base of the config dataclasses: each value typed at construction (`typed`), then `validate`d."""
 
     what: ClassVar[str] = "option"  # how error messages name one field of this config
 
@@ -158,7 +152,8 @@ class Config:
 
     @classmethod
     def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
-        """Build from a mapping, refusing keys that are not fields and missing required ones."""
+        """Build from a mapping, refusing keys that are not fields and missing required ones; a field typed as a
+        config is built from its mapping."""
         if not isinstance(data, Mapping):
             raise UsageError(f"{cls.what}s must be a mapping of names to values, got {type(data).__name__}")
         fields = dataclasses.fields(cls)  # type: ignore[arg-type]
