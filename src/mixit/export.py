@@ -1,10 +1,9 @@
-"""`mixit export RUN --to hf|hub`: a trained run as a Hugging Face model directory, and `load`, which reads a run,
-an export or its Hub repo id back (docs/interop.md, "Exporting to Hugging Face").
+"""`mixit export RUN --to hf|hub` and `mixit.load`, which reads a run, an export or its Hub repo id back
+(docs/interop.md, "Exporting to Hugging Face").
 
-``--to hf`` writes a transformers ``LlamaForCausalLM``: a softmax model at Llama's settings is exactly a Llama with
-biases, its modules renamed (`LLAMA_NAMES`), checked on a probe batch before anything is written. ``--to hub``
-writes any model through `Transformer`'s ``PyTorchModelHubMixin``, with mixit's own model code for transformers'
-``trust_remote_code`` (`remote_code`). Both record the run in config.json (``mixit_export``) and add a model card.
+--to hf writes a transformers LlamaForCausalLM, which a softmax model at Llama's settings is exactly (`LLAMA_NAMES`);
+--to hub writes any model through `Transformer`'s PyTorchModelHubMixin, with mixit's own model code for
+trust_remote_code (`remote_code`). Both record the run in config.json (``mixit_export``) and write a model card.
 """
 
 from __future__ import annotations
@@ -73,11 +72,13 @@ LLAMA_NAMES = {
 REMOTE_CODE = ("mixit.remote_code.configuration_mixit", "mixit.remote_code.modeling_mixit")
 """The modules a --to hub export ships for trust_remote_code, with every mixit module they import."""
 
-AUTO_CLASSES = {"lm": "MixitForCausalLM", "classifier": "MixitForSequenceClassification"}
-"""The shipped transformers class of each head."""
+AUTO_CLASSES = {
+    "lm": ("AutoModelForCausalLM", "MixitForCausalLM"),
+    "classifier": ("AutoModelForSequenceClassification", "MixitForSequenceClassification"),
+}
+"""Each head's transformers Auto class, and the shipped class it builds."""
 
 WEIGHTS = "model.safetensors"
-
 HUB_TIMEOUT_S = 5.0
 """How long --push-to-hub waits for the Hub's answer to its first request, made before any work."""
 
@@ -90,14 +91,12 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
 
     Args:
         run_dir: The run directory.
-        to: The format: hf (a transformers LlamaForCausalLM, loadable without mixit; softmax variants at
-            Llama's settings only) or hub (any mixit model, for mixit.load, Transformer.from_pretrained or
-            transformers' AutoModel with trust_remote_code).
-        out: The directory to write, which must be absent or empty; null means RUN_DIR-hf or RUN_DIR-hub beside
-            the run.
-        push_to_hub: A Hub repo id (user/name) to upload the written directory to, created if absent (private
-            unless it exists) before any work; refused before any work when huggingface_hub is offline
-            (HF_HUB_OFFLINE), has no token, or the Hub does not answer within 5 s, refuses the token or the repo.
+        to: hf (a transformers LlamaForCausalLM, loadable without mixit; softmax variants at Llama's settings only)
+            or hub (any model, for mixit.load, Transformer.from_pretrained or AutoModel with trust_remote_code).
+        out: The directory to write, absent or empty; null means RUN_DIR-hf or RUN_DIR-hub beside the run.
+        push_to_hub: A Hub repo id (user/name) to upload it to, created private if absent. Checked before any work:
+            refused offline (HF_HUB_OFFLINE), without a token, or when the Hub does not answer within 5 s or
+            refuses the token or the repo.
     """
     run = Run.open(run_dir)
     out = Path(out) if out is not None else run.path.with_name(f"{run.path.name}-{to}")
@@ -112,15 +111,17 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
         if push_to_hub is not None:
             check_push(push_to_hub)
         loaded = run.load("cpu")
+        record = export_record(run, loaded, to)
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             with faults_said(out, "run the export again"):  # safetensors names no file: the fault names `out`
                 tmp.mkdir(parents=True)
-                (write_llama if to == "hf" else write_hub)(loaded, tmp)
+                entries = (write_llama if to == "hf" else write_hub)(loaded, tmp)
+                save_generation_and_tokenizer(loaded, tmp, use_cache=to == "hf")  # a --to hub model keeps no cache
                 config = read_json(tmp / CONFIG, "the exported config")
-                write_json(tmp / CONFIG, {**config, EXPORTED: export_record(run, loaded, to)})
-                write_text(tmp / "README.md", model_card(run, loaded, to))
+                write_json(tmp / CONFIG, {**config, **entries, EXPORTED: record})
+                write_text(tmp / "README.md", model_card(record, loaded))
                 for weights in tmp.glob("*.safetensors"):  # written by safetensors, 0600; the group may read the rest
                     give_open_mode(weights)
                 os.replace(tmp, out)  # an empty --out is replaced whole
@@ -133,8 +134,8 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
 
 @contextlib.contextmanager
 def quiet_libraries() -> Iterator[None]:
-    """Within: the progress bars and log lines of huggingface_hub and transformers off, so that an export says
-    only mixit's own lines; each library's settings are put back afterwards."""
+    """Within: huggingface_hub's and transformers' progress bars and log lines off, so that an export says only
+    mixit's own lines; their settings are put back afterwards (neither library has a context manager for them)."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
     from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
@@ -155,8 +156,8 @@ def quiet_libraries() -> Iterator[None]:
 
 
 def export_record(run: Run, loaded: Loaded, to: Target) -> dict[str, Any]:
-    """config.json's ``mixit_export``: enough for `load` to rebuild the model with its task, and for a reader to
-    see what it is without mixit."""
+    """config.json's ``mixit_export``: enough for `load` to rebuild the model with its task, and for a reader (and
+    the model card) to see what it is without mixit."""
     cfg, summary = loaded.cfg, run.summary() or {}
     return {
         "format": to,
@@ -173,8 +174,8 @@ def export_record(run: Run, loaded: Loaded, to: Target) -> dict[str, Any]:
 
 
 def hf_tokenizer(tokenizer_json: str, n_ctx: int) -> Any:
-    """The run's byte-level BPE as a transformers fast tokenizer. Text spelling a special token stays
-    text (``split_special_tokens``) and no BOS is added, as in mixit."""
+    """The run's byte-level BPE as a transformers fast tokenizer. As in mixit, text spelling a special token stays
+    text (``split_special_tokens``) and no BOS is added."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -189,9 +190,8 @@ def hf_tokenizer(tokenizer_json: str, n_ctx: int) -> Any:
 
 
 def save_generation_and_tokenizer(loaded: Loaded, out: Path, use_cache: bool) -> None:
-    """Save into `out` a language model's generation config and a text task's tokenizer, as transformers reads
-    them. Generation is greedy within n_ctx; for text, `mixit sample`'s defaults (temperature 0.8, top 50, a
-    document starts after EOS and ends at the next). `use_cache` is false for a --to hub model, which keeps none."""
+    """Save a text task's tokenizer and a language model's generation config: greedy within n_ctx; for text,
+    `mixit sample`'s defaults (temperature 0.8, top 50, a document starts after EOS and ends at the next)."""
     from transformers import GenerationConfig
 
     cfg, tokenizer = loaded.cfg.model, getattr(loaded.task, "tokenizer", None)
@@ -275,8 +275,8 @@ def check_parity(model: Transformer, llama: Any, tol: float = 1e-4) -> None:
         raise RuntimeError(f"the exported Llama's logits differ from the mixit model's by {gap:.2e}")
 
 
-def write_llama(loaded: Loaded, out: Path) -> None:
-    """The LlamaForCausalLM directory, once its logits are checked against the model's."""
+def write_llama(loaded: Loaded, out: Path) -> dict[str, Any]:
+    """The LlamaForCausalLM directory, once its logits are checked against the model's; no config entries to add."""
     from transformers import LlamaForCausalLM
 
     with torch.random.fork_rng(devices=[]):  # transformers initialises from the caller's generator
@@ -285,39 +285,39 @@ def write_llama(loaded: Loaded, out: Path) -> None:
     llama.load_state_dict(llama_state_dict(loaded.model), strict=True)
     check_parity(loaded.model, llama.eval())
     llama.save_pretrained(out)
-    save_generation_and_tokenizer(loaded, out, use_cache=True)
+    return {}
 
 
 # -- --to hub: the Transformer's own Hub mixin ----------------------------------------------
 
 
-def write_hub(loaded: Loaded, out: Path) -> None:
-    """`Transformer.save_pretrained`'s directory, with the model's code for trust_remote_code (`remote_code`) and
-    the config entries that point transformers' Auto classes at it."""
-    cfg = loaded.cfg.model
+def write_hub(loaded: Loaded, out: Path) -> dict[str, Any]:
+    """`Transformer.save_pretrained`'s directory with the model's code for trust_remote_code (`remote_code`); return
+    the config entries that point transformers' Auto classes at that code."""
+    cfg, tokenizer = loaded.cfg.model, getattr(loaded.task, "tokenizer", None)
     loaded.model.save_pretrained(out)
     for name, source in remote_code().items():
         write_text(out / name, source)
-    head = AUTO_CLASSES[cfg.head]
-    task = "AutoModelForCausalLM" if cfg.head == "lm" else "AutoModelForSequenceClassification"
-    auto_map = {
-        "AutoConfig": "configuration_mixit.MixitConfig",
-        **dict.fromkeys(("AutoModel", task), f"modeling_mixit.{head}"),
+    auto, ours = AUTO_CLASSES[cfg.head]
+    entries: dict[str, Any] = {
+        "model_type": "mixit",
+        "architectures": [ours],
+        "auto_map": {
+            "AutoConfig": "configuration_mixit.MixitConfig",
+            **dict.fromkeys(("AutoModel", auto), f"modeling_mixit.{ours}"),
+        },
     }
-    entries: dict[str, Any] = {"model_type": "mixit", "architectures": [head], "auto_map": auto_map}
     if cfg.head == "classifier":
         entries["num_labels"] = cfg.n_classes
-    tokenizer = getattr(loaded.task, "tokenizer", None)
     if tokenizer is not None:
         entries.update(eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
-    write_json(out / CONFIG, {**read_json(out / CONFIG, "the exported config"), **entries})
-    save_generation_and_tokenizer(loaded, out, use_cache=False)
+    return entries
 
 
 def remote_code() -> dict[str, str]:
-    """File name -> source of each module of `REMOTE_CODE` and of every mixit module it imports, transitively,
-    each ``from mixit.PACKAGE.MODULE import`` made ``from .MODULE import``: transformers copies a remote module's
-    relative imports beside it, from one folder. The model is mixit's own, so no second copy of it can drift."""
+    """File name -> source of each module of `REMOTE_CODE` and every mixit module it imports, transitively, each
+    ``from mixit.PACKAGE.MODULE import`` made ``from .MODULE import``: transformers copies a remote module's relative
+    imports beside it, from one folder. The model is mixit's own, so no second copy of it can drift."""
     files: dict[str, str] = {}
     todo = list(REMOTE_CODE)
     while todo:
@@ -334,16 +334,12 @@ def remote_code() -> dict[str, str]:
 
 
 def load(source: str | Path, device: str = "cpu") -> Loaded:
-    """A trained model with its config (task, variant, model) and task, from a run directory (its latest
-    checkpoint), a directory written by `mixit export` (either format) or the Hub repo id of one.
+    """A trained model with its config and task from a run directory (its latest checkpoint), a `mixit export`
+    directory (either format) or the Hub repo id of one. A damaged exported file is refused in one line naming it.
 
-    ``Loaded.checkpoint`` is the checkpoint or the exported directory read; the task reads the tokenizer shipped
-    beside the weights. A damaged exported file is refused in one line naming it (`DamagedFile`), as a run's is.
-
-    A variant only chooses what trains, so a plugin's variant this process lacks is not needed: its name stands
-    in for it while the config is read (`Registry.lent`), and the parameters the record names are frozen. A
-    plugin's attention kind, activation or task is still needed, and refused as unknown where absent, as is a
-    plugin's variant in an export recorded before the frozen parameters were.
+    A variant only chooses what trains, so a plugin's variant this process lacks is not needed: its name stands in
+    for it while the config is read (`Registry.lent`), and the parameters the record names are frozen. A plugin's
+    attention kind, activation or task is still needed.
     """
     path = locate(source)
     if not holds_export(path):
@@ -374,8 +370,8 @@ def load(source: str | Path, device: str = "cpu") -> Loaded:
 
 
 def locate(source: str | Path) -> Path:
-    """The directory that `source` names: a run's or an export's, or else the local copy of Hub model `source`
-    (downloaded by huggingface_hub's ``snapshot_download``, or read from its cache when offline)."""
+    """The directory `source` names, or else the local copy of Hub model `source` (``snapshot_download``, which
+    reads its cache when offline)."""
     path = Path(source)
     check_names(path)  # a name too long for its filesystem, which `exists` would raise on
     if path.exists():
@@ -391,15 +387,13 @@ def locate(source: str | Path) -> Path:
 
 
 def holds_export(path: Path) -> bool:
-    """Whether directory `path` is to be read as an export (its weights file, or its config's record) rather than
-    as a run."""
+    """Whether directory `path` is read as an export (its weights file or its config's record) rather than a run."""
     return (path / WEIGHTS).is_file() or is_export(path)
 
 
 def check_push(repo_id: str) -> None:
-    """Refuse --push-to-hub before any work: an invalid repo id, huggingface_hub offline, no token, a Hub that does
-    not answer within `HUB_TIMEOUT_S` or refuses the token, or a repo the token may not create or write to. The repo
-    is created here (private) if absent, which tries the right to write it."""
+    """Refuse --push-to-hub before any work: an invalid repo id, offline, no token, no answer within `HUB_TIMEOUT_S`,
+    the token refused, or a repo it may not create or write (created here, private, if absent, to try that right)."""
     from huggingface_hub import HfApi, constants, get_token
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status, validate_repo_id
 
@@ -453,95 +447,81 @@ def hub_url(repo_id: str) -> str:
 # -- the model card ---------------------------------------------------------------------------
 
 
-def model_card(run: Run, loaded: Loaded, to: Target) -> str:
-    """README.md of the exported directory: what the model is, how it was trained, how to load it."""
+def model_card(record: dict[str, Any], loaded: Loaded) -> str:
+    """README.md of the export (`record` is its ``mixit_export``): what the model is, how it was trained, what it
+    never trained, and how to load it."""
     from huggingface_hub import ModelCardData
 
-    cfg, model = loaded.cfg, loaded.cfg.model
-    summary = run.summary() or {}
-    record = read_json(run.config_path, "the run's config")
+    to, model, run = record["format"], loaded.cfg.model, record["run"]
     meta = ModelCardData(
         library_name="transformers" if to == "hf" else "mixit", tags=["mixit", "llama" if to == "hf" else "custom_code"]
     )
-    test = summary.get("test")
-    metrics = ", ".join(f"{k} {v:.4f}" for k, v in test.items() if isinstance(v, float)) if test else None
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in (record["test"] or {}).items() if isinstance(v, float))
+    metrics = metrics or "none (the run has not completed)"
     return "\n".join(
         [
             f"---\n{meta.to_yaml()}\n---\n",
-            f"# mixit {cfg.task} / {cfg.variant}\n",
-            f"A mixit model (Dong et al., arXiv 2506.01115) trained on task `{cfg.task}` under variant "
-            f"`{cfg.variant}`: {VARIANTS.get(cfg.variant).description}.\n",
-            f"- task parameters: `{json.dumps(cfg.params.to_dict())}`",
+            f"# mixit {record['task']} / {record['variant']}\n",
+            f"Trained by mixit (arXiv 2506.01115) on task `{record['task']}` (`{json.dumps(record['params'])}`) "
+            f"under variant `{record['variant']}`: "
+            f"{VARIANTS.get(record['variant']).description}.\n",
             f"- model: {model.n_layers} layers, d_model {model.d_model}, {model.n_heads} heads, "
             f"{model.attention} attention, n_ctx {model.n_ctx}, vocabulary {model.vocab_size}",
-            f"- trained for {summary.get('steps', '?')} steps; test metrics: "
-            f"{metrics or 'none recorded (the run has not completed)'}",
+            f"- trained for {record['steps'] or '?'} steps; test metrics: {metrics}",
             f"- frozen at initialisation (never trained): {frozen_text(loaded.model, to)}",
-            f"- trained by mixit {record.get('mixit_version')} (commit {record.get('git_commit') or 'unknown'}); "
-            f"exported by mixit {__version__} (commit {git_commit() or 'unknown'})\n",
+            f"- trained by mixit {run.get('mixit_version')} (commit {run.get('git_commit') or 'unknown'}), "
+            f"exported by mixit {__version__} (commit {git_commit() or 'unknown'}); config.json's `mixit_export` "
+            "holds the run's whole config\n",
             "## Loading\n",
             usage(to, loaded),
-            "\nThe full run configuration:\n",
-            f"```json\n{json.dumps(cfg.to_dict(), indent=2)}\n```\n",
         ]
     )
 
 
 def frozen_text(model: Transformer, to: Target) -> str:
-    """What `model` never trained, on one line: its frozen parameters, counted and named by module as the exported
-    directory names them; its fixed random buffers (MixiT's mixing matrices); and attention without queries or
-    keys."""
+    """What `model` never trained: its frozen parameters, by module as the export names them; its fixed random
+    buffers (MixiT's mixing matrices); and attention without queries or keys."""
     parameters = dict(model.named_parameters())
-    named = llama_state_dict(model) if to == "hf" else parameters
+    frozen = {n: p for n, p in (llama_state_dict(model) if to == "hf" else parameters).items() if not p.requires_grad}
+    fixed = {n: b for n, b in model.state_dict().items() if n not in parameters}  # the saved buffers
     parts = []
-    frozen = {n: p for n, p in named.items() if not p.requires_grad}
     if frozen:
         modules = dict.fromkeys(n.rpartition(".")[0] for n in frozen)
-        count = sum(p.numel() for p in frozen.values())
-        parts.append(f"{count:,} parameters: " + ", ".join(f"`{m}`" for m in modules))
-    fixed = {n: b for n, b in model.state_dict().items() if n not in parameters}  # the saved buffers
+        parts.append(f"{sum(p.numel() for p in frozen.values()):,} parameters: " + ", ".join(f"`{m}`" for m in modules))
     if fixed:
         count = sum(b.numel() for b in fixed.values())
         parts.append(f"the attention mixing, {count:,} fixed random values: " + ", ".join(f"`{n}`" for n in fixed))
     if not any(hasattr(block.attn, name) for block in model.blocks for name in ("q", "k")):
-        parts.append("the attention has no queries or keys (nothing computes its pattern from the input)")
+        parts.append("the attention has no queries or keys")
     return "; ".join(parts) or "nothing"
 
 
 def usage(to: Target, loaded: Loaded) -> str:
-    """The card's loading snippets, each a Python block that runs as written once THIS_DIRECTORY is the directory
-    (or its Hub repo id): one with transformers alone, one with mixit. A text task's snippets read the shipped
-    tokenizer; another task's feed a test example's token ids."""
-    cfg = loaded.cfg.model
-    auto = "AutoModelForCausalLM" if cfg.head == "lm" else "AutoModelForSequenceClassification"
+    """The card's loading code, which runs as written once THIS_DIRECTORY is the directory or its Hub repo id: a
+    block for transformers alone, one for mixit. A text task's reads the shipped tokenizer; another's a test example."""
+    head, text = loaded.cfg.model.head, getattr(loaded.task, "tokenizer", None) is not None
+    auto = AUTO_CLASSES[head][0]
     trust = "" if to == "hf" else ", trust_remote_code=True"
-    said = "a LlamaForCausalLM" if to == "hf" else "runs the model code shipped here"
-    shape = "(B, T, vocab_size)" if cfg.head == "lm" else "(B, n_classes)"
-    from_pretrained = f'model = {auto}.from_pretrained("THIS_DIRECTORY"{trust})  # no mixit needed: {said}'
-    if getattr(loaded.task, "tokenizer", None) is not None:
-        hf_lines = [
-            f"from transformers import {auto}, AutoTokenizer\n",
-            from_pretrained,
-            f'tokenizer = AutoTokenizer.from_pretrained("THIS_DIRECTORY"{trust})',
-            'batch = tokenizer(["The cat sat on", "A dog"], padding=True, return_tensors="pt")  # padded on the right',
-            f"logits = model(**batch).logits  # {shape}",
-        ]
-        if cfg.head == "lm":
-            hf_lines.append('print(tokenizer.decode(model.generate(**tokenizer("The", return_tensors="pt"))[0]))')
+    shape = "(B, T, vocab_size)" if head == "lm" else "(B, n_classes)"
+    model = f'model = {auto}.from_pretrained("THIS_DIRECTORY"{trust})  # no mixit needed'
+    if text:
         tokens = 'torch.tensor([loaded.task.tokenizer.encode("The cat sat on")])'
-    else:
-        example = loaded.task.test_batch().inputs[0].tolist()
-        hf_lines = [
-            f"import torch\nfrom transformers import {auto}\n",
-            from_pretrained,
-            f"tokens = torch.tensor([{example}])  # a test example of the task, as token ids",
-            f"logits = model(input_ids=tokens).logits  # {shape}",
+        hf = [
+            f"from transformers import {auto}, AutoTokenizer\n",
+            model,
+            f'tokenizer = AutoTokenizer.from_pretrained("THIS_DIRECTORY"{trust})',
+            'tokens = tokenizer("The cat sat on", return_tensors="pt").input_ids',
         ]
-        tokens = f"torch.tensor([{example}])  # a test example of the task"
-    mixit_lines = [
+    else:
+        tokens = f"torch.tensor([{loaded.task.test_batch().inputs[0].tolist()}])  # a test example, as token ids"
+        hf = [f"import torch\nfrom transformers import {auto}\n", model, f"tokens = {tokens}"]
+    hf.append(f"logits = model(input_ids=tokens).logits  # {shape}")
+    if text and head == "lm":
+        hf.append("print(tokenizer.decode(model.generate(tokens)[0]))")
+    mixit = [
         f"import torch\n\nimport mixit  # {install_hint()}\n",
-        'loaded = mixit.load("THIS_DIRECTORY")  # or its Hub repo id: the model, its task, variant and config',
+        'loaded = mixit.load("THIS_DIRECTORY")  # the model, with its task, variant and config',
         f"tokens = {tokens}",
         f"logits = loaded.model(tokens)  # {shape}",
     ]
-    return "\n".join(["```python", *hf_lines, "```\n\nWith mixit installed:\n\n```python", *mixit_lines, "```"])
+    return "\n".join(["```python", *hf, "```\n\nWith mixit installed:\n\n```python", *mixit, "```"])

@@ -18,12 +18,16 @@ MAX_NEW_TOKENS = 100_000
 MAX_SAMPLES = 10_000
 
 
-def check_sampling(temperature: float, top_k: int | None) -> None:
-    """Refuse a temperature that is negative or not finite, or a top_k below 1."""
+def check_sampling(temperature: float, top_k: int, max_new_tokens: int = 1, num_samples: int = 1) -> None:
+    """Refuse sampling settings out of range, before any work."""
     if not (math.isfinite(temperature) and temperature >= 0):
         raise UsageError(f"temperature must be a finite number >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise UsageError(f"top_k must be a positive integer, got {top_k}")
+    if top_k < 0:
+        raise UsageError(f"top_k must be >= 0 (0 = all), got {top_k}")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise UsageError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS:,}], got {max_new_tokens}")
+    if not 1 <= num_samples <= MAX_SAMPLES:
+        raise UsageError(f"num_samples must be an integer in [1, {MAX_SAMPLES:,}], got {num_samples}")
 
 
 @torch.no_grad()
@@ -32,31 +36,27 @@ def generate(
     prompt: torch.Tensor,
     max_new_tokens: int,
     temperature: float = 1.0,
-    top_k: int | None = None,
+    top_k: int = 0,
     generator: torch.Generator | None = None,
     stop_token: int | None = None,
 ) -> torch.Tensor:
-    """Extend `prompt` (B, T0) ids by up to `max_new_tokens` sampled tokens -> (B, T0 + n).
-
-    The model reads at most its last n_ctx tokens (a sliding window; no key-value cache,
-    which keeps every attention kind, MixiT included, on one code path). temperature 0
-    takes the most likely token; top_k keeps only the k most likely before sampling.
-    Generation stops early once every row has produced `stop_token`.
-    """
+    """Extend `prompt` (B, T0) ids by up to `max_new_tokens` sampled tokens -> (B, T0 + n), stopping early once every
+    row has produced `stop_token`. temperature 0 takes the most likely token; top_k > 0 samples among the k most
+    likely. The model reads its last n_ctx tokens, with no key-value cache, which keeps every attention kind, MixiT
+    included, on one code path."""
     check_sampling(temperature, top_k)
     was_training = model.training
     model.eval()
-    n_ctx = model.cfg.n_ctx
     out = prompt
     done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
     # A progress bar on stderr for long generations (stdout receives only the text).
     for _ in tqdm(range(max_new_tokens), desc="sampling", unit="tok", disable=None if max_new_tokens > 500 else True):
-        logits = model(out[:, -n_ctx:])[:, -1].float()  # (B, vocab)
+        logits = model(out[:, -model.cfg.n_ctx :])[:, -1].float()  # (B, vocab)
         if temperature == 0:
             nxt = logits.argmax(dim=-1, keepdim=True)
         else:
             logits = logits / temperature
-            if top_k is not None and top_k < logits.shape[-1]:
+            if 0 < top_k < logits.shape[-1]:
                 kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             nxt = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)  # (B, 1)
@@ -79,9 +79,8 @@ def sample_run(
     seed: int = 0,
     device: str = "auto",
 ) -> list[str]:
-    """Continue a prompt with text sampled from a language-model run's latest checkpoint.
-
-    Each continuation ends where the model ends its document (EOS) or after max_new_tokens.
+    """Continue a prompt with text sampled from a language-model run's latest checkpoint; each continuation ends
+    where the model ends its document (EOS) or after max_new_tokens.
 
     Args:
         run_dir: The run directory (a run of task lm).
@@ -93,37 +92,20 @@ def sample_run(
         seed: Sampling seed.
         device: Where to run: auto (cuda if available, else cpu), cpu, cuda or cuda:N.
     """
-    check_run_sampling(max_new_tokens, num_samples, temperature, top_k)
+    check_sampling(temperature, top_k, max_new_tokens, num_samples)
     run = Run.open(run_dir)
     # The model reads at most n_ctx tokens at a time: num_samples rows of n_ctx, without gradients.
     parts = inference_parts(run.config.model, num_samples, f"{num_samples} rows of activations")
     check_memory("sampling", parts, resolve_device(device), "lower num_samples")
     loaded = run.load(device)
-    cfg, task, model = loaded.cfg, loaded.task, loaded.model
-    tokenizer = getattr(task, "tokenizer", None)
-    if tokenizer is None or cfg.model.head != "lm":
-        raise UsageError(f"{run_dir} is a {cfg.task} run; sampling needs a language-model run (--task lm)")
-    dev = next(model.parameters()).device
-    ids = tokenizer.encode(prompt) if prompt else []
-    if not ids:
-        ids = [tokenizer.eos_id]  # an empty prompt starts a fresh document
+    tokenizer = getattr(loaded.task, "tokenizer", None)
+    if tokenizer is None or loaded.cfg.model.head != "lm":
+        raise UsageError(f"{run_dir} is a {loaded.cfg.task} run; sampling needs a language-model run (--task lm)")
+    eos = tokenizer.eos_id
+    ids = tokenizer.encode(prompt) or [eos]  # an empty prompt starts a fresh document
+    dev = next(loaded.model.parameters()).device
     x = torch.tensor([ids] * num_samples, dtype=torch.long, device=dev)
     g = torch.Generator(device=dev).manual_seed(seed)
-    out = generate(model, x, max_new_tokens, temperature, top_k or None, g, stop_token=tokenizer.eos_id)
-    texts = []
-    for row in out[:, len(ids) :].tolist():
-        if tokenizer.eos_id in row:  # the document ended: keep the text up to its end marker
-            row = row[: row.index(tokenizer.eos_id)]
-        texts.append(tokenizer.decode(row))
-    return texts
-
-
-def check_run_sampling(max_new_tokens: int, num_samples: int, temperature: float, top_k: int) -> None:
-    """Refuse `sample_run`'s settings out of range, before any work."""
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise UsageError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS:,}], got {max_new_tokens}")
-    if not 1 <= num_samples <= MAX_SAMPLES:
-        raise UsageError(f"num_samples must be an integer in [1, {MAX_SAMPLES:,}], got {num_samples}")
-    if top_k < 0:
-        raise UsageError(f"top_k must be >= 0 (0 = all), got {top_k}")
-    check_sampling(temperature, top_k or None)
+    out = generate(loaded.model, x, max_new_tokens, temperature, top_k, g, stop_token=eos)
+    # A document that ended is kept up to its end marker.
+    return [tokenizer.decode(row[: row.index(eos)] if eos in row else row) for row in out[:, len(ids) :].tolist()]

@@ -1,10 +1,5 @@
-"""mixit models in TransformerLens (docs/interop.md, "TransformerLens").
-
-nnsight needs nothing here: ``NNsight(model)`` traces any mixit model, MixiT included, and every hook point is a
-module. TransformerLens 4 analyses models through its ``TransformerBridge``: `to_transformer_lens` builds one around
-TransformerLens's native transformer holding this model's weights, for the runs that transformer represents
-exactly, with the run's task's tokens as its tokenizer (`task_tokenizer`). Both libraries come with the ``interop``
-extra and are imported only when called.
+"""mixit models in TransformerLens 4, through a ``TransformerBridge`` around its native transformer (docs/interop.md,
+"TransformerLens"). nnsight needs nothing here: every hook point is a module. Both come with the ``interop`` extra.
 """
 
 from __future__ import annotations
@@ -24,8 +19,8 @@ if TYPE_CHECKING:
     from mixit.core.tasks import Task
 
 UNKNOWN = "<unk>"
-"""The one entry of a task's tokenizer beyond the model's vocabulary (id vocab_size): any word that is not a
-token name. The model cannot embed it, so such a word fails in the embedding instead of standing for a token."""
+"""Any word that is not a token name: id vocab_size, which the model cannot embed, so it fails there instead of
+standing for some token."""
 
 
 def transformer_lens_refusal(model: Transformer) -> str | None:
@@ -46,12 +41,8 @@ def transformer_lens_refusal(model: Transformer) -> str | None:
 
 
 def to_transformer_lens(model: Transformer, task: Task | None = None) -> TransformerBridge:
-    """A TransformerLens ``TransformerBridge`` computing the same logits as `model` (up to float rounding), with
-    TransformerLens's hook points (``blocks.0.hook_resid_post``, ``hook_q``, ``mlp.hook_post``, ...).
-
-    A model it cannot represent is refused in one line (`transformer_lens_refusal`); the copy shares no tensor with
-    `model`. With `task` (the run's), the bridge's tokenizer is `task_tokenizer`; without, it has none.
-    """
+    """A TransformerLens ``TransformerBridge`` with a copy of `model`'s weights, computing the same logits up to float
+    rounding; its tokenizer is `task`'s (`task_tokenizer`), or none. A model it cannot represent is refused."""
     reason = transformer_lens_refusal(model)
     if reason is not None:
         raise UsageError(f"TransformerLens cannot represent this model exactly: {reason}")
@@ -103,12 +94,8 @@ def to_transformer_lens(model: Transformer, task: Task | None = None) -> Transfo
 
 
 def task_tokenizer(task: Task, n_ctx: int) -> Any:
-    """`task`'s tokens as a transformers fast tokenizer, the form TransformerLens's string tools read.
-
-    A text task: the run's own byte-level BPE. Any other task: one word per token, its name
-    (`Task.token_names`) at its id, words split at whitespace, so ``"1 2 3 1 2 3"`` is ids 1 2 3 1 2 3; a word
-    that is no token name is `UNKNOWN`, the task's 'PAD' is the pad token, and there is no BOS.
-    """
+    """`task`'s tokens as a transformers fast tokenizer, which TransformerLens's string tools read: a text task's BPE,
+    or one word per token (`Task.token_names`), split at whitespace, `UNKNOWN` for any other word, no BOS."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -142,12 +129,9 @@ def _folded(layer: Linear, scale: float = 1.0, rows: torch.Tensor | None = None)
 
 
 def native_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """`model`'s weights, copied, under the names of TransformerLens's ``NativeModel`` with biased MLP projections,
-    width multipliers and branch_scale folded in.
-
-    Queries and keys are reordered for its RoPE: mixit rotates dimension i of a head with i + d_head/2,
-    TransformerLens 2i with 2i + 1, at the same frequency; so row 2i of the new layout is row i of mixit's, and
-    row 2i + 1 is row i + d_head/2."""
+    """`model`'s weights, copied, as TransformerLens's ``NativeModel`` (MLP biases added) names them, with width
+    multipliers and branch_scale folded in. mixit's RoPE rotates dimension i of a head with i + d_head/2,
+    TransformerLens's 2i with 2i + 1: its query and key row 2i is mixit's row i, row 2i + 1 is row i + d_head/2."""
     cfg = model.cfg
     half = torch.arange(cfg.d_head // 2)
     within = torch.stack([half, half + cfg.d_head // 2], dim=-1).flatten()  # (d_head,)

@@ -1,8 +1,4 @@
-"""The transformers config of an exported mixit model (shipped with it, as `mixit.remote_code.modeling_mixit`).
-
-``cfg`` is the model's own config, as mixit's ``ModelConfig.to_dict()`` wrote it; ``mixit_export`` (task,
-variant, the run's record) is kept as an attribute for anyone who reads it.
-"""
+"""The transformers config of an exported mixit model (shipped with it, as `mixit.remote_code.modeling_mixit`)."""
 
 from typing import Any
 

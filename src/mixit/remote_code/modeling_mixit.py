@@ -1,15 +1,9 @@
 """transformers classes around mixit's own `Transformer`, for ``trust_remote_code`` (docs/interop.md, "AutoModel,
-without mixit").
+without mixit"). `mixit.export` ships this file with the mixit modules it imports, those imports made relative.
 
-There is no second model here: each class holds a `mixit.core.models.Transformer` as ``model`` and adds transformers'
-conventions: ``labels=`` gives the loss, ``output_hidden_states=True`` the input to the first block and each block's
-output (before the final norm), and ``generate()`` works for a language model. `mixit.export` ships this file with
-the mixit modules it imports, those imports made relative, so the export loads with transformers and torch alone.
-
-``attention_mask`` is read as right padding only (1 for each real token, then 0), as an exported tokenizer pads.
-Causal attention, softmax or MixiT, never lets a real position read a pad after it, so the mask changes no real
-position's output; a model that reads padding (a classifier's pooling, non-causal attention) is given its pad
-token (``pad_id``) at the masked positions, which it masks itself.
+``attention_mask`` is read as right padding only, as an exported tokenizer pads. Causal attention, softmax or MixiT,
+never lets a real position read a pad after it, so the mask changes no real position's output; a model that reads
+padding (a classifier's pooling, non-causal attention) is given its pad token at the masked positions instead.
 """
 
 from __future__ import annotations
@@ -27,8 +21,7 @@ from mixit.remote_code.configuration_mixit import MixitConfig
 
 
 class MixitPreTrainedModel(PreTrainedModel):
-    """The transformers face of a mixit `Transformer` (``self.model``), whose state dict is the export's
-    ``model.safetensors`` as `Transformer.save_pretrained` wrote it (transformers adds the ``model.`` prefix)."""
+    """A mixit `Transformer` as ``self.model`` (transformers adds the ``model.`` prefix to the export's weights)."""
 
     config_class = MixitConfig
     base_model_prefix = "model"
@@ -40,9 +33,8 @@ class MixitPreTrainedModel(PreTrainedModel):
         self.post_init()
 
     def _init_weights(self, module: torch.nn.Module) -> None:
-        """Rebuild the buffers an attention layer derives from the config and does not save (softmax's RoPE
-        tables), which transformers leaves empty, building the model on the meta device: the layer is made again
-        for the purpose. Every other tensor is read from the export's weights."""
+        """Rebuild the buffers an attention layer derives and does not save (softmax's RoPE tables), which
+        transformers leaves empty, building the model on the meta device, from a fresh copy of the layer."""
         saved = set(module.state_dict())
         derived = [name for name, _ in module.named_buffers(recurse=False) if name not in saved]
         if not derived:
@@ -83,8 +75,7 @@ class MixitPreTrainedModel(PreTrainedModel):
         raise NotImplementedError
 
     def masked(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """`input_ids` (B, T) as the model reads them under `attention_mask` (B, T), right padding only (see the
-        module's docstring); the pad token at masked positions where the model has one."""
+        """`input_ids` (B, T) as the model reads them under `attention_mask` (B, T) (the module's docstring)."""
         if attention_mask is None or bool(attention_mask.all()):
             return input_ids
         mask = attention_mask.bool()  # (B, T)
@@ -102,8 +93,7 @@ class MixitPreTrainedModel(PreTrainedModel):
 
 
 class MixitForCausalLM(MixitPreTrainedModel, GenerationMixin):
-    """A mixit language model; ``generate()`` recomputes the whole sequence at each step (mixit keeps no cache of
-    keys and values), within the model's n_ctx."""
+    """A mixit language model; ``generate()`` recomputes the whole sequence at each step (mixit keeps no cache)."""
 
     output_class = CausalLMOutput
 
@@ -114,7 +104,7 @@ class MixitForCausalLM(MixitPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
     ) -> dict[str, Any]:
-        """The whole sequence so far, at every step (no cache: `kwargs`, transformers' cache settings, are unused)."""
+        """The whole sequence so far, at every step (`kwargs`, transformers' cache settings, are unused)."""
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
