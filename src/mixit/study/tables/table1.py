@@ -11,7 +11,7 @@ strongest induction head's score against training step, per variant (when the he
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from mixit.study.cells import mean, rows
@@ -135,22 +135,10 @@ def check_retrieval_gap(study: StudyResults) -> Check:
 
 
 def head_score(r: Result) -> Reading | None:
-    """The strongest induction head's score of an analysed run (`mixit analyze`), at the budget it was trained to."""
+    """The strongest induction head's score of an analysed run (`mixit analyze`)."""
     if not r.heads:
         return None
     return Reading(r.heads["induction"]["score"], 0.0, *budget(r), converged(r), r.budget)
-
-
-def analysed(variant: str, measure: str, read: Callable[[Result], Reading | None], digits: int, what: str) -> Cell:
-    """The cell of `variant`'s analysed induction runs that reads `measure` with `read` (`what`: what a run lacks
-    when it has no such number)."""
-    match = {"table": "table1", "task": "induction", "variant": variant}
-    return Cell(f"induction/{variant} {measure}", match, read, "", digits, what)
-
-
-def induction_score(variant: str) -> Cell:
-    """The strongest induction-head score of `variant`'s induction runs (`mixit analyze`)."""
-    return analysed(variant, "head score", head_score, 3, "head scores (not analysed)")
 
 
 ROUNDING = 4 * 2.0**-23
@@ -160,9 +148,9 @@ probabilities are at most 1)."""
 
 
 def relative_dependence(r: Result) -> Reading | None:
-    """How much an analysed run's attention patterns change between two probe batches (`mixit analyze`:
-    head_scores.json's pattern_input_dependence), relative to the patterns' magnitude. A structural number:
-    no curve, since MixiT's matrices are never trained and cannot drift."""
+    """How much an analysed run's attention patterns change between two probe batches (head_scores.json's
+    pattern_input_dependence), relative to their magnitude. Structural: MixiT's matrices are never trained and
+    cannot drift, so the reading counts as converged."""
     heads = r.heads or {}
     found = heads.get("pattern_input_dependence")
     if found is None:
@@ -171,17 +159,27 @@ def relative_dependence(r: Result) -> Reading | None:
     return Reading(found / scale, 0.0, *budget(r), True, r.budget)
 
 
-def input_dependence(variant: str) -> Cell:
-    """The input dependence of `variant`'s induction runs' attention patterns (`relative_dependence`)."""
-    what = "the patterns' input dependence (not analysed, or analysed before it was measured)"
-    return analysed(variant, "pattern input dependence", relative_dependence, 7, what)
-
-
 def check_induction_heads(study: StudyResults) -> Check:
     """Frozen Q/K's induction head is measured; MixiT's lack of one is structural, so what is checked is its
     cause: MixiT's patterns, measured on two different inputs, are the same up to float32 rounding. Its
     (near-zero) head score is shown in the section, for information."""
-    frozen_qk, mixit = induction_score("frozen_qk"), input_dependence("mixit")
+    induction = {"table": "table1", "task": "induction"}
+    frozen_qk = Cell(
+        "induction/frozen_qk head score",
+        {**induction, "variant": "frozen_qk"},
+        head_score,
+        "",
+        3,
+        "head scores (not analysed)",
+    )
+    mixit = Cell(
+        "induction/mixit pattern input dependence",
+        {**induction, "variant": "mixit"},
+        relative_dependence,
+        "",
+        7,
+        "the patterns' input dependence (not analysed, or analysed before it was measured)",
+    )
     return judge(
         "frozen Q/K forms an induction head (strongest score > 0.5); MixiT's attention does not depend on the "
         "input (verified), so it has no induction head",
