@@ -11,10 +11,11 @@ strongest induction head's score against training step, per variant (when the he
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from statistics import fmean
 from typing import Any
 
-from mixit.study.cells import mean, rows
+from mixit.study.cells import rows
 from mixit.study.collect import Result, StudyResults
 from mixit.study.figures import plot_curves, plot_lines
 from mixit.study.presets import Scale, variant_runs
@@ -56,26 +57,25 @@ def section(study: StudyResults) -> list[str]:
         for variant in VARIANTS:
             found = [r.heads for r, _ in rows(results, table="table1", task=task, variant=variant) if r.heads]
             if found:
-                ind = mean([h["induction"]["score"] for h in found])
-                prev = mean([h["previous_token"]["score"] for h in found])
+                ind = fmean(h["induction"]["score"] for h in found)
+                prev = fmean(h["previous_token"]["score"] for h in found)
                 line = f"{variant}: strongest induction head {ind:.3f}, previous-token head {prev:.3f}"
                 dependence = [h["pattern_input_dependence"] for h in found if "pattern_input_dependence" in h]
                 if len(dependence) == len(found) and None not in dependence:
-                    line += f", patterns' input dependence {mean(dependence):.3g}"
+                    line += f", patterns' input dependence {fmean(dependence):.3g}"
                 heads.append(line)
         if heads:
             body += ["Head scores (`mixit analyze`, 1 = all attention on the target): " + "; ".join(heads) + ".", ""]
         if plot_curves(results, "table1", task, figures / f"curves-{task}.png"):
             body.append(f"![{task} curves](figures/curves-{task}.png)")
-        if plot_lines(
-            induction_over_time(study, task),
-            "training step",
-            "strongest induction head's score",
-            f"{task}: induction head score against step (seed 0)",
-            figures / f"induction-over-time-{task}.png",
-            log2=True,
-        ):
-            body.append(f"![{task} induction score over training](figures/induction-over-time-{task}.png)")
+        over_time = {
+            variant: dict(zip(history["steps"], (h["score"] for h in history["strongest"]["induction"])))
+            for variant, history in seed_zero(study, task, lambda analysis: analysis.over_time()).items()
+        }
+        title = f"{task}: induction head score against step (seed 0)"
+        png = figures / f"induction-over-time-{task}.png"
+        if plot_lines(over_time, "training step", "strongest induction head's score", title, png, log2=True):
+            body.append(f"![{task} induction score over training](figures/{png.name})")
         for r, labels in rows(results, table="table1", task=task, seed=0):
             for figure in ("attention", "head_scores"):
                 src = r.run.analysis.figure(figure) if r.run else None
@@ -84,32 +84,24 @@ def section(study: StudyResults) -> list[str]:
                     shutil.copy(src, dst)
                     body.append(f"![{task} {labels['variant']} {src.name}](figures/{dst.name})")
         body.append("")
-    pairs: dict[str, dict[Any, float]] = {}
-    for r, labels in rows(results, table="table1", task="retrieval", seed=0):
-        by_pairs = r.run.analysis.retrieval_by_pairs() if r.state == "done" and r.run else None
-        if by_pairs is not None:
-            pairs[labels["variant"]] = {int(k): 100 * v["accuracy"] for k, v in by_pairs.items()}
-    if plot_lines(
-        pairs,
-        "pairs stored in the example",
-        "accuracy (%)",
-        "retrieval accuracy by number of pairs (the paper's Fig. 2; seed 0)",
-        figures / "retrieval-by-pairs.png",
-    ):
+    pairs = {
+        variant: {int(k): 100 * v["accuracy"] for k, v in by_pairs.items()}
+        for variant, by_pairs in seed_zero(study, "retrieval", lambda analysis: analysis.retrieval_by_pairs()).items()
+    }
+    title = "retrieval accuracy by number of pairs (the paper's Fig. 2; seed 0)"
+    if plot_lines(pairs, "pairs stored in the example", "accuracy (%)", title, figures / "retrieval-by-pairs.png"):
         body.append("![retrieval by pairs](figures/retrieval-by-pairs.png)")
     return body
 
 
-def induction_over_time(study: StudyResults, task: str) -> dict[str, dict[Any, float]]:
-    """The strongest induction head's score at each kept checkpoint, {variant: {step: score}}, of the
-    seed-0 runs of `task` analysed over time (`mixit analyze --over-time`)."""
-    curves: dict[str, dict[Any, float]] = {}
+def seed_zero(study: StudyResults, task: str, read: Callable[[Any], Any]) -> dict[str, Any]:
+    """{variant: what `read` finds in its analysis} of the finished seed-0 runs of `task` (None: nothing)."""
+    found = {}
     for r, labels in rows(study.final, table="table1", task=task, seed=0):
-        history = r.run.analysis.over_time() if r.state == "done" and r.run else None
-        if history is not None:
-            scores = [h["score"] for h in history["strongest"]["induction"]]
-            curves[labels["variant"]] = dict(zip(history["steps"], scores))
-    return curves
+        value = read(r.run.analysis) if r.state == "done" and r.run else None
+        if value is not None:
+            found[labels["variant"]] = value
+    return found
 
 
 GAP = 30.0

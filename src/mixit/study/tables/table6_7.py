@@ -186,18 +186,13 @@ def within(bounds: tuple[float, float, float], threshold: float) -> str:
     return "FAIL" if lower > threshold or upper < -threshold else "UNDECIDED"
 
 
-def change(curve: Cosines, lo: int, hi: int) -> tuple[float, float, float]:
-    """The change of a curve from depth `lo` to `hi`, with its bounds."""
-    return contrast([(1.0, curve[hi]), (-1.0, curve[lo])])
-
-
 def _bounds(x: tuple[float, float, float]) -> str:
     return f"{x[0]:+.3f} [{x[1]:+.3f}, {x[2]:+.3f}]"
 
 
 def check_signal(study: StudyResults) -> Check:
     def verdict(random: Cosines, mixit: Cosines, lo: int, hi: int) -> Judged:
-        rise, flat = change(random, lo, hi), change(mixit, lo, hi)
+        rise, flat = (contrast([(1.0, curve[hi]), (-1.0, curve[lo])]) for curve in (random, mixit))
         return worst_of([above(rise, RISE), within(flat, RISE)]), (
             f"token cosine from {lo} to {hi} layers: random {random[lo].mean:.3f} -> {random[hi].mean:.3f} "
             f"({_bounds(rise)}), mixit {mixit[lo].mean:.3f} -> {mixit[hi].mean:.3f} ({_bounds(flat)})"
