@@ -31,11 +31,6 @@ def cell_name(labels: Mapping[str, Any], *leave: str) -> str:
     return ", ".join(kept) or "all"
 
 
-def mean(xs: Sequence[float]) -> float | None:
-    """The mean of `xs`, or None if it is empty."""
-    return statistics.fmean(xs) if xs else None
-
-
 def spread(xs: Sequence[float]) -> tuple[float, float | None]:
     """The mean and sample standard deviation over seeds (None for a single seed) of a non-empty `xs`."""
     return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else None
