@@ -1,6 +1,5 @@
-"""The atlas: which parts of the model each task needs, read as a map (docs/atlas.md).
-
-For each task, a grid of regimes at a preset's sizes (`presets.PRESETS`), searched and seeded as the paper study is:
+"""The atlas: which parts of the model each task needs, read as a map (docs/atlas.md). For each task, a grid
+of regimes at a preset's sizes, searched and seeded as the paper study is:
 
     standard               the model as it is
     frozen, PART           PART kept at its initialisation, everything else trained
@@ -8,12 +7,9 @@ For each task, a grid of regimes at a preset's sizes (`presets.PRESETS`), search
     mixit                  MixiT: fixed random mixing in place of attention
     transplant             the same seed's standard run's average attention pattern, fixed (a stage after it)
 
-with the parts of `PARTS` that the model has (positions only where its attention learns them). Every cell is
-judged over seeds by the paper's rule (`verdicts.judge`, one part): its margin is its number minus (standard -
-`TOLERANCE`), positive where it comes within `TOLERANCE` points of the standard model, Table 3's "matches". The
-**drop** of a part (standard - frozen) reads PASS as *not needed*, FAIL as *needed*, else *undecided*; its **reach**
-(trained alone, and its gap standard - alone) reads PASS as *enough*, FAIL as *not enough*, else *undecided*. The
-sequential design adds seeds to the cells of an undecided word, as the paper study's does.
+Every cell is judged over seeds by the paper's rule, one part: its number - (standard - `TOLERANCE`), Table 3's
+"matches". A part's **drop** (frozen) reads PASS as *not needed*, FAIL as *needed*; its **reach** (trained alone)
+PASS as *enough*, FAIL as *not enough*; else *undecided*.
 """
 
 from __future__ import annotations
@@ -28,10 +24,10 @@ from mixit.core.config import check
 from mixit.core.experiment import merge, resolve
 from mixit.core.models import ATTENTION
 from mixit.errors import UsageError
-from mixit.study.collect import Result, StudyResults, collect
-from mixit.study.paper import seeds_to_add
+from mixit.study.collect import Result, StudyResults
+from mixit.study.paper import protocol_study
 from mixit.study.presets import ALGORITHMIC, PRESETS, Scale
-from mixit.study.spec import MAX_RUNS, RunSpec, Seeds, Study, check_size, grid, seed_range
+from mixit.study.spec import MAX_RUNS, RunSpec, Seeds, Study, grid
 from mixit.study.verdicts import RULE, Check, Part, accuracy, judge
 
 PARTS: dict[str, tuple[str, ...]] = {
@@ -44,33 +40,27 @@ PARTS: dict[str, tuple[str, ...]] = {
     "norms": ("norms",),
     "head": ("head",),
 }
-"""The parts of the map, each as the freeze selectors that name it (docs/model.md, "Freezing by structure")."""
+"""The parts of the map, as freeze selectors (docs/model.md, "Freezing by structure")."""
 
 WHOLE = ("mixit", "transplant")
-"""The regimes of the map's last columns, each a drop from the standard model: MixiT and the pattern transplant."""
+"""The regimes of the map's last columns, each a drop from the standard model."""
 
 TASKS = ALGORITHMIC
-"""The tasks an atlas maps: the algorithmic tasks of the presets, each judged by its accuracy."""
-
 ATLAS_PRESETS = ("smoke", "quick")
-"""The presets whose sizes an atlas takes."""
-
 TOLERANCE = 5.0
-"""Points of accuracy within which a regime matches the standard model: Table 3's threshold ("MixiT matches")."""
-
+"""Points of accuracy within which a regime matches the standard model: Table 3's threshold."""
 TABLE = "atlas"
 """The `table` label of every atlas run."""
 
 
 def parts_of(request: Mapping[str, Any]) -> list[str]:
-    """The parts of `PARTS` that the model of `request` has: every one, but positions where its attention kind
-    learns none (the standard model's rotary attention)."""
+    """The parts of `PARTS` the model of `request` has: positions only where its attention kind learns them."""
     learned = ATTENTION.get(resolve(request).model.attention).learned_positions
     return [part for part in PARTS if part != "pos" or learned]
 
 
 def task_runs(scale: Scale, task: str, seeds: Seeds) -> list[RunSpec]:
-    """Every run of `task`'s grid (module docstring) for each seed, each with the scale's search candidates."""
+    """Every run of `task`'s grid for each seed, each with the scale's search candidates."""
     base = scale.tasks[task]
     parts = parts_of(base)
     labels = {"table": TABLE, "task": task}
@@ -92,7 +82,7 @@ def task_runs(scale: Scale, task: str, seeds: Seeds) -> list[RunSpec]:
 
 
 def check_tasks(tasks: Sequence[str]) -> list[str]:
-    """`tasks` as a list, refused in one line unless it names one or more of `TASKS`, each once."""
+    """`tasks` as a list, refused unless it names one or more of `TASKS`, each once."""
     check(len(tasks) > 0, f"an atlas needs one task or more (--task NAME, repeatable); allowed: {', '.join(TASKS)}")
     for task in tasks:
         check(task in TASKS, f"the atlas maps the algorithmic tasks; {task!r} is not one: allowed: {', '.join(TASKS)}")
@@ -108,52 +98,27 @@ def atlas_study(
     max_runs: int = MAX_RUNS,
     name: str | None = None,
 ) -> Study:
-    """The atlas of `tasks` at `preset`'s sizes, runnable as any study (`mixit.study.executors.execute`): `seeds`
-    seeds per cell from `first_seed` (None: the preset's first look, with seeds added where a word is undecided, as
-    the paper study adds them), searched, extended and judged as the paper study is. Named atlas-PRESET unless
-    `name` says otherwise. One that may ask for more than `max_runs` final runs is refused before it is built."""
+    """The atlas of `tasks` at `preset`'s sizes, runnable as any study and searched, extended, seeded and judged as
+    the paper study is (`mixit.study.paper.protocol_study`, its undecided parts those of the words). Named
+    atlas-PRESET unless `name` says otherwise."""
     tasks = check_tasks(tasks)
     check(preset in ATLAS_PRESETS, f"unknown atlas preset {preset!r}; allowed: {', '.join(ATLAS_PRESETS)}")
     scale = PRESETS[preset]
-    adaptive = seeds is None and scale.max_seeds > scale.seeds
-    n = scale.seeds if seeds is None else seeds
-    chosen = seed_range(n, first_seed)
-    per_seed = sum(len(task_runs(scale, task, seed_range(1, first_seed))) for task in tasks)
-    check_size(per_seed * (scale.max_seeds if adaptive else n), max_runs, f"the atlas with {n:,} seeds")
     name = name or f"atlas-{preset}"
-    return Study(
+    return protocol_study(
         name,
-        [spec for task in tasks for spec in task_runs(scale, task, chosen)],
-        f"which parts {', '.join(tasks)} need, at the {preset} preset's sizes",
-        TABLE,
-        n,
+        scale,
+        lambda chosen: [spec for task in tasks for spec in task_runs(scale, task, chosen)],
+        seeds,
         first_seed,
-        screen_fraction=scale.screen_fraction,
-        screen_min_steps=dict(scale.screen_min_steps),
-        rebuild=lambda more, first: atlas_study(tasks, preset, more, first, max_runs, name),
-        extend=scale.extend,
+        max_runs,
+        "the atlas",
+        lambda more, first: atlas_study(tasks, preset, more, first, max_runs, name),
+        lambda study: [part for word in words(study.final, tasks) for part in word.check.undecided()],
+        description=f"which parts {', '.join(tasks)} need, at the {preset} preset's sizes",
+        preset=TABLE,
         source={"atlas": {"tasks": tasks, "preset": preset}},
-        more_seeds=_more_seeds(tasks, preset, first_seed, scale.max_seeds, name) if adaptive else None,
     )
-
-
-def _more_seeds(
-    tasks: Sequence[str], preset: str, first_seed: int, max_seeds: int, name: str
-) -> Callable[[Path], list[RunSpec]]:
-    """The sequential design (docs/protocol.md) over the atlas's words: every cell whose word is undecided by its
-    interval (or provisional) gets seeds up to the rule's next look, at most `max_seeds`, with the standard cell it
-    is read against; seeds once added stay asked for."""
-
-    def more(study_dir: Path) -> list[RunSpec]:
-        study = collect(study_dir)
-        undecided = [part for word in words(study.final, tasks) for part in word.check.undecided()]
-        grown = atlas_study(tasks, preset, max_seeds, first_seed, name=name)
-        return seeds_to_add(undecided, study.final, grown.specs, first_seed, max_seeds)
-
-    return more
-
-
-# -- the map: a word per cell, read off its interval -------------------------------------------------------
 
 
 @dataclass
@@ -166,19 +131,16 @@ class Word:
     part: str
     """The part frozen or trained alone ("" for mixit and transplant)."""
     check: Check
-    """The judged margin: the regime's number - (standard's - `TOLERANCE`)."""
 
     @property
     def word(self) -> str:
-        """The word read off the interval: frozen, mixit and transplant say needed / not needed, alone enough / not
-        enough, or undecided (n/a while a run is missing)."""
+        """The word read off the interval (module docstring); n/a while a run is missing."""
         yes, no = ("enough", "not enough") if self.regime == "alone" else ("not needed", "needed")
         verdict = self.check.verdict
         return {"PASS": yes, "FAIL": no, "n/a": "n/a"}.get(verdict, "undecided")
 
     def gap(self) -> dict[str, Any] | None:
-        """standard - the regime (the drop, or the reach's gap): its mean over seeds and its one-sided bounds
-        (null below `Rule.min_seeds` seeds); None while a run is missing."""
+        """standard - the regime: its mean over seeds and its one-sided bounds; None while a run is missing."""
         if not self.check.parts:
             return None
         part = self.check.parts[0]
@@ -186,7 +148,7 @@ class Word:
         return {"mean": TOLERANCE - part.mean, "low": low, "high": high, "seeds": len(part.seeds)}
 
     def means(self) -> dict[str, float]:
-        """The mean number of the standard model and of the regime over the seeds judged."""
+        """The mean number of each cell over the seeds judged."""
         part = self.check.parts[0]
         found: dict[str, list[float]] = {}
         for seed in part.seeds:
@@ -217,7 +179,7 @@ def _within(name: str) -> Callable[[Mapping[str, float]], float]:
 
 
 def atlas_map(study: StudyResults) -> dict[str, Any]:
-    """The atlas of a study directory's results: per task, each cell's means, gap and word (atlas.json)."""
+    """The atlas of a study's results: per task, each cell's means, gap and word."""
     tasks = list(study.record.get("file", {}).get("atlas", {}).get("tasks", []))
     found = words(study.final, tasks)
     return {
@@ -253,7 +215,7 @@ def _gap(cell: Mapping[str, Any]) -> str:
 
 
 def atlas_section(study: StudyResults) -> list[str]:
-    """The report's atlas: how to read it, a table per task and the two heatmaps (written to figures/)."""
+    """The report's atlas: how to read it, a table per task and the two heatmaps."""
     found = atlas_map(study)
     if not found["tasks"]:
         return []
@@ -294,8 +256,8 @@ def atlas_section(study: StudyResults) -> list[str]:
 
 
 def plot_map(found: Mapping[str, Any], regime: str, path: Path | None = None) -> Any:
-    """A heatmap, tasks x parts, of the drop (`regime` frozen, with MixiT and the transplant as the last columns)
-    or of the gap of the reach (alone), each cell annotated with its word; None if no cell has a number."""
+    """A heatmap, tasks x parts, of the drop (`regime` frozen, with `WHOLE` last) or of the reach's gap (alone),
+    each cell annotated with its word; None if no cell has a number."""
     from matplotlib.figure import Figure
 
     columns = [p for p in PARTS if any(c["part"] == p for c in found["cells"])]
@@ -332,7 +294,7 @@ def plot_map(found: Mapping[str, Any], regime: str, path: Path | None = None) ->
 
 
 def read_atlas_file(data: Mapping[str, Any], where: str) -> tuple[list[str], str]:
-    """A study file's atlas table ({tasks = [...], preset = "quick"}): its tasks and preset, checked."""
+    """A study file's atlas table ({tasks = [...], preset = "quick"}): its tasks and preset."""
     atlas = data["atlas"]
     check(isinstance(atlas, dict), f"{where}: atlas must be a table of tasks and preset")
     unknown = sorted(set(atlas) - {"tasks", "preset"})

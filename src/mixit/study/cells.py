@@ -1,7 +1,5 @@
-"""The cells of a study (a variant of a task, at what its table varies, over seeds): a cell's runs selected by
-their labels (`rows`, `values`, `by_label`), its numbers over seeds (`spread`, `fmt`), and whether its runs
-converged (`converged`, `not_converged`, `converged_cell`), in the words the report uses.
-"""
+"""The cells of a study (a variant of a task, at what its table varies, over seeds): their runs selected by
+label, their numbers over seeds, and whether their runs converged, in the words the report uses."""
 
 from __future__ import annotations
 
@@ -20,22 +18,17 @@ def rows(results: Sequence[Result], **match: Any) -> list[tuple[Result, dict[str
 
 
 def values(results: Sequence[Result], metric: str, scale: float = 1.0, **match: Any) -> list[float]:
-    """The reported test metric (`reported`) of every finished run matching `match` (one value per seed)."""
+    """The reported test metric of every finished run matching `match` (one value per seed)."""
     return [
         scale * reported(r)[metric] for r, _ in rows(results, **match) if r.state == "done" and metric in reported(r)
     ]
 
 
 def cell_name(labels: Mapping[str, Any], *leave: str) -> str:
-    """A cell's name in a figure: the values of its labels but its table, task, seed, budget and those named in
-    `leave` ("mixit", "mixit, 0.01"; a paper table's cell: its variant), or "all" where none is left."""
+    """A cell's name in a figure: its labels' values but table, task, seed, budget and `leave` ("mixit, 0.01"),
+    or "all"."""
     kept = [str(v) for k, v in labels.items() if k not in ("table", "task", "seed", BUDGET, *leave)]
     return ", ".join(kept) or "all"
-
-
-def mean(xs: Sequence[float]) -> float | None:
-    """The mean of `xs`, or None if it is empty."""
-    return statistics.fmean(xs) if xs else None
 
 
 def spread(xs: Sequence[float]) -> tuple[float, float | None]:
@@ -81,9 +74,8 @@ def reason(r: Result) -> str:
 
 
 def not_converged(r: Result, where: str) -> str | None:
-    """None for a converged run; otherwise `where` and how far from converged it was, e.g.
-    "retrieval/mixit seed 1: still improving, +3.2 points over steps 800-1200" (a gain in points of accuracy,
-    or in nats of a loss)."""
+    """None for a converged run, else `where` and how far from converged it was: "retrieval/mixit seed 1: still
+    improving, +3.2 points over steps 800-1200"."""
     if converged(r):
         return None
     c = r.convergence

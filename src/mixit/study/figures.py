@@ -1,7 +1,5 @@
-"""The report's figures: learning curves of a study's cells (`plot_curves`, `plot_cell_curves`), and lines of a
-number against what a table varies (`plot_lines`).
-
-Each returns its Figure, saved to `path` if one is given, or None when there is nothing to plot (so that
+"""The report's figures: learning curves of a study's cells, and lines of a number against what a table varies.
+Each returns its Figure, saved to `path` if given, or None when there is nothing to plot (so that
 `if plot_lines(...):` reads "if it drew one"). pyplot does not hold these figures: nothing needs closing.
 """
 
@@ -29,7 +27,6 @@ def _figure() -> tuple[Figure, Axes]:
 
 
 def _finish(fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: str | Path | None) -> None:
-    """Label the axes and title a figure, and save it to `path` if one is given."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
@@ -42,8 +39,7 @@ def _finish(fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: s
 def plot_curves(
     results: Sequence[Result], table: str, task: str, path: str | Path | None = None, **match: Any
 ) -> Figure | None:
-    """`plot_cell_curves` of the runs labelled `table` and `match` that train `task`, a cell named by its labels
-    but `match`'s (`cell_name`): a paper table's by its variant, a study file's by the values its grid gives it."""
+    """`plot_cell_curves` of the runs labelled `table` and `match` that train `task`, by cell (`cell_name`)."""
     cells: dict[str, list[Result]] = defaultdict(list)
     for r, labels in rows(results, table=table, **match):
         if r.config["task"] == task and r.curve:
@@ -52,8 +48,8 @@ def plot_curves(
 
 
 def plot_cell_curves(cells: Mapping[str, Sequence[Result]], task: str, path: str | Path | None = None) -> Figure | None:
-    """Test metric against step, one line per cell: the mean over its seeds at the steps all of them evaluated,
-    with a band from the lowest seed to the highest; None, and no file, when no cell has a curve."""
+    """Test metric against step, one line per cell: the mean over its seeds at the steps all evaluated, with a
+    band from the lowest seed to the highest."""
     curves = {name: [dict(r.curve) for r in found if r.curve] for name, found in cells.items()}
     curves = {name: seeds for name, seeds in curves.items() if seeds}
     if not curves:
@@ -85,8 +81,7 @@ def plot_lines(
     log2: bool = False,
     errors: Mapping[str, Mapping[Any, float | None]] | None = None,
 ) -> Figure | None:
-    """One line per series (x -> y), with an error bar of half-width `errors[name][x]` at each point that has one
-    (None: no bar); None, and no file, when every series is empty."""
+    """One line per series (x -> y), with an error bar of half-width `errors[name][x]` where there is one."""
     series = {k: v for k, v in series.items() if v}
     if not series:
         return None

@@ -1,17 +1,6 @@
-"""The presets of the paper study: the sizes of every task at three scales.
-
-- ``smoke``: every code path of ``quick`` with the smallest models and a few
-  steps, in about three minutes on 2 CPU cores (CI and the tests use it).
-- ``quick``: the whole comparison at laptop scale under the pre-registered protocol (docs/protocol.md): 3 seeds
-  to start, each with its own search, more where a finding is undecided, each cell stopped once its validation
-  curve converges and trained further where still moving (docs/reproduction.md says how it was sized).
-- ``gpu``: one GPU in about an hour: Table 4 at the paper's exact scale, the
-  algorithmic tables at the paper's widths.
-- ``paper``: the paper's own scales and the reference recipes
-  (docs/fidelity.md, "Recipes"), for GPUs and clusters.
-
-This module is data, plus `variant_runs`, the helper every table builds its runs with
-(`mixit.study.tables`).
+"""The presets of the paper study: the sizes of every task at four scales, each `Scale.description` saying what it
+is for (smoke: CI and the tests; docs/reproduction.md says how quick was sized; paper: the reference recipes,
+docs/fidelity.md), and `variant_runs`, which every table builds its runs with.
 """
 
 from __future__ import annotations
@@ -26,35 +15,31 @@ TRAINED_VARIANTS = ("standard", "frozen_qk", "frozen_mlp", "mixit")
 
 @dataclass(frozen=True)
 class Scale:
-    """The sizes of one preset: a request per task (merged into every run of that task) and the
-    values the scaling tables sweep."""
+    """The sizes of one preset: a request per task and the values the scaling tables sweep."""
 
     tasks: dict[str, dict[str, Any]]
     heads: tuple[int, ...]
     depths: tuple[int, ...]
     retrieval_pairs: tuple[int, ...]
-    """The numbers of retrieval pairs of the sweep beyond the paper (`mixit.study.tables.pairs`); none: no sweep."""
+    """The sweep beyond the paper (`mixit.study.tables.pairs`); none: no sweep."""
     signal: dict[str, Any]
     lm_corpora: tuple[str, ...] = ("english",)
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     search: dict[str, dict[str, dict[str, tuple[Any, ...]]]] = field(default_factory=dict)
-    """task -> variant (or "*" for every variant) -> dotted request path -> candidate values: what the
-    study screens per architecture per task before training each cell (`mixit.study.search`)."""
+    """task -> variant (or "*" for every variant) -> dotted request path -> candidates (`mixit.study.search`)."""
     screen_fraction: float = 0.25
-    """The search's first rung trains this fraction of a cell's steps."""
     screen_min_steps: dict[str, int] = field(default_factory=dict)
-    """Task -> the fewest steps of the search's first rung on it: what the slowest variant needs to leave
-    chance there, so a slow starter is not screened out before it starts (`mixit.study.search`)."""
+    """As `Study.screen_fraction` and `Study.screen_min_steps`."""
     seeds: int = 1
-    """Seeds per cell when `mixit reproduce` is given none: the protocol's first look (docs/protocol.md)."""
+    """Seeds per cell when `mixit reproduce` is given none: the protocol's first look."""
     max_seeds: int = 0
-    """The sequential design adds seeds to undecided findings up to this many (`Rule.schedule`); 0: never."""
+    """The sequential design adds seeds up to this many; 0: never."""
     extend: tuple[int, ...] = ()
-    """A final run still moving at its cap is trained again at these multiples of it (`mixit.study.executors`)."""
+    """As `Study.extend`."""
     estimate_here: bool = True
-    """Whether `mixit reproduce --list` estimates the preset's time on this machine (false for presets
-    sized for GPUs, whose runs may need datasets from the hub: they are counted without resolving them)."""
+    """Whether `mixit reproduce --list` estimates the preset's time here (not for presets sized for GPUs, whose
+    runs may need datasets from the hub)."""
 
     def search_for(self, task: str, variant: str) -> dict[str, tuple[Any, ...]]:
         """The candidates of `variant` on `task`: those for every variant, then the variant's own."""

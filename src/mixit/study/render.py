@@ -1,7 +1,6 @@
-"""A study's results as text: a paper table's cells as markdown (`variant_table`), and one row per run
-(`results_csv`, or `results_frame` as a pandas DataFrame). What a table shows of a task is the task's declaration
-(`Task.report_metric`, `Task.report_columns`, `Task.report_dataset`): nothing here names a task.
-"""
+"""A study's results as text: a paper table's cells as markdown, and one row per run (results.csv). What a table
+shows of a task is the task's declaration (`Task.report_metric`, `report_columns`, `report_dataset`): nothing here
+names a task."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ def settings(chosen: Mapping[str, Any]) -> str:
 
 
 def paper_key(task: str, config: Mapping[str, Any]) -> str:
-    """How the paper's numbers (`Table.paper`) name a run's task: by its name, and for a task that declares
-    `Task.report_dataset`, by the dataset too ("lm:wikitext-103")."""
+    """How `Table.paper` names a run's task: by its name, and its `Task.report_dataset` ("lm:wikitext-103")."""
     parameter = task_class(task).report_dataset
     return task if parameter is None else f"{task}:{Path(config['task_params'][parameter]).name}"
 
@@ -44,9 +42,8 @@ def variant_table(
     by: str | None = None,
     **match: Any,
 ) -> str:
-    """A markdown table of the final runs labelled `table` and `task`: one row per variant (and per value
-    of the label `by`, when given), the task's metrics (mean ± sample std over seeds), the paper's number
-    beside ours, how many runs converged, the settings a search chose, and how many runs finished."""
+    """A markdown table of the final runs labelled `table` and `task`, a row per variant (and value of the label
+    `by`): the task's metrics over seeds, the paper's beside them, convergence, settings chosen, runs finished."""
     results = [r for r in results if r.role == "final"]
     column, key, scale = task_class(task).report_metric
     extra = task_class(task).report_columns
@@ -90,9 +87,8 @@ def variant_table(
 
 
 def results_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
-    """One row per run, column -> value: id, state, role, labels, every config field (dotted paths), the test and
-    validation metrics at the last evaluation (test.*, val.*) and those the report gives (selected.*:
-    `reported`), whether it converged, and the settings a search chose."""
+    """One row per run, column -> value: id, state, role, labels, config (dotted paths), the test and validation
+    metrics at the last evaluation and those the report gives (selected.*), convergence, the settings chosen."""
     table = []
     for r in results:
         c = r.convergence or {}
@@ -122,7 +118,6 @@ def results_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
 
 
 def _columns(table: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every column of `table`, in the order the rows first name them."""
     return list(dict.fromkeys(k for row in table for k in row))
 
 
@@ -137,9 +132,8 @@ def results_csv(results: Sequence[Result]) -> str:
 
 
 def results_frame(study_dir: str | Path) -> pandas.DataFrame:
-    """results.csv's table as a pandas DataFrame, read from the study's runs as they are now (no report needed),
-    its values in their Python types (None, or NaN in a numeric column, where missing). Needs pandas (the
-    `notebook` extra)."""
+    """results.csv's table as a pandas DataFrame, read from the study's runs as they are now, its values in their
+    Python types (None, or NaN in a numeric column, where missing). Needs pandas (the `notebook` extra)."""
     pd = require_pandas()
     table = results_rows(collect(Path(study_dir)).results)
     return pd.DataFrame(table, columns=_columns(table))

@@ -1,11 +1,9 @@
 """The report of a study (`mixit report STUDY_DIR`): report.md, results.csv, checks.json and figures/.
 
-The paper's study (a preset) reports every finding of the paper as a check judged over seeds, with the numbers
-behind it, then a section per table of `mixit.study.tables.TABLES`. A study of your own (a study file, or a
-`Study` without a preset) reports a row per cell (`cells_section`), each task's learning curves, and its test
-metric against each label its grid varies over numbers (`axis_figures`). Both end with every candidate a search
-screened and the failed runs. Every test number is a run's at its best validation evaluation (`reported`). The
-report trains and evaluates no model: it reads what the study's runs, their analyses and the signal sweeps wrote.
+The paper's study (a preset) reports every finding as a check judged over seeds, then a section per table of
+`mixit.study.tables.TABLES`; a study of your own, a row per cell, each task's curves and its metric against each
+numeric label of its grid. Both end with every candidate a search screened and the failed runs. The report trains
+and evaluates nothing: it reads what the runs, their analyses and the signal sweeps wrote.
 """
 
 from __future__ import annotations
@@ -32,14 +30,13 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 STATES = ("done", "failed", "damaged", "interrupted", "new")
-"""The states of a run in the report (`mixit.study.collect.Result.state`)."""
 
 SEARCH_LABELS = ("table", "task", "variant", "cell", "group", "seed", "cell_seed", "rung", "tie", "extends")
 """The labels of a screening run that are not its candidate settings."""
 
 
 def checks_table(checks: list[Check]) -> list[str]:
-    """The findings at a glance: each one's verdict, in how many seeds every part held, and its evidence."""
+    """The findings at a glance: verdict, seeds in which every part held, evidence."""
     lines = ["| finding | verdict | holds in | evidence |", "|---|---|---|---|"]
     for c in checks:
         holds = f"{c.holds}/{c.seeds} seeds" if c.parts else "-"
@@ -48,9 +45,8 @@ def checks_table(checks: list[Check]) -> list[str]:
 
 
 def judgement_section(checks: list[Check]) -> list[str]:
-    """How each finding was judged (docs/protocol.md, "The rule"): per part and seed its margin and test-set
-    standard error; the interval over seeds and its t quantile; each cell's number, budget and whether it had
-    converged; what keeps it undecided."""
+    """How each finding was judged: per part and seed its margin and test-set error, the interval over seeds,
+    each cell's number, budget and convergence, and what keeps it undecided."""
     lines: list[str] = []
     for c in checks:
         judged = [*c.parts, *([c.precondition] if c.precondition else [])]
@@ -90,9 +86,8 @@ def judgement_section(checks: list[Check]) -> list[str]:
 
 
 def search_appendix(study: StudyResults) -> list[str]:
-    """Every screening run of the searches, grouped by task and variant: the cell and seed it searched for, its
-    candidate settings (its rung, whether it broke a tie or extends the grid), the best validation value of its
-    curve (what the search judged it by), and whether it was chosen."""
+    """Every screening run, by task and variant: the cell and seed it searched for, its candidate, the best value
+    of its validation curve, and whether it was chosen."""
     screens = study.screens
     if not screens:
         return []
@@ -136,7 +131,7 @@ def search_appendix(study: StudyResults) -> list[str]:
 
 
 def selection(r: Result) -> str:
-    """The validation metric a screening run was judged by, at its best over the curve (else at its end)."""
+    """The validation metric a screening run was judged by, at its best (else at its end)."""
     if r.state != "done":
         return r.state
     name = (r.convergence or {}).get("metric") or task_class(r.config["task"]).report_metric[1]
@@ -147,7 +142,7 @@ def selection(r: Result) -> str:
 
 
 def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
-    """The report's title and its first paragraph: the preset, the runs and their states, and how to read it."""
+    """The report's title and first paragraph: the preset, the runs and their states, and how to read it."""
     record, screened = study.record, len(study.screens)
     damaged = f"{counts['damaged']} damaged, " if counts["damaged"] else ""
     first, n = record.get("first_seed") or 0, record.get("seeds") or 1
@@ -177,8 +172,7 @@ def header(study: StudyResults, counts: dict[str, int]) -> list[str]:
 
 
 def own_cells(study: StudyResults) -> dict[tuple[tuple[str, Any], ...], list[Result]]:
-    """A study of your own's final runs grouped by their labels but the seed and the budget, a list label (a grid
-    over `freeze`) named by its items joined with ", "."""
+    """A study of your own's final runs by their labels but the seed and budget (a list label joined by ", ")."""
     cells: dict[tuple[tuple[str, Any], ...], list[Result]] = defaultdict(list)
     for r in study.final:
         labels = {k: ", ".join(map(str, v)) if isinstance(v, list) else v for k, v in r.labels[0].items()}
@@ -187,8 +181,7 @@ def own_cells(study: StudyResults) -> dict[tuple[tuple[str, Any], ...], list[Res
 
 
 def cells_section(study: StudyResults) -> list[str]:
-    """A study of your own, cell by cell: its labels but the seed, how many seeds are done, each test metric
-    (`reported`, mean ± sample std over the seeds done) and how many of them converged."""
+    """A study of your own, cell by cell: labels, seeds done, each test metric over them, and convergence."""
     cells = own_cells(study)
     if not cells:
         return []
@@ -212,7 +205,7 @@ def cells_section(study: StudyResults) -> list[str]:
 
 
 def _done_by_task(study: StudyResults) -> dict[str, dict[tuple[tuple[str, Any], ...], list[Result]]]:
-    """A study of your own's cells (`own_cells`) by the task they train, each with its finished runs."""
+    """`own_cells` by task, each with its finished runs."""
     by_task: dict[str, dict[tuple[tuple[str, Any], ...], list[Result]]] = defaultdict(dict)
     for key, found in own_cells(study).items():
         by_task[found[0].config["task"]][key] = [r for r in found if r.state == "done"]
@@ -220,7 +213,7 @@ def _done_by_task(study: StudyResults) -> dict[str, dict[tuple[tuple[str, Any], 
 
 
 def curves_section(study: StudyResults) -> list[str]:
-    """A study of your own: each task's learning curves, one line per cell (`plot_cell_curves`), as figures."""
+    """A study of your own: each task's learning curves, one line per cell."""
     body = []
     for task, cells in _done_by_task(study).items():
         named = {cell_name(dict(key)): done for key, done in cells.items()}
@@ -230,10 +223,9 @@ def curves_section(study: StudyResults) -> list[str]:
 
 
 def axis_figures(study: StudyResults) -> dict[str, Figure]:
-    """A study of your own: for each task, and each label its cells take two numbers or more of (`lr` of a grid
-    over train.lr), the task's report metric against that label, one line per value of the other labels: the
-    mean over the seeds done, with bars of the sample std, on a log axis where the values are positive and span
-    a factor of 10 or more. Figures by file name under figures/ ("lr-addition.png")."""
+    """A study of your own: per task and numeric label of its grid (`lr`), the task's report metric against it,
+    one line per value of the other labels (mean and std bars over seeds; a log axis where the values span 10x),
+    by file name under figures/ ("lr-addition.png")."""
     figures = {}
     for task, cells in _done_by_task(study).items():
         metric = task_class(task).report_metric[1]
@@ -271,8 +263,8 @@ def axis_section(study: StudyResults) -> list[str]:
 
 
 def write_report(study_dir: Path) -> dict[str, Any]:
-    """Write report.md, results.csv, checks.json and figures/ for the study in `study_dir` (`mixit reproduce
-    --out`); return the checks and counts."""
+    """Write report.md, results.csv, checks.json and figures/ for the study in `study_dir`; return the checks and
+    counts."""
     study_dir = Path(study_dir)
     study = collect(study_dir)
     check_report_paths(study_dir)

@@ -1,11 +1,7 @@
 """Studies as data: a study is a named list of runs (`RunSpec`), each an ordinary mixit run with the labels
 that place it in the report. A run's id hashes its *resolved* configuration, so a run two tables ask for is
-trained once, and a study run again finds its runs where it left them.
-
-Studies come from Python (`mixit.study.paper`) or from a TOML or YAML file of the keys `FILE_KEYS`
-(`load_study_file`; docs/studies.md is its user's page): a base request, a grid of dotted paths to the values
-every combination of which is a cell, the seeds of each cell, and optionally a search per cell and longer
-budgets for unconverged runs. YAML's numbers are read as TOML reads them (`StudyYamlLoader`).
+trained once, and a study run again finds its runs where it left them. Studies come from Python
+(`mixit.study.paper`) or from a TOML or YAML file (`load_study_file`, docs/studies.md).
 """
 
 from __future__ import annotations
@@ -38,14 +34,12 @@ class RunSpec:
     labels: Mapping[str, Any] = field(default_factory=dict)
     """Where it goes in the report: table, task, variant, seed, and the value a table varies."""
     analyze: bool = False
-    """Run `mixit analyze` on it once trained (head scores and attention maps)."""
+    """Run `mixit analyze` on it once trained."""
     search: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    """Candidate values per dotted request path (``{"train.lr": (1e-3, 3e-3)}``), screened on the validation
-    set to train this run with the best (`mixit.study.search`); empty: the request as it is."""
+    """Candidate values per dotted request path (``{"train.lr": (1e-3, 3e-3)}``) to screen (`mixit.study.search`)."""
     donor: Mapping[str, Any] = field(default_factory=dict)
-    """A transplant's donor: the labels (cell and seed) of the study's final run whose directory becomes this run's
-    `transplant_from`, once that run has finished at the longest budget its cell is trained to. Such a run is
-    planned only then, a stage after its donor (`mixit.study.executors`); empty: none."""
+    """A transplant's donor: the labels of the final run whose directory becomes this run's `transplant_from`;
+    this run is planned once that one has finished at its cell's longest budget (`mixit.study.executors`)."""
 
 
 @dataclass
@@ -57,9 +51,9 @@ class PlannedRun:
     labels: list[dict[str, Any]]
     analyze: bool
     role: str = "final"
-    """final (a cell of a table) or screen (a screening run of a search)."""
+    """final (a cell) or screen (a screening run of a search)."""
     chosen: dict[str, Any] = field(default_factory=dict)
-    """A searched cell: the values its search chose, by dotted request path."""
+    """The values a search chose for it, by dotted request path."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,13 +93,10 @@ is added (see `run_id`)."""
 
 
 def run_id(cfg: RunConfig) -> str:
-    """The first 12 hex digits of the sha256 of a resolved configuration's canonical JSON.
-
-    The JSON holds every option of `ID_OPTIONS`, and an option added since only where it differs from its
-    declared default: a new option whose default keeps the old behaviour leaves every existing run id as it
-    was. (An option defaulting to None that construction resolves to a value would enter every id: give it
-    its plain default instead.) A transplant's donor enters by its identity (`transplant_donor`), not its
-    path."""
+    """The first 12 hex digits of the sha256 of a resolved configuration's canonical JSON: every option of
+    `ID_OPTIONS`, and a later option only where it differs from its default, so that a new option whose default
+    keeps the old behaviour leaves every existing id as it was (one defaulting to None that construction resolves
+    would enter every id: give it its plain default). A transplant's donor enters by its identity, not its path."""
     data = cfg.to_dict()
     sections = {
         "": (data, RunConfig),
@@ -143,8 +134,7 @@ def plan(specs: Iterable[RunSpec], role: str = "final") -> list[PlannedRun]:
 
 
 def merge_planned(*lists: Sequence[PlannedRun]) -> list[PlannedRun]:
-    """The runs of several plans, each id once: a run planned twice keeps every label, is a final run if
-    either plan says so, and keeps the search's choice if either made one."""
+    """The runs of several plans, each id once, with every label, final if either says so, and any choice made."""
     merged: dict[str, PlannedRun] = {}
     for planned in (p for runs in lists for p in runs):
         if planned.id not in merged:
@@ -163,7 +153,7 @@ Seeds = int | range
 
 
 def seed_range(seeds: int, first: int = 0) -> range:
-    """Seeds first..first+seeds-1; refused unless `seeds` >= 1 and `first` >= 0 are integers."""
+    """Seeds first..first+seeds-1."""
     seeds, first = typed("seeds", int, seeds), typed("first_seed", int, first)
     check(seeds >= 1, f"seeds must be an integer >= 1, got {seeds!r}")
     check(first >= 0, f"first_seed must be an integer >= 0, got {first!r}")
@@ -190,12 +180,12 @@ def assign(request: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, A
 
 
 MAX_RUNS = 10_000
-"""The most final runs (cells x seeds) a study may ask for unless `--max-runs` raises it: a grid or seed count
-mistyped by orders of magnitude is refused before it is built, not when it has filled the memory."""
+"""The most final runs a study may ask for unless `--max-runs` raises it: a grid or seed count mistyped by orders
+of magnitude is refused before it is built, not when it has filled the memory."""
 
 
 def check_size(runs: int, limit: int, what: str) -> None:
-    """Refuse a study of `runs` final runs above the cap `limit`, naming the count."""
+    """Refuse a study of `runs` final runs above `limit`."""
     check(
         runs <= limit,
         f"{what} asks for {runs:,} runs (cells x seeds), above the cap of {limit:,}; make it smaller, or give "
@@ -204,8 +194,7 @@ def check_size(runs: int, limit: int, what: str) -> None:
 
 
 def once(values: Sequence[Any], what: str) -> None:
-    """Refuse grid values or search candidates that list a value twice (`0.001, 1e-3` included): the same run
-    would count as two cells' or two candidates' evidence."""
+    """Refuse values listed twice (`0.001, 1e-3` included): one run would count as two cells' evidence."""
     repeated = [value for i, value in enumerate(values) if value in values[:i]]
     if repeated:
         raise UsageError(f"{what} lists {repeated[0]!r} more than once ({list(values)!r}); list each value once")
@@ -246,12 +235,12 @@ BUDGET = "budget"
 
 
 def budget(labels: Mapping[str, Any]) -> int:
-    """The multiple of its cell's step cap that a run of these labels trained: its `BUDGET` label, or 1."""
+    """The multiple of its cell's step cap that a run of these labels trained."""
     return int(labels.get(BUDGET, 1))
 
 
 def budget_multiples(value: Any, where: str = "") -> tuple[int, ...]:
-    """`value` as `Study.extend` (integers >= 2, increasing), else refused in a line beginning with `where`."""
+    """`value` as `Study.extend` (integers >= 2, increasing), else refused."""
     try:
         multiples = typed("extend", tuple[int, ...], value)
         ok = all(m >= 2 for m in multiples) and list(multiples) == sorted(set(multiples))
@@ -281,7 +270,6 @@ class Study:
     preset: str = ""
     seeds: int = 1
     first_seed: int = 0
-    """The cells' seeds are first_seed..first_seed+seeds-1."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Work beside the runs (the signal sweeps of Tables 6-7): name -> options of `mixit signal`."""
     screen_fraction: float = 0.25
@@ -289,24 +277,22 @@ class Study:
     screen_min_steps: dict[str, int] = field(default_factory=dict)
     """Task -> the fewest steps of a search's first rung on it: what its slowest variant needs to leave chance."""
     rebuild: Callable[[int, int], Study] | None = field(default=None, repr=False, compare=False)
-    """Builds this study with other seeds (seeds, first_seed), so that it can grow in its directory (`grows`)."""
+    """Builds this study with other (seeds, first_seed), so that it can grow in its directory (`grows`)."""
     extend: tuple[int, ...] = ()
-    """Increasing multiples of the step cap (the protocol's: (2, 4)): a final run that ended unconverged is
-    trained again from scratch at the next (`mixit.study.executors`); the report reads the longest that
-    finished (`StudyResults.final`). Empty: no run is extended."""
+    """Increasing multiples of the step cap: a final run that ended unconverged is trained again from scratch at
+    the next (`mixit.study.executors`); the report reads the longest that finished."""
     source: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    """The study file's keys as JSON holds them ({}: a study built in Python), recorded in study.json so that a
-    directory refuses a changed file naming what changed."""
+    """The study file's keys, recorded in study.json so that a directory refuses a changed file naming the change."""
     more_seeds: Callable[[Path], Sequence[RunSpec]] | None = field(default=None, repr=False, compare=False)
-    """Given the study directory, the further final runs to add (new seeds of undecided cells), a pure function
-    of the runs finished there: the study runs in rounds until it returns nothing new; None: one round."""
+    """The further final runs to add given the study directory, a pure function of the runs finished there: the
+    study runs in rounds until it returns nothing new; None: one round."""
 
     def __post_init__(self) -> None:
         self.extend = budget_multiples(self.extend)
 
     def grows(self, old: Any, search: bool = True) -> bool:
-        """Whether `old` (a directory's study.json) records this study with some of its seeds (this study built
-        with those seeds has `old`'s fingerprint), so that the study may continue in place."""
+        """Whether `old` (a directory's study.json) records this study with some of its seeds, so that the study
+        may continue in place."""
         if self.rebuild is None or not isinstance(old, dict) or old.get("name") != self.name:
             return False
         seeds, first = old.get("seeds"), old.get("first_seed", 0)
@@ -342,8 +328,8 @@ class Study:
 
 
 class StudyYamlLoader(yaml.SafeLoader):
-    """YAML read as TOML would read it: 1e-3 is a float (as in YAML 1.2; PyYAML's 1.1 reads a string), and a key
-    given twice or not a string is refused."""
+    """YAML read as TOML would read it: 1e-3 is a float (PyYAML's YAML 1.1 reads a string), and a key given twice
+    or not a string is refused."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -366,8 +352,7 @@ StudyYamlLoader.add_implicit_resolver(
 
 
 def read_study_data(path: Path) -> dict[str, Any]:
-    """What a study file holds, read as TOML, or as YAML if its name ends in .yaml or .yml; refused in one line
-    if it does not exist, cannot be read or parsed, or holds no mapping."""
+    """What a study file holds, read as TOML, or as YAML if its name ends in .yaml or .yml."""
     try:
         text = Path(path).read_text()
         if Path(path).suffix.lower() not in (".yaml", ".yml"):
@@ -404,8 +389,7 @@ ATLAS_KEYS = ("name", "description", "seeds", "atlas")
 
 def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, max_runs: int = MAX_RUNS) -> Study:
     """A user's study from a TOML or YAML file, its seeds from `first_seed`: the file's count, or `seeds` where
-    the file sets none (`seeds` beside other seeds in the file is refused: a study is its file). A study of more
-    than `max_runs` final runs is refused before it is built (`check_size`)."""
+    the file sets none (a study is its file). One of more than `max_runs` final runs is refused before it is built."""
     data = read_study_data(path)
     if seeds is not None and "seeds" in data and seeds != data["seeds"]:
         raise UsageError(

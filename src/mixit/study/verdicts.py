@@ -1,49 +1,22 @@
-"""The verdict rule: a paper finding judged by an interval over independent seeds.
+"""The verdict rule: a paper finding judged by an interval over independent seeds. docs/protocol.md ("The rule")
+pre-registers it; this module is that rule, and nothing else.
 
-docs/protocol.md pre-registers it (with the findings, thresholds, grids, budgets and seeds it judges);
-this module is that rule, and nothing else.
+A finding is one or more **parts** (an AND finding has one per conjunct). A part is a **margin** over its cells'
+numbers with the finding's threshold built in, positive where it holds. Its cells (`Cell`) are final runs, one per
+seed, each read where it was trained: at the longest budget the study trained it to, never a projection.
 
-A finding is one or more **parts** (an AND finding, "on retrieval and on induction", has one per
-conjunct). A part is a **margin**: a function of its cells' numbers with the finding's threshold built
-in, positive where the part holds ("MixiT at least 30 points below both": min(standard, frozen Q/K) - 30
-- MixiT). Its cells are the final runs of the study that it reads, one per seed (`Cell`), each at the
-longest budget the study trained it to (`mixit.study.collect`: a run still moving at its cap is trained
-again at 2x and 4x the cap; the number read is the one actually trained, never a projection).
+Per seed (`seed_margin`), the margin has a test-set standard error: each cell's, propagated, in quadrature. Over n
+seeds (`over_seeds`), the one-sided interval is mean(m) -/+ sqrt((q sd(m) / sqrt(n))^2 + (z rms(se))^2). The spread
+over seeds is estimated from n of them, hence Student's t; the test set's error is known from its thousands of
+examples, hence the normal z, and is taken as shared by every seed so that it does not shrink with n (exact for
+the text tasks, whose seeds share one test set; conservative for the synthetic ones). Both quantiles are at
+1 - alpha / looks: each look of the sequential design (`Rule.schedule`) spends alpha / looks (Bonferroni), so a
+false PASS (or FAIL) at any look has chance at most alpha; judged at other seed counts the level is the same,
+which is conservative.
 
-**Per seed** (`SeedMargin`), the margin m at each cell's reported number (its test metric at its best
-validation evaluation), and the margin's test-set standard error: each cell's standard error over its
-evaluation set's examples, propagated through the margin and added in quadrature.
-
-**Over seeds** (`over_seeds`). A seed is one independent replicate of the whole protocol: its own model
-seed, data seed and data order, its own search, and (for the synthetic tasks) its own test set. With `n`
-seeds, the part's one-sided interval is
-
-    mean(m) -/+ sqrt((q * stdev(m) / sqrt(n))^2 + (z * rms(se))^2),
-
-where q is Student's t quantile with n - 1 degrees of freedom and z the normal quantile, both at level
-1 - `Rule.alpha` / `Rule.looks` (`scipy.stats`, exact). The first term is the spread over seeds, which
-holds training, search and (where seeds draw their own test sets) test-set randomness, its standard error
-estimated from n seeds (hence t); the second is the test set's own error, estimated from its thousands
-of examples (hence z), taken as if every seed shared one test set (as the text tasks' seeds do), so that
-it does not shrink with n: exact where test sets are shared, conservative where they are not. PASS if
-the lower bound is above 0, FAIL if the upper bound is below 0, else UNDECIDED. With fewer than
-`Rule.min_seeds` seeds nothing is decided: the part is PROVISIONAL, whatever its seeds show.
-
-**The sequential design.** Seeds may be added where a part is UNDECIDED, at the seed counts of
-`Rule.schedule` (3, then 5, then 7: `next_look`). The interval is judged at each of those looks, so each
-look spends `alpha / looks` of the error rate (Bonferroni): the chance that any look declares a false PASS
-(or a false FAIL) is at most `alpha`, whatever the data did at the earlier looks. Judged at any other seed
-count the interval keeps the same level, so a study with more seeds than the schedule is conservative.
-
-**Convergence.** A part marked `needs_convergence` (capacity: memorization's bits per parameter, which
-measure what a model can store, not what it stored by some step) is UNDECIDED while any of its cells, in
-any seed, had not converged at the longest budget trained; the evidence says so. Other parts are judged
-at the budget trained, and the report names any cell still moving there.
-
-A finding takes its worst part (FAIL before UNDECIDED before PROVISIONAL before PASS). A finding whose
-**precondition** (a part of its own) FAILs is UNTESTABLE, with the cause; one whose precondition is
-undecided or provisional is that. A finding with a cell missing, failed, unfinished or without its number
-is n/a.
+A capacity part (`Part.needs_convergence`: memorization's bits per parameter measure what a model can store, not
+what it stored by some step) is UNDECIDED while any of its cells had not converged. A finding takes its worst part;
+a failed precondition makes it UNTESTABLE; a missing input, n/a.
 """
 
 from __future__ import annotations
@@ -62,9 +35,8 @@ VERDICTS = ("PASS", "FAIL", "UNTESTABLE", "UNDECIDED", "PROVISIONAL", "n/a")
 
 
 def t_quantile(level: float, df: float) -> float:
-    """Student's t quantile at `level` with `df` degrees of freedom (`scipy.stats`, exact). scipy.stats is imported
-    here, when a verdict is judged, not with this module: importing it costs every mixit command a second or more
-    at start, and only a report judges."""
+    """Student's t quantile at `level` with `df` degrees of freedom. scipy.stats is imported here, not with this
+    module: importing it costs every mixit command a second or more at start, and only a report judges."""
     from scipy import stats
 
     return float(stats.t.ppf(level, df))
@@ -87,18 +59,18 @@ class Rule:
 
     @property
     def level(self) -> float:
-        """The one-sided level of each look's interval: 1 - alpha / looks (Bonferroni over the looks)."""
+        """The one-sided level of each look's interval: 1 - alpha / looks."""
         return 1 - self.alpha / self.looks
 
     def quantile(self, n: int) -> float:
-        """Student's t one-sided quantile for an interval over `n` seeds, at `level`."""
+        """Student's t quantile at `level` for an interval over `n` seeds."""
         if n < 2:
             raise ValueError(f"an interval over seeds needs two seeds at least, got {n}")
         return t_quantile(self.level, n - 1)
 
     @property
     def z(self) -> float:
-        """The normal one-sided quantile at `level`, for the test set's error (known from its many examples)."""
+        """The normal quantile at `level`, for the test set's error."""
         from scipy import stats  # here, not at the top: see t_quantile
 
         return float(stats.norm.ppf(self.level))
@@ -111,24 +83,17 @@ class Rule:
 RULE = Rule()
 
 
-# -- cells and their readings ------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Reading:
-    """What a finding reads of one run: its number, that number's standard error, and the budget it was read at."""
+    """What a finding reads of one run: its number and standard error, and the budget it was read at (steps
+    trained, the step cap, whether its validation curve had converged, and the cap as a multiple of the preset's)."""
 
     value: float
     se: float = 0.0
     steps: int = 0
-    """Steps trained."""
     cap: int = 0
-    """The run's step cap."""
     converged: bool = True
-    """The run's validation curve had converged when it ended (solved, plateau or flat:
-    `mixit.core.training.convergence`)."""
     budget: int = 1
-    """The run's step cap as a multiple of the preset's (2 or 4 for a run trained further: `mixit.study.collect`)."""
 
 
 @dataclass(frozen=True)
@@ -153,19 +118,16 @@ class Part:
     name: str
     cells: Sequence[Cell]
     margin: Callable[[Mapping[str, float]], float]
-    """Cell name -> number, to the signed margin (the finding's threshold built in)."""
+    """One seed's numbers by cell name -> the signed margin."""
     unit: str = " points"
     digits: int = 1
     needs_convergence: bool = False
-    """The part measures a capacity: it is judged only once every cell has converged (module docstring)."""
+    """A capacity: judged only once every cell has converged (module docstring)."""
 
 
 def difference(high: str, low: str, threshold: float = 0.0) -> Callable[[Mapping[str, float]], float]:
     """The margin of "cell `high` above cell `low` by more than `threshold`": high - low - threshold."""
     return lambda x: x[high] - x[low] - threshold
-
-
-# -- judging a part in one seed, then over seeds ---------------------------------------------------------
 
 
 @dataclass
@@ -196,12 +158,11 @@ class SeedMargin:
 
     @property
     def moving(self) -> list[str]:
-        """The cells that had not converged at the budget trained."""
         return [c.cell for c in self.cells if not c.converged]
 
 
 def seed_margin(part: Part, seed: int, readings: Mapping[str, Reading]) -> SeedMargin:
-    """`part` in one seed from its cells' readings (module docstring)."""
+    """`part` in one seed from its cells' readings."""
     values = {name: r.value for name, r in readings.items()}
     variance = 0.0
     for name, r in readings.items():  # the margin's change over one standard error of each cell, in quadrature
@@ -222,13 +183,12 @@ class PartVerdict:
     interval: tuple[float, float] | None = None
     """With `Rule.min_seeds` seeds or more: the one-sided (lower, upper) bounds of the mean margin."""
     quantile: float | None = None
-    """The t quantile the interval used."""
     unit: str = ""
     digits: int = 1
     why: str = ""
-    """Why the part is not decided (PROVISIONAL or UNDECIDED)."""
+    """Why the part is not decided."""
     cells: list[dict[str, Any]] = field(default_factory=list)
-    """The labels each of its cells reads (`Cell.match`): where more seeds go (`Check.undecided`)."""
+    """Each cell's `Cell.match`: where more seeds go (`Check.undecided`)."""
 
     @property
     def held(self) -> int:
@@ -240,7 +200,7 @@ class PartVerdict:
 
 
 def over_seeds(part: Part, seeds: Sequence[SeedMargin], rule: Rule = RULE) -> PartVerdict:
-    """`part`'s verdict from its seeds (module docstring)."""
+    """`part`'s verdict from its seeds."""
     n = len(seeds)
     verdict = PartVerdict(part.name, "PROVISIONAL", list(seeds), unit=part.unit, digits=part.digits)
     verdict.cells = [dict(c.match) for c in part.cells]
@@ -277,9 +237,8 @@ class Group:
 
 
 def contrast(terms: Sequence[tuple[float, Group]], rule: Rule = RULE) -> tuple[float, float, float]:
-    """A signed sum of independent groups' means, sum(sign x mean), with its one-sided (lower, upper) bounds at
-    `rule.level`: Welch's t, its degrees of freedom by Welch-Satterthwaite (what the signal checks, which compare
-    models at initialisation at two depths, read: each depth is its own models)."""
+    """sum(sign x mean) of independent groups, with its one-sided (lower, upper) bounds at `rule.level` by Welch's
+    t (Welch-Satterthwaite degrees of freedom): the signal checks compare models at two depths, each its own."""
     value = sum(sign * g.mean for sign, g in terms)
     if any(g.n < 2 for _, g in terms):  # one seed: no spread to bound it by
         return value, -math.inf, math.inf
@@ -296,11 +255,8 @@ ORDER = ("FAIL", "UNDECIDED", "PROVISIONAL", "PASS")
 
 
 def worst_of(verdicts: Sequence[str]) -> str:
-    """An AND finding's verdict from its parts': the first of `ORDER` that any part has."""
+    """An AND finding's verdict: the first of `ORDER` that any part has."""
     return next((v for v in ORDER if v in verdicts), "PASS")
-
-
-# -- a finding ------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -309,10 +265,8 @@ class Check:
 
     name: str
     verdict: str
-    """PASS, FAIL, UNTESTABLE (its precondition fails), UNDECIDED, PROVISIONAL (too few seeds to decide), or n/a
-    (an input run is missing or failed)."""
+    """One of `VERDICTS`."""
     evidence: str
-    """The numbers behind the verdict, in a line."""
     seeds: int = 0
     holds: int = 0
     """Seeds in which every part's margin is positive."""
@@ -321,19 +275,17 @@ class Check:
 
     @property
     def blocking(self) -> list[str]:
-        """Why a finding is not decided: each undecided or provisional part, and why."""
+        """Each undecided or provisional part, and why."""
         judged = [*self.parts, *([self.precondition] if self.precondition else [])]
         return [f"{p.name}: {p.why}" for p in judged if p.why]
 
     def undecided(self) -> list[PartVerdict]:
-        """The parts that more seeds could decide (`Rule.next_look`): those UNDECIDED by their interval, not by
-        convergence, and those PROVISIONAL."""
+        """The parts more seeds could decide: PROVISIONAL, or UNDECIDED by their interval (not by convergence)."""
         judged = [*self.parts, *([self.precondition] if self.precondition else [])]
         return [p for p in judged if p.verdict == "PROVISIONAL" or p.why.startswith("the interval")]
 
     def to_dict(self) -> dict[str, Any]:
-        """Its entry in checks.json, which is keyed by the name: every other field, in their order, and
-        `blocking`."""
+        """Its entry in checks.json (keyed by the name): every other field, in order, and `blocking`."""
         return {**{k: v for k, v in asdict(self).items() if k != "name"}, "blocking": self.blocking}
 
 
@@ -344,9 +296,8 @@ def judge(
     precondition: Part | None = None,
     rule: Rule = RULE,
 ) -> Check:
-    """Judge the finding `name` on the final runs among `results` (module docstring). Each part reads the seeds
-    that every one of its cells has: the sequential design adds seeds to the cells of an undecided part only, so
-    the parts of one finding may be judged over different numbers of seeds."""
+    """Judge the finding `name` on the final runs among `results`. Each part reads the seeds all its cells have:
+    the sequential design adds seeds to an undecided part's cells only, so parts may have different seed counts."""
     final = [r for r in results if r.role == "final"]
     judged_parts = [*parts, *([precondition] if precondition else [])]
     cells = list({c.name: c for p in judged_parts for c in p.cells}.values())
@@ -384,8 +335,7 @@ def judge(
 
 
 def _budgets(readings: Mapping[str, Mapping[int, Reading]], cells: Sequence[Cell]) -> str:
-    """The budgets read, where any cell was trained past its cap or had not converged: "trained past the cap: a
-    seed 1 (2x); not converged at the budget trained: b seed 0"."""
+    """ "trained past the cap: a seed 1 (2x); not converged at the budget trained: b seed 0", or as much as applies."""
     read = [(c.name, s, r) for c in cells for s, r in sorted(readings[c.name].items())]
     longer = [f"{name} seed {s} ({r.budget}x)" for name, s, r in read if r.budget > 1]
     moving = [f"{name} seed {s}" for name, s, r in read if not r.converged]
@@ -396,7 +346,7 @@ def _budgets(readings: Mapping[str, Mapping[int, Reading]], cells: Sequence[Cell
 
 
 def _margins(v: PartVerdict) -> str:
-    """A part's margins in a phrase: "margin +55.2 points (1 seed)" or, over seeds, their mean and the interval."""
+    """A part's margins in a phrase: their mean over seeds, and the interval where there is one."""
     d, unit = v.digits, v.unit
     text = f"mean margin {v.mean:+.{d}f}{unit} over {len(v.seeds)} seed(s), {v.held} positive"
     if v.interval is not None:
@@ -407,9 +357,8 @@ def _margins(v: PartVerdict) -> str:
 def _inputs(
     name: str, results: Sequence[Result], cells: Sequence[Cell]
 ) -> tuple[dict[str, dict[int, Reading]], list[str]]:
-    """Each cell's readings by seed, and what is missing of them: a cell with no run, or a run that failed, is
-    unfinished or lacks its number. (A seed that one cell has and another has not is no gap: the sequential
-    design adds seeds to some cells only, and each part reads the seeds its cells share.)"""
+    """Each cell's readings by seed, and what is missing: a cell with no run, or a run failed, unfinished or without
+    its number (a seed one cell has and another lacks is no gap: see `judge`)."""
     missing: list[str] = []
     readings: dict[str, dict[int, Reading]] = {}
     for cell in cells:
@@ -432,13 +381,9 @@ def _inputs(
     return readings, missing
 
 
-# -- cells of the paper's findings ----------------------------------------------------------------------
-
-
 def metric(key: str, scale: float = 1.0) -> Callable[[Result], Reading | None]:
-    """A reader of the test metric `key` times `scale`: its value at the run's best validation evaluation, its
-    standard error (`<key>_se`, 0 where the run has none), the budget it was trained to and whether it had
-    converged."""
+    """A reader of the test metric `key` times `scale` at the run's best validation evaluation, with its standard
+    error (`<key>_se`, else 0)."""
 
     def read(r: Result) -> Reading | None:
         test = reported(r)
@@ -451,23 +396,20 @@ def metric(key: str, scale: float = 1.0) -> Callable[[Result], Reading | None]:
 
 
 def converged(r: Result) -> bool:
-    """Whether the run's validation curve had converged when it ended (its convergence record's reason; a run
-    without one counts as converged)."""
+    """Whether the run's convergence record's reason counts as converged (a run without one does)."""
     reason = (r.convergence or {}).get("reason")
     return reason is None or reason in CONVERGED
 
 
 def budget(r: Result) -> tuple[int, int]:
-    """(steps trained, step cap) of a run: its convergence record's steps, else its last evaluation's step; its
-    config's cap, else the steps trained."""
+    """(steps trained, step cap) of a run: from its convergence record, else its last evaluation; its config."""
     last = int(r.evals[-1]["step"]) if r.evals else 0
     steps = int((r.convergence or {}).get("steps_trained") or last)
     return steps, int(r.config.get("train", {}).get("steps") or steps)
 
 
 def accuracy(name: str, task: str, **match: Any) -> Cell:
-    """The cell `name` read by the number the report judges `task` by (`Task.report_metric`: accuracy in %, or
-    loss in nats)."""
+    """The cell `name` read by `task`'s `Task.report_metric` (accuracy in %, or loss in nats)."""
     column, key, scale = task_class(task).report_metric
     if column == "accuracy":
         return Cell(name, {"task": task, **match}, metric(key, scale), "%", 1)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Mapping
+from statistics import fmean
 from typing import Any
 
-from mixit.study.cells import mean, rows
+from mixit.study.cells import rows
 from mixit.study.collect import Result, StudyResults
 from mixit.study.figures import plot_curves, plot_lines
 from mixit.study.presets import Scale, variant_runs
@@ -56,26 +57,25 @@ def section(study: StudyResults) -> list[str]:
         for variant in VARIANTS:
             found = [r.heads for r, _ in rows(results, table="table1", task=task, variant=variant) if r.heads]
             if found:
-                ind = mean([h["induction"]["score"] for h in found])
-                prev = mean([h["previous_token"]["score"] for h in found])
+                ind = fmean(h["induction"]["score"] for h in found)
+                prev = fmean(h["previous_token"]["score"] for h in found)
                 line = f"{variant}: strongest induction head {ind:.3f}, previous-token head {prev:.3f}"
                 dependence = [h["pattern_input_dependence"] for h in found if "pattern_input_dependence" in h]
                 if len(dependence) == len(found) and None not in dependence:
-                    line += f", patterns' input dependence {mean(dependence):.3g}"
+                    line += f", patterns' input dependence {fmean(dependence):.3g}"
                 heads.append(line)
         if heads:
             body += ["Head scores (`mixit analyze`, 1 = all attention on the target): " + "; ".join(heads) + ".", ""]
         if plot_curves(results, "table1", task, figures / f"curves-{task}.png"):
             body.append(f"![{task} curves](figures/curves-{task}.png)")
-        if plot_lines(
-            induction_over_time(study, task),
-            "training step",
-            "strongest induction head's score",
-            f"{task}: induction head score against step (seed 0)",
-            figures / f"induction-over-time-{task}.png",
-            log2=True,
-        ):
-            body.append(f"![{task} induction score over training](figures/induction-over-time-{task}.png)")
+        over_time = {
+            variant: dict(zip(history["steps"], (h["score"] for h in history["strongest"]["induction"])))
+            for variant, history in seed_zero(study, task, lambda analysis: analysis.over_time()).items()
+        }
+        title = f"{task}: induction head score against step (seed 0)"
+        png = figures / f"induction-over-time-{task}.png"
+        if plot_lines(over_time, "training step", "strongest induction head's score", title, png, log2=True):
+            body.append(f"![{task} induction score over training](figures/{png.name})")
         for r, labels in rows(results, table="table1", task=task, seed=0):
             for figure in ("attention", "head_scores"):
                 src = r.run.analysis.figure(figure) if r.run else None
@@ -84,32 +84,24 @@ def section(study: StudyResults) -> list[str]:
                     shutil.copy(src, dst)
                     body.append(f"![{task} {labels['variant']} {src.name}](figures/{dst.name})")
         body.append("")
-    pairs: dict[str, dict[Any, float]] = {}
-    for r, labels in rows(results, table="table1", task="retrieval", seed=0):
-        by_pairs = r.run.analysis.retrieval_by_pairs() if r.state == "done" and r.run else None
-        if by_pairs is not None:
-            pairs[labels["variant"]] = {int(k): 100 * v["accuracy"] for k, v in by_pairs.items()}
-    if plot_lines(
-        pairs,
-        "pairs stored in the example",
-        "accuracy (%)",
-        "retrieval accuracy by number of pairs (the paper's Fig. 2; seed 0)",
-        figures / "retrieval-by-pairs.png",
-    ):
+    pairs = {
+        variant: {int(k): 100 * v["accuracy"] for k, v in by_pairs.items()}
+        for variant, by_pairs in seed_zero(study, "retrieval", lambda analysis: analysis.retrieval_by_pairs()).items()
+    }
+    title = "retrieval accuracy by number of pairs (the paper's Fig. 2; seed 0)"
+    if plot_lines(pairs, "pairs stored in the example", "accuracy (%)", title, figures / "retrieval-by-pairs.png"):
         body.append("![retrieval by pairs](figures/retrieval-by-pairs.png)")
     return body
 
 
-def induction_over_time(study: StudyResults, task: str) -> dict[str, dict[Any, float]]:
-    """The strongest induction head's score at each kept checkpoint, {variant: {step: score}}, of the
-    seed-0 runs of `task` analysed over time (`mixit analyze --over-time`)."""
-    curves: dict[str, dict[Any, float]] = {}
+def seed_zero(study: StudyResults, task: str, read: Callable[[Any], Any]) -> dict[str, Any]:
+    """{variant: what `read` finds in its analysis} of the finished seed-0 runs of `task` (None: nothing)."""
+    found = {}
     for r, labels in rows(study.final, table="table1", task=task, seed=0):
-        history = r.run.analysis.over_time() if r.state == "done" and r.run else None
-        if history is not None:
-            scores = [h["score"] for h in history["strongest"]["induction"]]
-            curves[labels["variant"]] = dict(zip(history["steps"], scores))
-    return curves
+        value = read(r.run.analysis) if r.state == "done" and r.run else None
+        if value is not None:
+            found[labels["variant"]] = value
+    return found
 
 
 GAP = 30.0
@@ -135,22 +127,10 @@ def check_retrieval_gap(study: StudyResults) -> Check:
 
 
 def head_score(r: Result) -> Reading | None:
-    """The strongest induction head's score of an analysed run (`mixit analyze`), at the budget it was trained to."""
+    """The strongest induction head's score of an analysed run (`mixit analyze`)."""
     if not r.heads:
         return None
     return Reading(r.heads["induction"]["score"], 0.0, *budget(r), converged(r), r.budget)
-
-
-def analysed(variant: str, measure: str, read: Callable[[Result], Reading | None], digits: int, what: str) -> Cell:
-    """The cell of `variant`'s analysed induction runs that reads `measure` with `read` (`what`: what a run lacks
-    when it has no such number)."""
-    match = {"table": "table1", "task": "induction", "variant": variant}
-    return Cell(f"induction/{variant} {measure}", match, read, "", digits, what)
-
-
-def induction_score(variant: str) -> Cell:
-    """The strongest induction-head score of `variant`'s induction runs (`mixit analyze`)."""
-    return analysed(variant, "head score", head_score, 3, "head scores (not analysed)")
 
 
 ROUNDING = 4 * 2.0**-23
@@ -160,9 +140,9 @@ probabilities are at most 1)."""
 
 
 def relative_dependence(r: Result) -> Reading | None:
-    """How much an analysed run's attention patterns change between two probe batches (`mixit analyze`:
-    head_scores.json's pattern_input_dependence), relative to the patterns' magnitude. A structural number:
-    no curve, since MixiT's matrices are never trained and cannot drift."""
+    """How much an analysed run's attention patterns change between two probe batches (head_scores.json's
+    pattern_input_dependence), relative to their magnitude. Structural: MixiT's matrices are never trained and
+    cannot drift, so the reading counts as converged."""
     heads = r.heads or {}
     found = heads.get("pattern_input_dependence")
     if found is None:
@@ -171,17 +151,27 @@ def relative_dependence(r: Result) -> Reading | None:
     return Reading(found / scale, 0.0, *budget(r), True, r.budget)
 
 
-def input_dependence(variant: str) -> Cell:
-    """The input dependence of `variant`'s induction runs' attention patterns (`relative_dependence`)."""
-    what = "the patterns' input dependence (not analysed, or analysed before it was measured)"
-    return analysed(variant, "pattern input dependence", relative_dependence, 7, what)
-
-
 def check_induction_heads(study: StudyResults) -> Check:
     """Frozen Q/K's induction head is measured; MixiT's lack of one is structural, so what is checked is its
     cause: MixiT's patterns, measured on two different inputs, are the same up to float32 rounding. Its
     (near-zero) head score is shown in the section, for information."""
-    frozen_qk, mixit = induction_score("frozen_qk"), input_dependence("mixit")
+    induction = {"table": "table1", "task": "induction"}
+    frozen_qk = Cell(
+        "induction/frozen_qk head score",
+        {**induction, "variant": "frozen_qk"},
+        head_score,
+        "",
+        3,
+        "head scores (not analysed)",
+    )
+    mixit = Cell(
+        "induction/mixit pattern input dependence",
+        {**induction, "variant": "mixit"},
+        relative_dependence,
+        "",
+        7,
+        "the patterns' input dependence (not analysed, or analysed before it was measured)",
+    )
     return judge(
         "frozen Q/K forms an induction head (strongest score > 0.5); MixiT's attention does not depend on the "
         "input (verified), so it has no induction head",

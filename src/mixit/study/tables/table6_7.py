@@ -35,8 +35,8 @@ RISE = 0.1
 
 
 def runs(scale: Scale, seeds: Seeds) -> list[RunSpec]:
-    """Depth: the random (embeddings-only) transformer against MixiT on addition, trained (the scale's
-    "depth" request if it has one, else its addition), each variant with the scale's "depth" search."""
+    """The random (embeddings-only) transformer against MixiT on addition by depth (the scale's "depth" request
+    if it has one, else its addition), each with the scale's "depth" search."""
     return [
         spec
         for variant in ("random", "mixit")
@@ -51,7 +51,7 @@ def runs(scale: Scale, seeds: Seeds) -> list[RunSpec]:
 
 
 def extras(scale: Scale, seeds: Seeds) -> dict[str, dict[str, Any]]:
-    """The signal sweeps at initialisation, with and without the sink head (their own seeds: scale.signal)."""
+    """The signal sweeps at initialisation, with and without the sink head."""
     variants = ("standard", "mixit", "random")
     return {name: {**scale.signal, "variants": variants, "mixing_sink": sink} for name, sink in SWEEPS.items()}
 
@@ -132,19 +132,16 @@ def check_depth(study: StudyResults) -> Check:
 
 
 Cosines = dict[int, Group]
-"""A variant's token cosine after the last block, by depth: its mean and standard deviation over the sweep's
-initialisation seeds."""
+"""A variant's token cosine after the last block by depth, over the sweep's initialisation seeds."""
 
 
 def cosines(signal: dict[str, Any], variant: str) -> Cosines:
-    """`Cosines` of `variant` in a signal sweep."""
     n = len(signal["config"].get("seeds", [0]))
     found = signal["results"].get(variant, {})
     return {int(d): Group(x["cosine"], x.get("cosine_std", 0.0), n) for d, x in found.items()}
 
 
 Judged = tuple[str, str]
-"""(verdict, evidence) of a signal check."""
 
 
 def signal_check(
@@ -156,10 +153,9 @@ def signal_check(
     verdict: Callable[[Cosines, Cosines, int, int], Judged],
 ) -> Check:
     """A check of models at initialisation comparing two (sweep, variant) curves of token cosine from the
-    shallowest depth `lo` to the deepest `hi`: ``verdict(first, second, lo, hi)`` judges it and says why. n/a
-    where a sweep is missing or the two are not at the same two depths at least (`what` names them). Nothing
-    converges at initialisation: each change is a contrast of means over the sweep's seeds, judged by its Welch
-    interval (`mixit.study.verdicts.contrast`); with fewer seeds than a verdict needs, PROVISIONAL."""
+    shallowest depth to the deepest: ``verdict(first, second, lo, hi)`` gives (verdict, evidence); n/a where a
+    sweep is missing or the two curves (`what`) lack two common depths. Nothing converges at initialisation: each
+    change is a contrast of means over the sweep's seeds (`mixit.study.verdicts.contrast`)."""
     names = list(dict.fromkeys((first[0], second[0])))
     signals = {sweep: study.signals[sweep] for sweep in names if sweep in study.signals}
     if len(signals) < len(names):
@@ -183,17 +179,11 @@ def above(bounds: tuple[float, float, float], threshold: float) -> str:
 
 
 def within(bounds: tuple[float, float, float], threshold: float) -> str:
-    """PASS if a contrast's interval lies within (-threshold, threshold), FAIL if it lies wholly outside it, else
-    UNDECIDED."""
+    """PASS if a contrast's interval lies within ±threshold, FAIL if wholly outside it, else UNDECIDED."""
     _, lower, upper = bounds
     if -threshold < lower and upper < threshold:
         return "PASS"
     return "FAIL" if lower > threshold or upper < -threshold else "UNDECIDED"
-
-
-def change(curve: Cosines, lo: int, hi: int) -> tuple[float, float, float]:
-    """The change of a curve from depth `lo` to `hi`, with its bounds (each depth its own models)."""
-    return contrast([(1.0, curve[hi]), (-1.0, curve[lo])])
 
 
 def _bounds(x: tuple[float, float, float]) -> str:
@@ -202,7 +192,7 @@ def _bounds(x: tuple[float, float, float]) -> str:
 
 def check_signal(study: StudyResults) -> Check:
     def verdict(random: Cosines, mixit: Cosines, lo: int, hi: int) -> Judged:
-        rise, flat = change(random, lo, hi), change(mixit, lo, hi)
+        rise, flat = (contrast([(1.0, curve[hi]), (-1.0, curve[lo])]) for curve in (random, mixit))
         return worst_of([above(rise, RISE), within(flat, RISE)]), (
             f"token cosine from {lo} to {hi} layers: random {random[lo].mean:.3f} -> {random[hi].mean:.3f} "
             f"({_bounds(rise)}), mixit {mixit[lo].mean:.3f} -> {mixit[hi].mean:.3f} ({_bounds(flat)})"
