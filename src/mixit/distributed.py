@@ -4,9 +4,8 @@
 GPUs, gloo on CPUs) and returns a `Dist`; without those variables it returns the one-process `Dist`, for which every
 helper here does nothing, so the training loop has one code path.
 
-Who says what: a malformed environment, every process (there may be no rank 0 to say it: `env_world`); another
-refusal, rank 0 alone, while `refusal_said` keeps the other ranks alive until it has (torchrun stops every process
-when the first one exits); a fault of the machine, the process that met it, the others leaving quietly
+Who says why a job stops (docs/reliability.md, "Distributed runs"): every process, a malformed environment
+(`env_world`); rank 0, another refusal (`refusal_said`); the process that met it, a fault of the machine
 (`fault_said`).
 """
 
@@ -204,8 +203,8 @@ def broadcast(obj: Any, dist: Dist) -> Any:
 
 
 def check_identical(model: torch.nn.Module, dist: Dist) -> None:
-    """Refuse loudly unless every process built the same fixed tensors: the MixiT matrices (buffers)
-    and every frozen parameter, which training never synchronises."""
+    """Refuse unless every process built the same fixed tensors (buffers, frozen parameters): training never
+    synchronises them."""
     if not dist.active:
         return
     fixed = dict(model.named_buffers())
