@@ -1,6 +1,5 @@
-"""What can be chosen (`mixit list`): tasks with their typed parameters and
-defaults, variants, attention kinds and activations, all read from the
-registries and the config classes, so the listing cannot drift from the code."""
+"""What can be chosen (`mixit list`), read from the registries and the config classes so that it cannot drift from
+the code."""
 
 from __future__ import annotations
 
@@ -74,7 +73,7 @@ def catalogue_text(json: bool = False) -> str:
     )
     for name, coupled in listing["attention_kinds"].items():
         settings = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in coupled.items())
-        mark = "*" if name in ATTENTION and ATTENTION.get(name).any_variant else " "
+        mark = "*" if ATTENTION.get(name).any_variant else " "
         lines.append(f"{mark} {name:<17} {settings or '-'}")
     lines.append("recipes (--recipe NAME; where unset options start from):")
     for name, info in listing["recipes"].items():

@@ -1,21 +1,12 @@
-"""Data-parallel training under torchrun: the process group and the few collectives mixit needs.
+"""Data-parallel training under torchrun (docs/scaling.md): the process group and the few collectives mixit needs.
 
-`torchrun --nproc-per-node N -m mixit train ...` starts N processes with
-RANK, WORLD_SIZE and LOCAL_RANK in their environment; `setup` reads them,
-picks the backend (nccl on GPUs, gloo on CPUs), binds each process to its
-GPU, and returns a `Dist`. Without those variables it returns the trivial
-single-process `Dist`, and every helper below is a no-op, so the training
-loop has one code path (docs/scaling.md).
+`setup` reads what torchrun sets for each process (RANK, WORLD_SIZE, LOCAL_RANK), joins the process group (nccl on
+GPUs, gloo on CPUs) and returns a `Dist`; without those variables it returns the one-process `Dist`, for which every
+helper here does nothing, so the training loop has one code path.
 
-The environment is checked before anything else (`env_world`): RANK,
-WORLD_SIZE and LOCAL_RANK come together, as integers in range, and with more
-than one process MASTER_ADDR and MASTER_PORT too, or `BadEnvironment` says
-which variable is wrong; every process says it, since there may be no rank 0
-to. A refusal otherwise is said by rank 0 alone, and `refusal_said` keeps the
-other ranks alive until it has been said and rank 0 has exited: torchrun
-stops every process when the first one exits. A fault of the machine met
-during work is said by the process that met it, and the others, whose
-collectives fail when it exits, leave without a word (`fault_said`).
+Who says why a job stops (docs/reliability.md, "Distributed runs"): every process, a malformed environment
+(`env_world`); rank 0, another refusal (`refusal_said`); the process that met it, a fault of the machine
+(`fault_said`).
 """
 
 from __future__ import annotations
@@ -75,15 +66,13 @@ def _env_int(name: str, low: int, high: int | None = None) -> int:
 
 
 def _listed(names: list[str]) -> str:
-    """``A``, ``A and B``, ``A, B and C``."""
     return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def env_world() -> Dist:
-    """The job as torchrun (or Slurm through submitit) describes it in the environment: one process when none
-    of RANK, WORLD_SIZE and LOCAL_RANK is set; else all three, integers in range, and with more than one
-    process also MASTER_ADDR and MASTER_PORT, where the processes meet. BadEnvironment names the first
-    variable that is wrong."""
+    """The job as torchrun (or Slurm through submitit) sets it in the environment: one process when none of RANK,
+    WORLD_SIZE and LOCAL_RANK is set; else all three, integers in range, and with more than one process MASTER_ADDR
+    and MASTER_PORT too. BadEnvironment names the first variable that is wrong."""
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
     given = [name for name in names if name in os.environ]
     if not given:
@@ -123,26 +112,35 @@ def setup(device: torch.device) -> tuple[Dist, torch.device]:
     return dist, device
 
 
-REFUSAL_KEY = "mixit/refusal-said"
 REFUSAL_WAIT = datetime.timedelta(seconds=60)
 """How long a rank other than 0 waits for rank 0 to say why the job is refused (rank 0 exiting ends it sooner)."""
 
 
+def _agent_store(dist: Dist) -> td.TCPStore | None:
+    """torchrun's own store (TORCHELASTIC_USE_AGENT_STORE), which outlives the processes it started; None outside
+    a torchrun job of several processes. RuntimeError if it is gone (torchrun is stopping the job)."""
+    if not dist.active or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return td.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=REFUSAL_WAIT)
+
+
+def _key(what: str) -> str:
+    return f"mixit/{what}-said/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
 def refusal_said(dist: Dist) -> None:
     """After a refusal, before exiting under torchrun: rank 0 has printed why, and posts that in torchrun's store;
-    another rank waits for the post, then for torchrun to stop it, and leaves with exit status 2 either way.
-    torchrun stops every process as soon as one exits, so rank 0 must exit first: else a rank exiting before it
-    could stop it before its line is out, or torchrun's SIGTERM end it with -15. Needs no process group: the store
-    is torchrun's own (TORCHELASTIC_USE_AGENT_STORE); elsewhere this does nothing."""
-    if not dist.active or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return
-    key = f"{REFUSAL_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    another rank waits for the post, then for torchrun to stop it, and leaves with exit status 2 either way. Rank 0
+    must exit first: a rank exiting before it could have torchrun stop it before its line is out (or end it with
+    SIGTERM, status -15). Elsewhere this does nothing."""
     try:
-        store = _agent_store()
-        if dist.main:
-            store.set(key, "1")
+        store = _agent_store(dist)
+        if store is None:
             return
-        store.wait([key])
+        if dist.main:
+            store.set(_key("refusal"), "1")
+            return
+        store.wait([_key("refusal")])
     except RuntimeError:  # the store is gone (torchrun is stopping the job) or rank 0 never refused: exit anyway
         return
     # torchrun stops the job once rank 0 has exited: wait for its SIGTERM (at most REFUSAL_WAIT) and exit with
@@ -151,28 +149,15 @@ def refusal_said(dist: Dist) -> None:
     time.sleep(REFUSAL_WAIT.total_seconds())
 
 
-FAULT_KEY = "mixit/fault-said"
-
-
-def _agent_store() -> td.TCPStore:
-    """torchrun's own store (TORCHELASTIC_USE_AGENT_STORE), which outlives the processes it started."""
-    return td.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=REFUSAL_WAIT)
-
-
 def fault_said(dist: Dist, said: bool) -> bool:
-    """Under torchrun, after a fault of the machine stopped work: this process has `said` it (it met it), and posts
-    that in torchrun's store; or it has not, and returns whether another process has, so that it leaves quietly.
-    It met no fault of its own: its collectives failed because the process that met one exited (gloo: "Connection
-    closed by peer"), and that process has said why. Elsewhere returns `said`."""
-    if not dist.active or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return said
-    key = f"{FAULT_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    """Under torchrun, after a fault of the machine stopped work: this process has `said` it, and posts that in
+    torchrun's store; or it has not, and returns whether another process has, so that it leaves quietly (its
+    collectives failed because that process exited). Elsewhere returns `said`."""
     try:
-        store = _agent_store()
-        if said:
-            store.set(key, "1")
-            return True
-        return bool(store.check([key]))
+        store = _agent_store(dist)
+        if store is not None and said:
+            store.set(_key("fault"), "1")
+        return said or (store is not None and bool(store.check([_key("fault")])))
     except RuntimeError:  # the store is gone: torchrun is stopping the job
         return said
 
@@ -218,8 +203,8 @@ def broadcast(obj: Any, dist: Dist) -> Any:
 
 
 def check_identical(model: torch.nn.Module, dist: Dist) -> None:
-    """Refuse loudly unless every process built the same fixed tensors: the MixiT matrices (buffers)
-    and every frozen parameter, which training never synchronises."""
+    """Refuse unless every process built the same fixed tensors (buffers, frozen parameters): training never
+    synchronises them."""
     if not dist.active:
         return
     fixed = dict(model.named_buffers())

@@ -1,8 +1,6 @@
-"""Plugins: modules of your own that register a task, a variant or an attention kind (docs/extending.md,
-"Plugins"), imported by every mixit process, a study's workers and Slurm jobs included (`load_plugins`). They are
-named in ``MIXIT_PLUGINS`` (comma-separated module names or .py paths) or by an installed package's entry point
-of the group ``mixit.plugins``; the command line loads them before it parses anything.
-"""
+"""Plugins (docs/extending.md): modules of your own that register a task, a variant or an attention kind, named in
+``MIXIT_PLUGINS`` (module names or .py paths, comma-separated) or by an installed package's entry point of the
+group ``mixit.plugins``, and imported by every mixit process (a study's workers too) before it parses anything."""
 
 from __future__ import annotations
 
@@ -15,9 +13,9 @@ from pathlib import Path
 
 from mixit.errors import UsageError, one_line
 
-ENV = "MIXIT_PLUGINS"  # names plugin modules or files
-GROUP = "mixit.plugins"  # the entry-point group of installed packages' plugin modules
-_loaded: set[str] = set()  # the plugins this process has imported (each once)
+ENV = "MIXIT_PLUGINS"
+GROUP = "mixit.plugins"
+_loaded: set[str] = set()  # the plugins this process has imported
 
 
 def plugin_names() -> list[str]:
@@ -28,20 +26,16 @@ def plugin_names() -> list[str]:
 
 
 def load_plugins() -> list[str]:
-    """Import every plugin (`plugin_names`) this process has not imported yet, and return those imported now.
-
-    A plugin that cannot be imported (not found, or raising as it runs: any exception, SystemExit of a
-    ``sys.exit()`` and KeyboardInterrupt included) is refused in one line naming it and what it raised, rather
-    than ending mixit silently with the plugin's exit status or with its traceback. What it raised is kept as the
-    refusal's cause: a study's failure record shows its traceback, and `run_one` tells a stopped worker's
-    KeyboardInterrupt from a failure."""
+    """Import every plugin this process has not imported yet; return those imported now. One that cannot be imported
+    (whatever it raises, SystemExit and KeyboardInterrupt included) is refused in one line, not with its exit status
+    or traceback; what it raised is the refusal's cause, for a study's failure record and `run_one`."""
     imported = []
     for name in plugin_names():
         if name in _loaded:
             continue
         try:
             _import(name)
-        except BaseException as e:  # a plugin's own error, whatever it is, is said in one line
+        except BaseException as e:
             raised = f"{type(e).__name__}: {one_line(e)}" if str(e).strip() else type(e).__name__
             raise UsageError(
                 f"plugin {name!r} (from {ENV} or the entry points of {GROUP}) cannot be imported: {raised}"
@@ -52,16 +46,13 @@ def load_plugins() -> list[str]:
 
 
 def _import(name: str) -> None:
-    """Import the module `name`, or the .py file at path `name` as a module named after the file."""
+    """Import the module `name`, or the .py file `name` as a module named after the file."""
     if not name.endswith(".py"):
         importlib.import_module(name)
         return
-    path = Path(name).expanduser().resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"no file {path}")
+    path = Path(name).expanduser().resolve()  # a missing file: FileNotFoundError, naming it, as it is run
     spec = importlib.util.spec_from_file_location(path.stem, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{path} is not a Python module")
+    assert spec is not None and spec.loader is not None  # a .py path has both
     module = importlib.util.module_from_spec(spec)
     sys.modules[path.stem] = module
     try:

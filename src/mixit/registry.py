@@ -1,11 +1,5 @@
-"""Open registries: named, swappable parts chosen in one place.
-
-An attention kind, an activation, a variant or a task is added by writing one
-new module that registers it, plus the one line that imports that module
-(docs/extending.md shows a worked example). Lookups of an unknown name raise
-`UsageError` naming the allowed ones, so a typo in a config fails before any
-work.
-"""
+"""Open registries: named, swappable parts (attention kinds, activations, variants, tasks, recipes) chosen in one
+place; a module of one's own adds one (docs/extending.md). An unknown name is refused naming the allowed ones."""
 
 from __future__ import annotations
 
@@ -19,15 +13,8 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """A name -> object table that refuses duplicates and unknown names.
-
-    ATTENTION = Registry[type[nn.Module]]("attention kind")
-
-    @ATTENTION.register("softmax")
-    class SoftmaxAttention(nn.Module): ...
-
-    ATTENTION.get("softmax")      # the class; UsageError for an unknown name
-    """
+    """A name -> object table that refuses duplicates and unknown names: ``@ATTENTION.register("softmax")`` on a
+    class, ``ATTENTION.get("softmax")`` (or ``ATTENTION["softmax"]``) for it."""
 
     def __init__(self, what: str):
         self.what = what
@@ -62,9 +49,9 @@ class Registry(Generic[T]):
 
     @contextlib.contextmanager
     def lent(self, name: str, item: T) -> Iterator[None]:
-        """Within: `item` registered under `name`, a name nothing holds, and removed again on leaving. For reading
-        back what a definition this process lacks made, from what was recorded of it (an export of a plugin's
-        variant: `mixit.export.load`), without keeping a stand-in that the real definition would then clash with."""
+        """Within: `item` registered under `name`, a name nothing holds. For reading back what a definition this
+        process lacks made (an export of a plugin's variant: `mixit.export.load`), without keeping a stand-in that the
+        real definition would then clash with."""
         if name in self._items:
             raise ValueError(f"{self.what} {name!r} is registered; it cannot be lent")
         self._items[name] = item
@@ -91,10 +78,8 @@ class Registry(Generic[T]):
 
 def same_definition(old: object, new: object) -> bool:
     """Whether `new` is `old` defined again: equal, or a class or function with the same module and qualified name."""
-    if old == new:
-        return True
-    name = getattr(old, "__qualname__", None)
-    return name is not None and (old.__module__, name) == (
-        getattr(new, "__module__", None),
-        getattr(new, "__qualname__", None),
-    )
+
+    def where(obj: object) -> tuple[object, object]:
+        return getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+
+    return old == new or (hasattr(old, "__qualname__") and where(old) == where(new))

@@ -1,10 +1,5 @@
-"""The device a command runs on, and process-level settings that make CPU training faster.
-
-`tune_allocator` keeps large freed blocks in glibc's heap: above its mmap threshold (adaptive, but capped at
-32 MiB) every activation is mapped afresh and its pages zeroed by the kernel on every step. The cost: resident
-memory stays at its peak. The ``mixit`` command calls it at start-up; a library user calls it themselves
-(docs/design.md, "glibc malloc thresholds"; docs/performance.md has the measurements).
-"""
+"""The device a command runs on, what the machine offers, and the allocator setting that makes CPU training faster
+(`tune_allocator`; docs/performance.md has the measurements)."""
 
 from __future__ import annotations
 
@@ -29,27 +24,24 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 def tune_allocator() -> bool:
-    """Keep large freed blocks in glibc's heap (the module docstring says why): True if both settings were applied,
-    False where the C library is not glibc (macOS, musl, Windows), which is left untouched."""
+    """Keep large freed blocks in glibc's heap: above its mmap threshold (adaptive, capped at 32 MiB) every activation
+    is mapped afresh and its pages zeroed by the kernel on every step; the cost is a resident set that stays at its
+    peak. The ``mixit`` command calls it at start-up. True if applied; False where the C library is not glibc."""
     libc = _glibc()
     if libc is None:
         return False
-    ok_mmap = libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES)
-    ok_trim = libc.mallopt(M_TRIM_THRESHOLD, THRESHOLD_BYTES)
-    return bool(ok_mmap and ok_trim)
+    return all([libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES), libc.mallopt(M_TRIM_THRESHOLD, THRESHOLD_BYTES)])
 
 
 def release_free_memory() -> None:
-    """Return the free part of glibc's heap to the system (``malloc_trim``), so that the resident set counts live
-    memory only; a no-op elsewhere."""
+    """Return the free part of glibc's heap to the system, so that the resident set counts live memory only."""
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
 
 
 def available_memory(device: torch.device) -> int | None:
-    """Bytes of memory free for new allocations on `device`: CUDA's free memory, or on Linux the
-    kernel's MemAvailable; None where it cannot be read."""
+    """Bytes free for new allocations on `device`: CUDA's free memory, or Linux's MemAvailable; None if unknown."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:

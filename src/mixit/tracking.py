@@ -1,10 +1,9 @@
-"""Tracking sinks: a run's metrics.jsonl and summary, projected onto TensorBoard, W&B, MLflow or trackio through
-accelerate's trackers (docs/tracking.md).
+"""Tracking sinks (docs/tracking.md): a run's metrics.jsonl and summary projected onto TensorBoard, W&B, MLflow or
+trackio through accelerate's trackers.
 
-metrics.jsonl is the record. Every point reaches a sink once across kills: tracking.json remembers each sink and
-what identifies the run there, written before the sink holds anything, and each session reads back from every sink
-what it holds and sends it the rest (`Feed`). A sink that cannot work is refused in one line before any work
-(`check_sinks`); one that fails later is warned about once and sent nothing more in that session.
+metrics.jsonl is the record. tracking.json remembers each sink of a run and what identifies the run there, written
+before the sink holds anything; each session reads back from every sink what it holds and sends it the rest
+(`Feed`), so that every point reaches a sink once across kills.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import struct
 import sys
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
@@ -29,6 +28,7 @@ from typing import Any, Literal, cast, get_args
 from mixit.core.config import flatten
 from mixit.core.experiment import RunConfig
 from mixit.core.run import LOCK, Run, is_number
+from mixit.core.training.loop import OpenFeed
 from mixit.errors import UsageError, one_line, require
 from mixit.files import check_output_dir, read_json, write_json
 from mixit.version import install_hint
@@ -57,9 +57,9 @@ def tracking_state(run: Run) -> dict[str, dict[str, Any]]:
 
 
 def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | Path | None = None) -> tuple[Sink, ...]:
-    """`names` (or one name) as sinks, each once, in order; refused in one line if one is unknown, its package (or
-    accelerate) is missing, or its settings cannot work (each kind's `check`). `option`: the flag that named them;
-    `run_dir`: the run they will write, whose own directories and tracking.json are checked too if it exists."""
+    """`names` (or one name) as sinks, each once, in order; refused in one line if one is unknown, lacks its package
+    (or accelerate) or cannot work (its kind's `check`). `option`: the flag that named them; `run_dir`: the run
+    they will write, whose own directories and tracking.json are checked too if it exists."""
     chosen: list[Sink] = []
     for name in [names] if isinstance(names, str) else names:
         if name not in SINKS:
@@ -79,8 +79,7 @@ def check_sinks(names: Iterable[str], option: str = "--logger", run_dir: str | P
 
 
 def check_writable(directory: Path, setting: str) -> None:
-    """Refuse `directory`, where a sink writes, unless it is (or can be made) a writable directory, naming what
-    sets it."""
+    """Refuse `directory`, where a sink writes, unless it is (or can be made) a writable directory."""
     try:
         check_output_dir(directory)
     except UsageError as e:
@@ -88,8 +87,8 @@ def check_writable(directory: Path, setting: str) -> None:
 
 
 def check_reachable(url: str, setting: str) -> None:
-    """Refuse an http(s) server that does not accept a connection within REACH_TIMEOUT_S (through the proxy the
-    environment names for it, if any), before a sink's library retries it for minutes."""
+    """Refuse an http(s) server that does not accept a connection within REACH_TIMEOUT_S (through the environment's
+    proxy for it, if any), before a sink's library retries it for minutes."""
     parts = urllib.parse.urlsplit(url)
     proxy = urllib.request.getproxies().get(parts.scheme)
     if proxy and not urllib.request.proxy_bypass(parts.hostname or ""):
@@ -100,7 +99,7 @@ def check_reachable(url: str, setting: str) -> None:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         socket.create_connection((parts.hostname, port), timeout=REACH_TIMEOUT_S).close()
     except (OSError, ValueError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+        reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
         raise UsageError(f"no server answers at {url} ({reason}); {setting}") from None
 
 
@@ -109,13 +108,11 @@ def check_reachable(url: str, setting: str) -> None:
 
 @dataclass(frozen=True)
 class Naming:
-    """The project and name a user gives the runs in the sinks (--tracking-project, --tracking-name); None: the
-    defaults (docs/tracking.md, "Names and projects"). A bad value is refused at construction, in one line."""
+    """--tracking-project and --tracking-name (None: the defaults of docs/tracking.md, "Names and projects"); a bad
+    value is refused at construction, in one line."""
 
     project: str | None = None
-    """W&B's project, MLflow's experiment, trackio's project (TensorBoard has none: noted in its tags text)."""
-    name: str | None = None
-    """A run's name; for a study, the prefix of each of its runs' names."""
+    name: str | None = None  # a run's name; for a study, the prefix of each of its runs' names
 
     def __post_init__(self) -> None:
         for option, value, forbidden in (
@@ -124,11 +121,10 @@ class Naming:
         ):
             if value is None:
                 continue
-            if not isinstance(value, str):
-                raise UsageError(f"{option} must be a string, got {value!r}")
-            held = sorted({repr(c)[1:-1] for c in value if c in forbidden or not c.isprintable()})
+            held = sorted({repr(c)[1:-1] for c in str(value) if c in forbidden or not c.isprintable()})
             why = (
-                f"it holds {' '.join(held)}" if held
+                "it is not a string" if not isinstance(value, str)
+                else f"it holds {' '.join(held)}" if held
                 else "it is blank" if not value.strip()
                 else f"it is {len(value)} characters long" if len(value) > NAME_MAX
                 else None
@@ -139,27 +135,23 @@ class Naming:
 
     def check_sent(self, sinks: Sequence[Sink], option: str = "--logger") -> None:
         """Refuse a project or name given for runs that no sink receives: it would be accepted and do nothing."""
-        options = {"--tracking-project": self.project, "--tracking-name": self.name}
-        given = [flag for flag, value in options.items() if value]
+        given = " and ".join(f for f, v in (("--tracking-project", self.project), ("--tracking-name", self.name)) if v)
         if given and not sinks:
             raise UsageError(
-                f"{' and '.join(given)} name runs in a tracking sink, and {option} names none; "
-                f"add {option} with one or more of {', '.join(SINKS)}, or leave {' and '.join(given)} out"
+                f"{given} name runs in a tracking sink, and {option} names none; "
+                f"add {option} with one or more of {', '.join(SINKS)}, or leave {given} out"
             )
 
 
 @dataclass(frozen=True)
 class Grouping:
-    """How a run is named, grouped and tagged in the sinks; plain data, so that it travels to a study's workers."""
+    """How the sinks name, group and tag a run (docs/tracking.md); plain data, so that it travels to a study's
+    workers."""
 
     name: str
-    """The run's name: --tracking-name, else its directory's name (a study's run: `study_grouping`)."""
-    group: str | None = None
-    """The study it belongs to (W&B's and trackio's group, MLflow's tag study); None for a run of its own."""
-    tags: Mapping[str, str] = field(default_factory=dict)
-    """task, variant and seed, and a study run's role and cell: MLflow's tags, W&B's as key=value."""
-    project: str | None = None
-    """--tracking-project; None: each sink's default."""
+    group: str | None = None  # the study: W&B's and trackio's group, MLflow's tag study
+    tags: Mapping[str, str] = field(default_factory=dict)  # MLflow's tags, W&B's as key=value
+    project: str | None = None  # --tracking-project; None: each sink's default
 
 
 def run_grouping(run_dir: str | Path, cfg: RunConfig, naming: Naming = Naming()) -> Grouping:
@@ -170,9 +162,9 @@ def run_grouping(run_dir: str | Path, cfg: RunConfig, naming: Naming = Naming())
 def study_grouping(
     study: str, run_id: str, cfg: RunConfig, role: str, naming: Naming = Naming(), cell: Mapping[str, Any] | None = None
 ) -> Grouping:
-    """A run of the study `study`, grouped under it, named readably and then by its id (after the prefix
-    `naming.name`), and tagged with its role and the values of its cell beyond task and variant:
-    addition-mixit-lr=0.01-seed0-1a2b3c4d5e6f; a screening run addition-mixit-rung=0-lr=0.01-screen-1a2b3c4d5e6f."""
+    """A run of `study`, grouped under it, named (after the prefix `naming.name`) readably and then by its id, and
+    tagged with its role and its cell's values beyond task and variant: addition-mixit-lr=0.01-seed0-1a2b3c4d5e6f,
+    a screening run addition-mixit-rung=0-lr=0.01-screen-1a2b3c4d5e6f."""
     tags = _tags(cfg)
     shown = {k: v if isinstance(v, str) else json.dumps(v) for k, v in (cell or {}).items() if k not in tags}
     marked = "screen" if role == "screen" else f"seed{cfg.model.seed}"
@@ -211,23 +203,17 @@ def summary_points(summary: Mapping[str, Any]) -> dict[str, float]:
 # -- the sinks, on accelerate's trackers ------------------------------------------------------------
 
 
-Held = Mapping[str, Any] | None
-"""tracking.json's record of a run in a sink; None where the run is new to the sink."""
-
-
 class SinkKind(abc.ABC):
-    """One sink in one session: the accelerate tracker that writes it, and what mixit adds: its checks, what
-    identifies the run there, and what it holds already. One subclass per sink, in `KINDS`."""
+    """One sink in one session: the accelerate tracker that writes it, and what mixit adds: its check, what
+    identifies the run there, and the points (name, step) it holds, read back as the session starts."""
 
-    name: str
     held: Collection[tuple[str, int]] = ()
-    """The points (name, step) the sink holds, read back from it as the session starts."""
 
     @staticmethod
     @abc.abstractmethod
-    def check(run: Run | None, held: Held) -> None:
+    def check(run: Run | None, held: Mapping[str, Any] | None) -> None:
         """Refuse, in one line naming what to set, settings the sink cannot work with. `run`: the run it will write,
-        if it exists already."""
+        if it exists already; `held`: tracking.json's record of the run in the sink (None: the run is new to it)."""
 
     def new_ids(self, grouping: Grouping) -> dict[str, Any]:
         """What identifies a run new to the sink, recorded before it starts (a session killed at once goes on
@@ -236,15 +222,13 @@ class SinkKind(abc.ABC):
 
     @abc.abstractmethod
     def start(self, run: Run, ids: dict[str, Any], grouping: Grouping, resumed: bool) -> None:
-        """Start (`resumed`: continue) the run `ids` names in the sink, with its config, and read back what it holds.
-        MLflow adds its run id to `ids`, known once the run exists."""
+        """Start (`resumed`: continue) the run `ids` names in the sink, with its config, and read back what it holds
+        (MLflow adds its run id to `ids`)."""
 
     def holds(self, name: str, step: int) -> bool:
-        """Whether the sink holds the point already."""
         return (name, step) in self.held
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
-        """Points at `step`."""
         self.tracker.log(dict(values), step=step)
 
     def summary(self, step: int, values: Mapping[str, float]) -> None:
@@ -262,14 +246,11 @@ class SinkKind(abc.ABC):
 
 
 class TensorBoard(SinkKind):
-    """Event files in RUN/tensorboard/, rewritten whole at each session's start, so they hold what metrics.jsonl
-    holds (and nothing is read back). TensorBoard names a run by its directory and has no projects: the name,
-    project, group and tags are a text at step 0, beside the config."""
-
-    name = "tensorboard"
+    """Event files in RUN/tensorboard/, written whole again by each session (nothing is read back). TensorBoard
+    names a run by its directory and has no projects: name, project, group and tags are a text at step 0."""
 
     @staticmethod
-    def check(run: Run | None, held: Held) -> None:
+    def check(run: Run | None, held: Mapping[str, Any] | None) -> None:
         if run is not None:  # a new run's directory is checked by the run itself
             check_writable(run.path / "tensorboard", "TensorBoard writes its event files there")
 
@@ -290,10 +271,9 @@ class TensorBoard(SinkKind):
         self.hparams = {k: v if isinstance(v, (str, int, float)) else json.dumps(v) for k, v in values if v is not None}
 
     def summary(self, step: int, values: Mapping[str, float]) -> None:
-        """The summary as scalars, then the run's hparams as a session of TensorBoard's hparams plugin in the run's
-        own event file, so the HParams tab shows each run's config beside its last scalars. Not accelerate's
-        store_init_configuration (torch's add_hparams): it writes a second event file, shown as a run of its own,
-        and an experiment summary that makes TensorBoard take one run's config keys for every run."""
+        """The summary as scalars, then the hparams as a session of TensorBoard's hparams plugin in the run's own
+        event file. Not accelerate's store_init_configuration (torch's add_hparams): it writes a second event file,
+        shown as a run of its own, and an experiment summary that gives every run one run's config keys."""
         from torch.utils.tensorboard.summary import hparams
 
         self.log(step, values)
@@ -308,16 +288,13 @@ class Wandb(SinkKind):
     environment variables. W&B takes a run's history in order of step, so it holds every point before a step:
     online, the step the server resumes the run at; offline, the step after the last row of its files."""
 
-    name = "wandb"
-
     @staticmethod
-    def check(run: Run | None, held: Held) -> None:
-        """WANDB_MODE, if set, one of the installed W&B's modes; RUN/wandb/ writable (WANDB_DIR is not used)."""
+    def check(run: Run | None, held: Mapping[str, Any] | None) -> None:
         mode = os.environ.get("WANDB_MODE")
         modes = get_args(importlib.import_module("wandb").Settings.model_fields["mode"].annotation)
         if mode is not None and mode not in modes:
             raise UsageError(f"WANDB_MODE {mode!r} is not a W&B mode; set it to one of {', '.join(modes)}")
-        if run is not None:
+        if run is not None:  # WANDB_DIR is not used
             check_writable(run.path / "wandb", "W&B keeps its local files there")
 
     def new_ids(self, grouping: Grouping) -> dict[str, Any]:
@@ -352,10 +329,10 @@ class Wandb(SinkKind):
 
 
 def wandb_rows(path: Path) -> list[int]:
-    """The step of every history row of a W&B .wandb file, in order, up to a record torn by a kill. wandb (0.31)
-    ships no Python reader of these files (wandb-core reads them, in Go). The format is LevelDB's log: after a
-    7-byte file header, 32 KiB blocks of chunks, each with a 7-byte header (crc32c, length, type: 1 a whole record,
-    2 its first chunk, 3 a middle one, 4 its last); a block's tail too short for a header is padding."""
+    """The step of every history row of a W&B .wandb file, up to a record torn by a kill (wandb 0.31 ships no Python
+    reader of them). LevelDB's log format: a 7-byte file header, then 32 KiB blocks of chunks, each with a 7-byte
+    header (crc32c, length, type: 1 a whole record, 2 its first chunk, 3 a middle one, 4 its last); a block's tail
+    too short for a header is padding."""
     block, records = 32768, importlib.import_module("wandb.proto.wandb_internal_pb2")
     data, pos, chunk, steps = path.read_bytes(), 7, b"", []
     while pos + 7 <= len(data):
@@ -376,40 +353,31 @@ def wandb_rows(path: Path) -> list[int]:
 
 class Mlflow(SinkKind):
     """An MLflow run, MLflow's active run for the session, in the store of MLFLOW_TRACKING_URI or MLflow's default
-    (recorded, so a resumed run goes on there); the experiment MLFLOW_EXPERIMENT_NAME (accelerate gives it the last
-    word), else --tracking-project, else the study's name, else "mixit"; the config as params (dotted paths). What
-    it holds: its metrics' histories."""
-
-    name = "mlflow"
+    (recorded, so that a resumed run goes on there); the config as params (dotted paths)."""
 
     @staticmethod
-    def check(run: Run | None, held: Held) -> None:
-        """The tracking URI (tracking.json's for a run MLflow holds already) of a scheme MLflow knows; an http(s)
-        server answering; a local store's directory writable."""
-        uri, recorded = importlib.import_module("mlflow").get_tracking_uri(), None
-        if held and "tracking_uri" in held and run is not None:
-            uri = held["tracking_uri"]
-            recorded = f"{run.path / 'tracking.json'} records it for the MLflow run this run continues"
+    def check(run: Run | None, held: Mapping[str, Any] | None) -> None:
+        """A tracking URI of a scheme MLflow knows; an http(s) server answering; a local store writable."""
+        uri, setting = importlib.import_module("mlflow").get_tracking_uri(), "MLFLOW_TRACKING_URI"
+        if held and "tracking_uri" in held and run is not None:  # a run MLflow holds goes on in its store
+            uri, setting = held["tracking_uri"], f"tracking_uri in {run.path / 'tracking.json'} (this run's MLflow run)"
         engines = importlib.import_module("mlflow.store.db.db_types").DATABASE_ENGINES
         plugins = [e.name for e in importlib.metadata.entry_points(group="mlflow.tracking_store")]
-        known = ["", "file", *engines, "http", "https", "databricks", *plugins]
-        try:  # "" for a path; a database's dialect without its driver
-            scheme = importlib.import_module("mlflow.utils.uri").get_uri_scheme(uri)
-        except Exception:  # a database dialect MLflow does not know
-            scheme = urllib.parse.urlsplit(uri).scheme
-        if scheme not in known:
-            allowed = "a path or a URI of " + ", ".join(f"{s}:" for s in known if s)
-            fix = f"{recorded}; allowed: {allowed}" if recorded else f"set MLFLOW_TRACKING_URI to {allowed}"
-            raise UsageError(f"tracking URI {uri!r} has a scheme MLflow does not know; {fix}")
+        known = ["file", *engines, "http", "https", "databricks", *plugins]
+        scheme = urllib.parse.urlsplit(uri).scheme.partition("+")[0]  # a database's dialect, without its driver
+        if scheme and scheme not in known:
+            allowed = ", ".join(f"{s}:" for s in known)
+            raise UsageError(
+                f"tracking URI {uri!r} has a scheme MLflow does not know; set {setting} to a path or a URI of {allowed}"
+            )
         if scheme in ("http", "https"):
-            check_reachable(uri, recorded or "start the MLflow server, or set MLFLOW_TRACKING_URI to one that answers")
+            check_reachable(uri, f"start the MLflow server, or set {setting} to one that answers")
         elif scheme in ("", "file", "sqlite") and uri not in ("databricks", "databricks-uc", "uc"):  # on this machine
             if scheme == "sqlite":  # sqlite:///relative.db, sqlite:////absolute.db: the database's directory
                 store = Path(uri.partition(":///")[2].partition("?")[0] or "mlflow.db").parent
             else:  # a path, or a file: URI
                 store = Path(importlib.import_module("mlflow.utils.file_utils").local_file_uri_to_path(uri))
-            fix = recorded or "set MLFLOW_TRACKING_URI to a writable place"
-            check_writable(store, f"MLflow keeps its store there: {fix}")
+            check_writable(store, f"MLflow keeps its store there: set {setting} to a writable place")
 
     def new_ids(self, grouping: Grouping) -> dict[str, Any]:
         return {"tracking_uri": importlib.import_module("mlflow").get_tracking_uri()}
@@ -429,11 +397,10 @@ class Mlflow(SinkKind):
         if "run_id" not in ids:  # a string as it is, any other value as JSON
             flat = flatten(run.config.to_dict(), keep_empty=True).items()
             self.tracker.store_init_configuration({k: v if isinstance(v, str) else json.dumps(v) for k, v in flat})
-        run_id = self.tracker.active_run.info.run_id
+        ids["run_id"] = run_id = self.tracker.active_run.info.run_id
         client = mlflow.tracking.MlflowClient(ids["tracking_uri"])
         names = client.get_run(run_id).data.metrics
         self.held = {(k, m.step) for k in names for m in client.get_metric_history(run_id, k)}
-        ids["run_id"] = run_id
 
     def finish(self, completed: bool) -> None:
         importlib.import_module("mlflow").end_run("FINISHED" if completed else "KILLED")  # accelerate's: FINISHED
@@ -441,15 +408,11 @@ class Mlflow(SinkKind):
 
 class Trackio(SinkKind):
     """A trackio run in trackio's local store (TRACKIO_DIR), grouped by study, continued by its name; trackio has
-    no tags (its config holds the task, variant and seed). What trackio prints goes to stderr. What it holds: its
-    rows in the store (SQLiteStorage.get_logs, which its dashboard reads)."""
-
-    name = "trackio"
+    no tags (its config holds the task, variant and seed). What trackio prints goes to stderr."""
 
     @staticmethod
-    def check(run: Run | None, held: Held) -> None:
-        """trackio's store writable, where the imported trackio keeps it (it reads TRACKIO_DIR when imported)."""
-        store = Path(importlib.import_module("trackio.utils").TRACKIO_DIR)
+    def check(run: Run | None, held: Mapping[str, Any] | None) -> None:
+        store = Path(importlib.import_module("trackio.utils").TRACKIO_DIR)  # trackio read TRACKIO_DIR when imported
         check_writable(store, "trackio keeps its store there; set TRACKIO_DIR to a writable directory")
 
     def new_ids(self, grouping: Grouping) -> dict[str, Any]:
@@ -464,18 +427,17 @@ class Trackio(SinkKind):
         )  # fmt: skip
         with contextlib.redirect_stdout(sys.stderr):
             self._start(tracker)
-        storage = importlib.import_module("trackio.sqlite_storage").SQLiteStorage
-        rows = storage.get_logs(ids["project"], ids["name"])
+        rows = importlib.import_module("trackio.sqlite_storage").SQLiteStorage.get_logs(ids["project"], ids["name"])
         self.held = {(k, row["step"]) for row in rows for k in row if k not in ("step", "timestamp")}
 
     def finish(self, completed: bool) -> None:
-        """trackio's own finish, not accelerate's (the run's): that one leaves the run trackio's current run, which
-        trackio finishes again as the process exits, printing on stdout."""
+        """trackio's own finish, not accelerate's: that one leaves the run trackio's current run, which trackio
+        finishes again as the process exits, printing on stdout."""
         with contextlib.redirect_stdout(sys.stderr):
             importlib.import_module("trackio").finish()
 
 
-KINDS: dict[str, type[SinkKind]] = {kind.name: kind for kind in (TensorBoard, Wandb, Mlflow, Trackio)}
+KINDS: dict[str, type[SinkKind]] = {"tensorboard": TensorBoard, "wandb": Wandb, "mlflow": Mlflow, "trackio": Trackio}
 
 
 # -- the feed: metrics.jsonl's records, projected onto the sinks --------------------------------------
@@ -483,8 +445,8 @@ KINDS: dict[str, type[SinkKind]] = {kind.name: kind for kind in (TensorBoard, Wa
 
 class Feed:
     """A run's sinks in one session, opened once the caller holds the run's lock and metrics.jsonl holds the events
-    `kept`: each sink is sent the points it does not hold, of `kept` and then of each event `write` is given, and
-    at `close` the summary. A failing sink is warned about once and dropped (`_guard`)."""
+    `kept`: each sink is sent the points it lacks, of `kept` and then of each event `write` is given, and at
+    `close` the summary. A failing sink is warned about once and dropped (`_guard`)."""
 
     def __init__(self, run: Run, sinks: Sequence[Sink], grouping: Grouping, kept: Sequence[Mapping[str, Any]]) -> None:
         importlib.import_module("accelerate").PartialState()  # accelerate's trackers log through its process state
@@ -503,7 +465,7 @@ class Feed:
             self.write(event)
 
     def write(self, event: Mapping[str, Any]) -> None:
-        """Send the points of `event` (metrics.jsonl has it) that each sink does not hold."""
+        """Send the points of `event` (metrics.jsonl has it) that each sink lacks."""
         step, values = int(event["step"]), points(event)
         for name, kind in list(self.sinks.items()):
             lacking = {k: v for k, v in values.items() if not kind.holds(k, step)}
@@ -526,10 +488,10 @@ class Feed:
         try:
             yield
         except Exception as e:  # any failure of a sink's library (network, disk, its own bugs) is the sink's
-            message = one_line(e) or type(e).__name__
+            message = (one_line(e) or type(e).__name__)[:300]
             print(
-                f"mixit: warning: the {name} logger failed ({type(e).__name__}: {message[:300]}); nothing more goes "
-                f"to it in this session (metrics.jsonl holds every event; the next session sends it what it lacks)",
+                f"mixit: warning: the {name} logger failed ({type(e).__name__}: {message}); nothing more goes to it in "
+                "this session (metrics.jsonl holds every event; the next session sends it what it lacks)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -544,22 +506,18 @@ class Tracking:
     Plain data, so that it travels to a study's workers."""
 
     logger: Sequence[Sink] = ()
-    """Tracking sinks that receive every event of metrics.jsonl and the summary as well, any of tensorboard, wandb,
-    mlflow and trackio (docs/tracking.md); a resumed run goes on in those it has been sent to before as well (its
-    tracking.json remembers them), each sent what it lacks."""
+    """Tracking sinks sent every event of metrics.jsonl and the summary: any of tensorboard, wandb, mlflow and
+    trackio (docs/tracking.md); a resumed run goes on in those its tracking.json remembers as well."""
     tracking_project: str | None = None
     """The W&B project, MLflow experiment and trackio project of the run (TensorBoard has none); null means
     WANDB_PROJECT for W&B and MLFLOW_EXPERIMENT_NAME for MLflow if set, else mixit."""
     tracking_name: str | None = None
-    """The run's name in the tracking sinks (TensorBoard names a run by its directory); null means its directory's
-    name."""
+    """The run's name in the tracking sinks; null means its directory's name."""
     grouping: Grouping | None = None
-    """How the sinks name, group and tag the run; by default as the two fields above say, tagged with its task,
-    variant and seed (`run_grouping`). A study sets it (and not those) for its runs."""
+    """How the sinks name, group and tag the run; a study sets it for its runs. Default: as the fields above say,
+    tagged with its task, variant and seed (`run_grouping`)."""
 
-    def feeder(
-        self, run_dir: Path, cfg: RunConfig, resume: bool
-    ) -> Callable[[Run, Sequence[Mapping[str, Any]]], Feed] | None:
+    def feeder(self, run_dir: Path, cfg: RunConfig, resume: bool) -> OpenFeed | None:
         """Checked before any work: the session's sinks (`logger`, and on resume those the run remembers), refused
         in one line if one cannot work, or if a project or name is given and no sink receives the run. None if
         there are none, else how to open the feed of the locked run given the events metrics.jsonl keeps."""
@@ -578,9 +536,9 @@ class Tracking:
 
 
 def check_export(run: Run, sinks: Sequence[Sink]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """Refuse to export `run` to `sinks` before anything is written: if a sink cannot write the run, if its
-    metrics.jsonl, summary.json or tracking.json is damaged, or if another process holds the run. Returns its
-    events and summary, as read here."""
+    """Refuse to export `run` to `sinks`, before anything is written, if a sink cannot write it, if its
+    metrics.jsonl, summary.json or tracking.json is damaged, or if another process holds it. Returns its events
+    and summary, as read here."""
     check_sinks(sinks, "--to", run.path)
     logs = run.metrics(), run.summary()
     if (run.path / LOCK).exists():  # no lock file: no process holds the run (and none is made here)
