@@ -148,8 +148,7 @@ class StudyOptions:
 
     seeds: int | None = None
     """Seeds per cell (seed s sets the model's seed and the data seed); null means the study's own: a preset's first
-    look (quick: 3, with seeds added to undecided findings up to 7: docs/protocol.md) or a study file's (beside a
-    file that sets seeds, other seeds are refused)."""
+    look (quick: 3, with seeds added to undecided findings up to 7: docs/protocol.md), or a study file's."""
     first_seed: int = 0
     """The first seed: the cells' seeds are first_seed..first_seed+seeds-1 (a second study, to see whether the
     verdicts hold on seeds the first never used)."""
