@@ -79,10 +79,9 @@ def estimate_seconds(cfg: RunConfig, flops_per_second: float) -> float:
 
 
 def planned_runs(study: Study, search: bool = True) -> list[PlannedRun]:
-    """Every run `study` may train, resolved: its cells (a searched cell with its first candidates, which
-    the search may change for others) and the most screening runs its searches can ask for (`upper_bound`).
-    A run that waits for its donor (`RunSpec.donor`) is resolved without it, as a model of its donor's shape
-    and cost, and counted apart from the runs it would resolve alike with."""
+    """Every run `study` may train, resolved: its cells (a searched cell with its first candidates) and the most
+    screening runs its searches can ask for (`upper_bound`). A run that waits for its donor (`RunSpec.donor`) is
+    resolved without it, as a model of its donor's shape and cost, and counted apart."""
 
     def resolved(specs: list[RunSpec]) -> list[PlannedRun]:
         planned = plan_study(replace(study, specs=specs), search)
@@ -94,35 +93,35 @@ def planned_runs(study: Study, search: bool = True) -> list[PlannedRun]:
     return [*resolved([s for s in study.specs if not s.donor]), *(resolved(waiting) if waiting else [])]
 
 
-def _size(study: Study, speed: float, search: bool = True) -> tuple[int, int, str]:
-    """`study`'s final runs, the most screening runs its searches may ask for, and the most time they take here."""
+def _size(study: Study, speed: float, search: bool = True) -> tuple[int, int, float]:
+    """`study`'s final runs, the most screening runs its searches may ask for, and the most seconds they take here."""
     planned = planned_runs(study, search)
     screens = sum(p.role == "screen" for p in planned)
-    seconds = sum(estimate_seconds(p.cfg, speed) for p in planned)
+    return len(planned) - screens, screens, sum(estimate_seconds(p.cfg, speed) for p in planned)
+
+
+def _time_here(seconds: float) -> str:
     if seconds < 60:
-        return len(planned) - screens, screens, "under a minute"
-    at_most = f"{seconds / 3600:.1f} h" if seconds > 5400 else f"{seconds / 60:.0f} min"
-    return len(planned) - screens, screens, f"at most about {at_most}"
+        return "under a minute"
+    return "at most about " + (f"{seconds / 3600:.1f} h" if seconds > 5400 else f"{seconds / 60:.0f} min")
 
 
 def size_line(study: Study, search: bool = True) -> str:
-    """`study`'s size, said before its work (`reproduce`): its runs and their most time here (`_size`), with what
-    may come on top."""
-    finals, screens, time_here = _size(study, matmul_flops_per_second(), search)
+    """`study`'s size, said before its work: its runs and their most time here, with what may come on top."""
+    finals, screens, seconds = _size(study, matmul_flops_per_second(), search)
     later = [
         *(["seeds added where a finding is undecided"] if study.more_seeds else []),
         *([f"runs still moving trained again at up to {study.extend[-1]}x their steps"] if study.extend else []),
     ]
     searched = f" and at most {screens} screening runs" if screens else ""
-    return f"{study.name}: {finals} final runs{searched}, {time_here} on this machine" + (
+    return f"{study.name}: {finals} final runs{searched}, {_time_here(seconds)} on this machine" + (
         f"; then {' and '.join(later)}" if later else ""
     )
 
 
 def list_studies(seeds: int | None = None) -> str:
     """The presets of the paper study, with their run counts and estimated time here (`seeds` per cell, or each
-    preset's first look): an upper bound of the runs planned, every run and every tie of a search to its step cap;
-    the seeds the sequential design may add and the budget extensions come on top, as the listing says."""
+    preset's first look): an upper bound, every run and every tie of a search to its step cap."""
     speed = matmul_flops_per_second()
     per_cell = f"{seeds} seed(s)" if seeds else "each preset's own seeds"
     lines = [
@@ -137,16 +136,59 @@ def list_studies(seeds: int | None = None) -> str:
             cells = len({json.dumps(s.request, sort_keys=True, default=str) for s in study.specs})
             lines.append(f"  {name:<7} about {cells} cells, plus their searches: {scale.description}")
             continue
-        finals, screens, time_here = _size(study, speed)
+        finals, screens, seconds = _size(study, speed)
         runs = finals + screens
-        lines.append(f"  {name:<7} {runs:>3} runs ({screens} screening), {time_here}: {scale.description}")
+        lines.append(f"  {name:<7} {runs:>3} runs ({screens} screening), {_time_here(seconds)}: {scale.description}")
     return "\n".join(lines)
 
 
 @dataclass
-class ReproduceOptions:
-    """The options of `reproduce` and of ``mixit reproduce``: which study to run, where to write it, and
-    how its runs execute."""
+class StudyOptions:
+    """The options `reproduce` and `atlas` share: the seeds, where the study is written, and how its runs execute."""
+
+    seeds: int | None = None
+    """Seeds per cell (seed s sets the model's seed and the data seed); null means the study's own: a preset's first
+    look (quick: 3, with seeds added to undecided findings up to 7: docs/protocol.md), or a study file's."""
+    first_seed: int = 0
+    """The first seed: the cells' seeds are first_seed..first_seed+seeds-1 (a second study, to see whether the
+    verdicts hold on seeds the first never used)."""
+    out: Path | None = None
+    """The study directory; null means runs/study-<preset or study file's name> (mixit atlas: runs/atlas-<preset>),
+    ending in -nosearch without search."""
+    executor: Executor = "local"
+    """Where the runs execute: local (a process pool), sequential (one after another in this process), slurm (an
+    array job through submitit) or submitit-local (submitit's local executor)."""
+    workers: int = 0
+    """Processes of the local pool (0: one per core)."""
+    threads: int = 0
+    """Torch threads per worker (0: one)."""
+    slurm: dict[str, Any] = field(default_factory=dict)
+    """A parameter of the Slurm jobs as KEY=VALUE (repeatable): any that submitit's Slurm executor accepts, such as
+    partition, account, mem, gpus_per_node, timeout_min or array_parallelism (runs at once); a list such as setup
+    takes one --slurm per item, additional_parameters.NAME=VALUE sets any other sbatch option. submitit-local
+    applies what its executor knows and ignores the rest. Details and defaults: docs/scaling.md, "Slurm"."""
+    retry_failed: bool = False
+    """Run again the runs that failed before (otherwise they are skipped)."""
+    list: bool = False
+    """Print what the study would run, with an estimate of its time here, and run nothing."""
+    max_runs: int = MAX_RUNS
+    """The most final runs (cells x seeds) the study may ask for: one that asks for more is refused before any
+    work, naming how many; give a larger cap to run it."""
+    progress: bool = True
+    """Show a progress bar."""
+    search: bool = True
+    """Choose each cell's settings on validation among the candidates the study declares (screening runs, then the
+    winner in full); false (--no-search) trains every cell with its fixed settings."""
+
+    def pool(self) -> Pool:
+        """Where the runs execute: the executor, the local pool, and the Slurm jobs' parameters."""
+        return Pool(self.executor, self.workers, self.threads, dict(self.slurm))
+
+
+@dataclass
+class ReproduceOptions(StudyOptions):
+    """The options of `reproduce` and of ``mixit reproduce``: which study to run, where to write it, and how its
+    runs execute."""
 
     preset: Literal["smoke", "quick", "gpu", "paper"] | None = None
     """The study to run: smoke (every code path in minutes), quick (the comparison under docs/protocol.md, hours
@@ -155,44 +197,9 @@ class ReproduceOptions:
     study: Path | None = None
     """A study file of your own (TOML, or YAML if it ends in .yaml or .yml: docs/studies.md) instead of the
     paper's comparison."""
-    seeds: int | None = None
-    """Seeds per cell (seed s sets the model's seed and the data seed); null means the protocol's: a preset's first
-    look (quick: 3, with seeds added to undecided findings up to 7: docs/protocol.md), a study file's own (beside a
-    file that sets seeds, other seeds are refused: the study is its file)."""
-    first_seed: int = 0
-    """The first seed: the cells' seeds are first_seed..first_seed+seeds-1 (a second study, to see whether the
-    verdicts hold on seeds the first never used)."""
     test_seed: int | None = None
-    """The seed every task's test set is drawn with (the synthetic tasks'), instead of the preset's: a replication
-    on test sets no other study read. Null: the preset's (quick: its confirmatory test seed)."""
-    out: Path | None = None
-    """The study directory; null means runs/study-<preset or study name>, ending in -nosearch without
-    search."""
-    executor: Executor = "local"
-    """Where the runs execute: local (a process pool), sequential (one after another in this process), slurm
-    (an array job through submitit) or submitit-local (submitit's local executor)."""
-    workers: int = 0
-    """Processes of the local pool (0: one per core)."""
-    threads: int = 0
-    """Torch threads per worker (0: one)."""
-    retry_failed: bool = False
-    """Run again the runs that failed before (otherwise they are skipped)."""
-    list: bool = False
-    """List the presets with their run counts and estimated time here, and run nothing."""
-    max_runs: int = MAX_RUNS
-    """The most final runs (cells x seeds) the study may ask for: one that asks for more is refused before any
-    work, naming how many; give a larger cap to run it."""
-    slurm: dict[str, Any] = field(default_factory=dict)
-    """A parameter of the Slurm jobs as KEY=VALUE (repeatable): any that submitit's Slurm executor accepts, such as
-    partition, account, qos, mem, gpus_per_node, timeout_min or array_parallelism (runs at once). A list such as
-    setup takes one --slurm per item; additional_parameters.NAME=VALUE sets any other sbatch option. Defaults:
-    timeout_min 240, cpus_per_task 2, one Slurm task per GPU. submitit-local applies what its executor knows
-    (timeout_min, gpus_per_node) and ignores the rest. Details: docs/scaling.md, "Slurm"."""
-    progress: bool = True
-    """Show a progress bar."""
-    search: bool = True
-    """Choose each cell's settings on validation among the candidates the preset declares (screening runs, then
-    the winner in full); false (--no-search) trains every cell with the preset's fixed settings."""
+    """The seed every synthetic task's test set is drawn with, instead of the preset's: a replication on test sets
+    no other study read. Null: the preset's (quick: its confirmatory test seed)."""
     logger: tuple[Sink, ...] = ()
     """Tracking sinks that every run's metrics and summary go to as well, any of tensorboard, wandb, mlflow and
     trackio, grouped under the study's name and tagged with task, variant, seed, role and their cell's grid values
@@ -204,10 +211,6 @@ class ReproduceOptions:
     """A prefix of every run's name in the tracking sinks, which is task-variant-[cell-]seedN-ID after it (cell: the
     grid's values that make the run's cell, such as lr=0.01; ID the run's id; a screening run's is
     task-variant-rung=R-[candidate-]screen-ID); null means no prefix."""
-
-    def pool(self) -> Pool:
-        """Where the runs execute: the executor, the local pool, and the Slurm jobs' parameters."""
-        return Pool(self.executor, self.workers, self.threads, dict(self.slurm))
 
 
 def reproduce(options: ReproduceOptions) -> dict[str, Any]:
@@ -223,7 +226,7 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
             check(not given, f"{flag} {what}, and --study runs a study file instead; give one of them, not both")
     if options.list:
         return {"listing": list_studies(options.seeds)}
-    seeds, max_runs = _counts(options.seeds, options.max_runs)
+    seeds, max_runs = _counts(options)
     test_seed = typed("test_seed", int | None, options.test_seed)
     check(test_seed is None or test_seed >= 0, f"test_seed must be a non-negative integer or null, got {test_seed}")
     naming = Naming(options.tracking_project, options.tracking_name)
@@ -232,44 +235,44 @@ def reproduce(options: ReproduceOptions) -> dict[str, Any]:
     else:
         chosen = paper_study(options.preset or "quick", seeds, options.first_seed, test_seed, max_runs)
     out = options.out or Path("runs") / f"study-{chosen.name}{'' if options.search else '-nosearch'}"
-
-    done = _run(
-        chosen, out, options.pool(), options.retry_failed, options.progress, options.search, options.logger, naming
-    )
+    done = _run(chosen, out, options, options.logger, naming)
     return {**done, "text": format_checks(done["report"])}
 
 
-def _counts(seeds: Any, max_runs: Any) -> tuple[int | None, int]:
+def _counts(options: StudyOptions) -> tuple[int | None, int]:
     """--seeds and --max-runs, typed, each refused in one line unless positive (seeds may be null)."""
-    seeds, max_runs = typed("seeds", int | None, seeds), typed("max_runs", int, max_runs)
+    seeds, max_runs = typed("seeds", int | None, options.seeds), typed("max_runs", int, options.max_runs)
     check(seeds is None or seeds >= 1, f"seeds must be a positive integer or null, got {seeds}")
     check(max_runs >= 1, f"max_runs must be a positive integer, got {max_runs!r}")
     return seeds, max_runs
 
 
 def _run(
-    study: Study,
-    out: Path,
-    pool: Pool,
-    retry_failed: bool,
-    progress: bool,
-    search: bool,
-    logger: Sequence[Sink] = (),
-    naming: Naming | None = None,
+    study: Study, out: Path, options: StudyOptions, logger: Sequence[Sink] = (), naming: Naming | None = None
 ) -> dict[str, Any]:
     """Run what `study` has not finished into `out`, then write its report: the tally, the report and the seconds."""
 
     def announce() -> None:  # with the progress bar: the bar counts runs as they are planned, stage by stage
-        print(size_line(study, search), file=sys.stderr, flush=True)
+        print(size_line(study, options.search), file=sys.stderr, flush=True)
 
     start = time.perf_counter()
-    tally = execute(study, out, pool, retry_failed, progress, search, logger, naming, announce if progress else None)
+    tally = execute(
+        study,
+        out,
+        options.pool(),
+        options.retry_failed,
+        options.progress,
+        options.search,
+        logger,
+        naming,
+        announce if options.progress else None,
+    )
     report = write_report(out)
     return {"tally": tally, "report": report, "seconds": time.perf_counter() - start}
 
 
 @dataclass
-class AtlasOptions:
+class AtlasOptions(StudyOptions):
     """The options of `atlas` and of ``mixit atlas``: which tasks to map, at which preset's sizes, where to write the
     study, and how its runs execute."""
 
@@ -278,31 +281,6 @@ class AtlasOptions:
     induction and memorization."""
     preset: Literal["smoke", "quick"] = "quick"
     """Whose sizes every task takes: quick (the paper study's, under docs/protocol.md) or smoke (seconds a run)."""
-    seeds: int | None = None
-    """Seeds per cell; null means the preset's first look (quick: 3, with seeds added to undecided words up to 7)."""
-    first_seed: int = 0
-    """The first seed: the cells' seeds are first_seed..first_seed+seeds-1."""
-    out: Path | None = None
-    """The study directory; null means runs/atlas-<preset>."""
-    executor: Executor = "local"
-    """Where the runs execute: local (a process pool), sequential (one after another in this process), slurm or
-    submitit-local (docs/scaling.md)."""
-    workers: int = 0
-    """Processes of the local pool (0: one per core)."""
-    threads: int = 0
-    """Torch threads per worker (0: one)."""
-    slurm: dict[str, Any] = field(default_factory=dict)
-    """A parameter of the Slurm jobs as KEY=VALUE (repeatable), as for mixit reproduce."""
-    retry_failed: bool = False
-    """Run again the runs that failed before (otherwise they are skipped)."""
-    list: bool = False
-    """Print the plan (cells and runs per task) and an estimate of its time here, and run nothing."""
-    max_runs: int = MAX_RUNS
-    """The most final runs (cells x seeds) the atlas may ask for: one that asks for more is refused before any work."""
-    progress: bool = True
-    """Show a progress bar."""
-    search: bool = True
-    """Choose each cell's settings on validation as the paper study does; false trains each at the preset's own."""
 
 
 def atlas(options: AtlasOptions) -> dict[str, Any]:
@@ -311,14 +289,14 @@ def atlas(options: AtlasOptions) -> dict[str, Any]:
 
     Resumable: the same command again skips what has finished. From Python:
     ``atlas(AtlasOptions(task=["addition"], preset="smoke", seeds=3, out=Path("runs/atlas")))``."""
-    seeds, max_runs = _counts(options.seeds, options.max_runs)
+    seeds, max_runs = _counts(options)
     tasks = typed("task", tuple[str, ...], options.task)
     study = atlas_study(tasks, options.preset, seeds, options.first_seed, max_runs)
-    pool = Pool(options.executor, options.workers, options.threads, dict(options.slurm))
+    options.pool()  # its checks, before --list too
     if options.list:
         return {"listing": atlas_listing(study, options.search)}
     out = options.out or Path("runs") / f"{study.name}{'' if options.search else '-nosearch'}"
-    return {**_run(study, out, pool, options.retry_failed, options.progress, options.search), "text": atlas_text(out)}
+    return {**_run(study, out, options), "text": atlas_text(out)}
 
 
 def atlas_listing(study: Study, search: bool = True) -> str:
@@ -334,18 +312,14 @@ def atlas_listing(study: Study, search: bool = True) -> str:
     total = 0.0
     for task in dict.fromkeys(s.labels["task"] for s in study.specs):
         mine = replace(study, specs=[s for s in study.specs if s.labels["task"] == task])
-        planned = planned_runs(mine, search)
-        screens = sum(p.role == "screen" for p in planned)
-        seconds = sum(estimate_seconds(p.cfg, speed) for p in planned)
+        finals, screens, seconds = _size(mine, speed, search)
         total += seconds
         cells = len(
             {json.dumps({k: v for k, v in s.labels.items() if k != "seed"}, sort_keys=True) for s in mine.specs}
         )
-        lines.append(
-            f"  {task:<17} {cells} cells, {len(planned) - screens} final runs and at most {screens} screening runs, "
-            f"at most about {seconds / 60:.0f} min"
-        )
-    lines.append(f"  in all: at most about {total / 3600:.1f} h on this machine, before added seeds and extensions")
+        runs = f"{finals} final runs and at most {screens} screening runs"
+        lines.append(f"  {task:<17} {cells} cells, {runs}, {_time_here(seconds)}")
+    lines.append(f"  in all: {_time_here(total)} on this machine, before added seeds and extensions")
     return "\n".join(lines)
 
 

@@ -37,8 +37,8 @@ class Result:
     labels: list[dict[str, Any]]
     config: dict[str, Any]
     state: str
-    """done, failed, interrupted or new (`mixit.study.executors.state`), or damaged: finished, but a file
-    of it cannot be read (`error` says which and why)."""
+    """done, failed, interrupted or new (`mixit.study.executors.state`), or damaged: finished, but a file of it
+    cannot be read (`error` says which)."""
     test: dict[str, float]
     """summary.json's test metrics at the end of training; `val`, its validation metrics."""
     val: dict[str, float] = field(default_factory=dict)
@@ -83,8 +83,8 @@ class StudyResults:
 
     @property
     def final(self) -> list[Result]:
-        """The final runs, each cell's seed at the longest budget that finished (where none has, at the step cap,
-        in its state), so the tables find one run per seed; a run keeps only the labels it is read under."""
+        """The final runs, each cell's seed at the longest budget that finished (if none has, at the step cap),
+        so the tables find one run per seed; a run keeps only the labels it is read under."""
         return _at_budget(self.results, read=True)
 
     @property

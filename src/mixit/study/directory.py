@@ -25,10 +25,9 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def check_out(study_dir: Path, record: Mapping[str, Any], grows: Callable[[Any], bool] | None = None) -> None:
-    """Refuse `study_dir` for the study whose study.json begins as `record` (`mixit.study.executors.study_settings`)
-    unless it is absent, empty (but a lock: a study killed before it wrote study.json), or holds this study, which
-    resumes, or one that `grows` accepts (the same study with fewer seeds, `Study.grows`), which it continues. A
-    directory of a `mixit train` run, another study or a user's own files is refused: the study would write there."""
+    """Refuse `study_dir` for the study whose study.json begins as `record` unless it is absent, empty (but a lock:
+    a study killed before it wrote study.json), or holds this study (which resumes) or one that `grows` accepts (the
+    same study with fewer seeds, which it continues): the study would write there."""
     study_dir = Path(study_dir)
     check_names(study_dir)
     if study_dir.exists() and not study_dir.is_dir():
@@ -52,7 +51,7 @@ def check_same_study(
     study_dir: Path, old: Any, record: Mapping[str, Any], grows: Callable[[Any], bool] | None = None
 ) -> None:
     """Refuse `study_dir` unless its study.json (`old`) is the study `record` begins (its name and fingerprint) or
-    one `grows` accepts, naming what changed (`changes`)."""
+    one `grows` accepts, naming what changed."""
     if grows is not None and grows(old):
         return
     held = old.get("name") if isinstance(old, dict) else "?"

@@ -1,4 +1,4 @@
-"""Running a study: the study directory, the state of each run, the stages, and the executors.
+"""Running a study: its directory, the state of each run, the stages, and the executors.
 
     STUDY_DIR/
       .lock            held by the process running the study
@@ -9,15 +9,10 @@
       slurm/           submitit's logs, with the Slurm executor
       report.md, results.csv, figures/   written by `mixit report`
 
-A run is *done* once it has written its summary, *failed* when failed/<id>.json records an error,
-*interrupted* when it started but did not finish, and *new* otherwise. Running a study again skips what is done
-and what failed (``retry_failed`` reruns it), resumes what was interrupted from its last checkpoint and starts
-the rest; a failed run is recorded and does not stop the others.
-
-A study runs in stages (`_stages`), each planned only from the runs finished before it, so a resumed study asks
-for exactly the runs it asked for before. Executors (`Pool`): ``local`` (a process pool), ``sequential`` (here,
-one after another), ``slurm`` (an array job through submitit) and ``submitit-local`` (the same code path on this
-machine). What the study directory may hold before a study starts is `mixit.study.directory`'s.
+A run is *done* once it has written its summary, *failed* when failed/<id>.json records an error, *interrupted*
+when it started but did not finish, and *new* otherwise. Running a study again skips what is done and what failed
+(``retry_failed`` reruns it) and resumes the rest; a failed run does not stop the others. Each stage is planned only
+from the runs finished before it, so a resumed study asks for exactly the runs it asked for before.
 """
 
 from __future__ import annotations
@@ -54,7 +49,7 @@ from mixit.errors import UsageError, require, show_warning
 from mixit.files import DirectoryLock, check_output_dir, read_json, write_json
 from mixit.plugins import load_plugins
 from mixit.study.directory import check_out, check_same_study
-from mixit.study.search import Group, Outcome, Score, SearchPlan, apply, decide, plan_study
+from mixit.study.search import Group, Score, SearchPlan, apply, decide, plan_study
 from mixit.study.spec import BUDGET, PlannedRun, RunSpec, Study, merge_planned, plan
 from mixit.tracking import Grouping, Naming, Sink, Tracking, check_sinks, study_grouping
 from mixit.version import __version__, git_commit, install_hint
@@ -93,7 +88,7 @@ def write_study(
     added: Sequence[RunSpec] = (),
 ) -> None:
     """Write study.json, refusing a directory that holds another study. `added`: the final runs that
-    `Study.more_seeds` has added so far, by their labels."""
+    `Study.more_seeds` has added so far."""
     path = Path(study_dir) / "study.json"
     record = {
         **study_settings(study, search),
@@ -118,7 +113,7 @@ def write_study(
 
 
 def study_settings(study: Study, search: bool) -> dict[str, Any]:
-    """What study.json records of `study` before its runs (`search`: whether its searches run)."""
+    """What study.json records of `study` before its runs."""
     return {
         "name": study.name,
         "description": study.description,
@@ -137,11 +132,10 @@ def study_settings(study: Study, search: bool) -> dict[str, Any]:
 
 @dataclass
 class Pool:
-    """Where a study's runs execute (module docstring)."""
+    """Where a study's runs execute: ``local`` (a process pool), ``sequential`` (one after another, here),
+    ``slurm`` (an array job through submitit) or ``submitit-local`` (the same code path on this machine)."""
 
     executor: Executor = "local"
-    """local (a process pool), sequential (one after another, here), slurm (an array job through
-    submitit) or submitit-local (the same code path on this machine)."""
     workers: int = 0
     """Processes of the local pool (0: one per core)."""
     threads: int = 0
@@ -161,9 +155,8 @@ class Pool:
         )
 
     def check_available(self) -> None:
-        """Refuse, before the study writes anything, a submitit executor without submitit, a --slurm value mixit
-        reads wrongly, slurm without Slurm (no sbatch, or no srun, which submitit looks for: it would otherwise
-        run the study here, unasked), and what submitit itself refuses."""
+        """Refuse a submitit executor without submitit, slurm without Slurm (no sbatch, or no srun: submitit would
+        then run the study here, unasked), and any --slurm item that mixit or submitit refuses."""
         if self.executor not in ("slurm", "submitit-local"):
             return
         submitit = require("submitit", f"--executor {self.executor} needs submitit: {install_hint('slurm')}")
@@ -177,7 +170,7 @@ class Pool:
             _submitit_executor(self.executor, Path(scratch), self.slurm)
 
     def run(self, jobs: Sequence[Job], study_dir: Path, finished: Callable[[dict[str, Any]], None]) -> None:
-        """Run `jobs` (the arguments of `run_one`), handing each outcome to `finished` as it comes."""
+        """Run `jobs`, handing each outcome to `finished` as it comes."""
         if self.executor == "sequential" or (self.executor == "local" and (self.workers == 1 or len(jobs) <= 1)):
             for job in jobs:
                 finished(run_one(*job, threads=self.threads if self.executor == "local" else 0))
@@ -199,10 +192,9 @@ def execute(
     announce: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Run every run of `study` not yet done into `study_dir` on `pool` (default: a local pool), then its extras;
-    return a tally. `search`: whether the runs that declare candidates are searched (`mixit.study.search`), or
-    train their request as it is. `logger`: tracking sinks every run is sent to as well, named in `naming`'s
-    project (`mixit.tracking.study_grouping`). `announce` is called once every check has passed, before the first
-    write. Each parameter is a choice callers make apart."""
+    return a tally. `search`: whether the runs that declare candidates are searched (`mixit.study.search`) or train
+    their request as it is. `logger`: tracking sinks every run is sent to as well, named in `naming`'s project.
+    `announce` is called once every check has passed, before the first write."""
     load_plugins()  # those every worker and job imports: one that cannot be is refused before any work
     pool = pool or Pool()
     # Left at 0: one single-threaded worker per core, the quick preset's fastest on 2 cores (docs/reproduction.md).
@@ -234,14 +226,19 @@ def execute(
                 bar.set_postfix(done=tally["done"], failed=tally["failed"], left=bar.total - bar.n)
 
             def run(stage: Sequence[PlannedRun]) -> None:
-                """Run what of `stage` no round has sent yet and is not done (nor failed, but with `retry_failed`)."""
-                stage = [p for p in stage if p.id not in sent]
-                sent.update(p.id for p in stage)
-                states = {p.id: state(study_dir, p.id) for p in stage}
-                tally["done"] += sum(s == "done" for s in states.values())
-                tally["skipped_failed"] += 0 if retry_failed else sum(s == "failed" for s in states.values())
-                again = ("new", "interrupted", "failed") if retry_failed else ("new", "interrupted")
-                todo = [p for p in stage if states[p.id] in again]
+                """Run what of `stage` was not sent before and is not done (nor failed, but with `retry_failed`)."""
+                todo = []
+                for p in stage:
+                    if p.id in sent:
+                        continue
+                    sent.add(p.id)
+                    got = state(study_dir, p.id)
+                    if got == "done":
+                        tally["done"] += 1
+                    elif got == "failed" and not retry_failed:
+                        tally["skipped_failed"] += 1
+                    else:
+                        todo.append(p)
                 bar.total += len(todo)
                 bar.refresh()
                 jobs = [
@@ -267,10 +264,9 @@ def execute(
 
 
 def _rounds(study: Study, study_dir: Path, search: bool, run: Callable[[Sequence[PlannedRun]], None]) -> None:
-    """Run `study`'s stages, then, round after round, those of the study with the final runs that
-    `Study.more_seeds` adds, until it adds none the study has not. The hook reads only finished runs, so a resumed
-    study asks for the same runs round by round; the added specs are listed in study.json beside the study's own
-    ("added"), whose fingerprint stays the study's."""
+    """Run `study`'s stages, then again with the final runs `Study.more_seeds` adds, until it adds none new. The
+    hook reads only finished runs, so a resumed study asks for the same runs round by round; study.json lists the
+    added specs ("added") beside the study's own, whose fingerprint stays the study's."""
     added: list[RunSpec] = []  # grown in place: study.json lists what has been added when it is written
     record = functools.partial(write_study, study, study_dir, search=search, added=added)
     while True:
@@ -298,13 +294,12 @@ def _stages(
 ) -> None:
     """Run `study` stage by stage, each once study.json (`record`) lists it, until a stage asks for nothing new.
 
-    The first stage is the runs that need no search and every search's rung-0 screening runs. Each later one
-    holds what the runs finished so far ask for: a search's next screening runs, the searched cells whose search
-    has chosen, and the extensions of the final runs (`_extensions`). A search that cannot go on (a screening run
-    that neither finished nor failed: a Slurm job that died) leaves its cells for the next call.
-
-    A run with a donor (`RunSpec.donor`: a transplant, whose config reads its donor run) joins the study, with its
-    search, in the stage after its donor has finished at its longest budget (`donated`)."""
+    The first stage is the runs that need no search and every search's rung-0 screening runs; each later one, what
+    the runs finished so far ask for: a search's next screening runs, the searched cells whose search has chosen,
+    and the extensions of the final runs (`_extensions`). A search that cannot go on (a screening run neither
+    finished nor failed: a Slurm job that died) leaves its cells for the next call. A run with a donor
+    (`RunSpec.donor`: a transplant) joins, with its search, in the stage after its donor has finished at its
+    longest budget."""
     ready = [spec for spec in study.specs if not spec.donor]
     waiting = [spec for spec in study.specs if spec.donor]
     planned = plan_study(replace(study, specs=ready), search)
@@ -320,7 +315,7 @@ def _stages(
             return
         run(stage)
         screens, finals = _decided(planned, study_dir)
-        now = donated(waiting, finals, study.extend, study_dir)
+        now = _donated(waiting, finals, study.extend, study_dir)
         if len(now) > len(given):  # new transplants: the study planned again with them and their searches
             given = now
             planned = plan_study(replace(study, specs=[*ready, *given]), search)
@@ -329,48 +324,47 @@ def _stages(
 
 
 def _decided(planned: SearchPlan, study_dir: Path) -> tuple[list[PlannedRun], list[PlannedRun]]:
-    """What `planned`'s runs finished so far ask for: the screening runs of its searches, and its final runs (those
-    with no search, and the searched cells whose search has chosen, with the values chosen)."""
-    outcomes = _search_outcomes(planned, study_dir)
+    """What `planned`'s runs finished so far ask for: the screening runs of its searches (`decide`), and its final
+    runs (those with no search, and the searched cells whose search has chosen, with the values chosen)."""
+    ids: dict[str, str] = {}
+
+    def score(screen: RunSpec) -> Score | None:
+        key = json.dumps(screen.request, sort_keys=True, default=str)
+        if key not in ids:
+            ids[key] = plan([screen], role="screen")[0].id
+        return screen_score(ids[key], study_dir)
+
+    outcomes = [decide(g, score, planned.screen(g.screens[0]).cfg.train.min_delta) for g in planned.groups]
     screens = plan((s for o in outcomes for s in o.screens), role="screen")
     finals = list(planned.plain)
     for group, outcome in zip(planned.groups, outcomes):
-        if outcome.chosen is not None:  # the search has chosen: its cells with the values chosen
+        if outcome.chosen is not None:
             for final in plan(apply(spec, outcome.chosen) for spec in group.specs):
                 final.chosen = dict(outcome.chosen)
                 finals.append(final)
     return screens, merge_planned(finals)
 
 
-def donated(
+def _donated(
     waiting: Sequence[RunSpec], finals: Sequence[PlannedRun], multiples: Sequence[int], study_dir: Path
 ) -> list[RunSpec]:
-    """The runs of `waiting` whose donor (`RunSpec.donor`: the labels of a final run of `finals`) has finished at
-    the longest budget its cell is trained to (`longest`), each with that run's directory as its `transplant_from`
-    (an absolute path: a Slurm job may start elsewhere), in the order of `waiting`. A donor that failed gives none."""
+    """The runs of `waiting` whose donor (the labels of a run of `finals`) is done at the longest budget its cell
+    trains to (its own cap, or the extension after which it settled), each with that run's directory as its
+    `transplant_from` (absolute: a Slurm job may start elsewhere), in order. A donor that failed gives none."""
     found = []
     for spec in waiting:
-        donors = [f for f in finals if any(_has(labels, spec.donor) for labels in f.labels)]
-        donor = longest(donors[0], multiples, study_dir) if donors else None
-        if donor is not None:
+        donors = [f for f in finals if any(all(x.get(k) == v for k, v in spec.donor.items()) for x in f.labels)]
+        if not donors:
+            continue
+        donor = donors[0]
+        for multiple in multiples:
+            if not unconverged(study_dir, donor.id):
+                break
+            donor = extended(donors[0], multiple)
+        if state(study_dir, donor.id) == "done":
             path = str(run_dir(study_dir, donor.id).resolve())
             found.append(replace(spec, request=merge(spec.request, {"transplant_from": path}), donor={}))
     return found
-
-
-def _has(labels: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    return all(labels.get(k) == v for k, v in wanted.items())
-
-
-def longest(final: PlannedRun, multiples: Sequence[int], study_dir: Path) -> PlannedRun | None:
-    """`final` at the longest budget it is trained to (its own cap, or the extension after which it settled, or the
-    last of `multiples`), once that run is done; None while a run of its chain has not finished, or if one failed."""
-    last = final
-    for multiple in multiples:
-        if state(study_dir, last.id) != "done" or not unconverged(study_dir, last.id):
-            break
-        last = extended(final, multiple)
-    return last if state(study_dir, last.id) == "done" else None
 
 
 def _extensions(finals: Sequence[PlannedRun], multiples: Sequence[int], study_dir: Path) -> list[PlannedRun]:
@@ -386,8 +380,8 @@ def _extensions(finals: Sequence[PlannedRun], multiples: Sequence[int], study_di
 
 def extended(final: PlannedRun, multiple: int) -> PlannedRun:
     """`final` trained again from scratch at `multiple` times its step cap: `train.steps` and `train.eval_every`
-    multiplied, so its schedule stretches and it evaluates as often as before; its seed, chosen values and analysis
-    as they were. Each label gets the multiple as `BUDGET`, so the report knows the run for its cell's."""
+    multiplied, so its schedule stretches and it evaluates as often as before. Each label gets the multiple as
+    `BUDGET`, so the report knows the run for its cell's."""
     train = final.cfg.train
     longer = {"train": {"steps": multiple * train.steps, "eval_every": multiple * train.cadence[1]}}
     request = merge(final.cfg.request, longer)
@@ -401,8 +395,8 @@ SETTLED = ("solved", "plateau")
 
 
 def unconverged(study_dir: Path, run_id: str) -> bool:
-    """Whether a finished run ended with a convergence reason other than `SETTLED`: still improving at its cap, too
-    few evaluations to tell, or flat (a slow starter: MixiT on retrieval sits at chance for about 3,000 steps,
+    """Whether a done run ended with a convergence reason other than `SETTLED`: still improving at its cap, too few
+    evaluations to tell, or flat (a slow starter: MixiT on retrieval sits at chance for about 3,000 steps,
     docs/results/retrieval-mixit). A run not done, or whose summary records no reason or cannot be read, is not."""
     if state(study_dir, run_id) != "done":
         return False
@@ -412,19 +406,6 @@ def unconverged(study_dir: Path, run_id: str) -> bool:
         return False
     reason = convergence.get("reason") if isinstance(convergence, dict) else None
     return reason is not None and reason not in SETTLED
-
-
-def _search_outcomes(planned: SearchPlan, study_dir: Path) -> list[Outcome]:
-    """Where each search stands, from the screening runs finished in `study_dir` (`mixit.study.search.decide`)."""
-    ids: dict[str, str] = {}
-
-    def score(screen: RunSpec) -> Score | None:
-        key = json.dumps(screen.request, sort_keys=True, default=str)
-        if key not in ids:
-            ids[key] = plan([screen], role="screen")[0].id
-        return screen_score(ids[key], study_dir)
-
-    return [decide(g, score, planned.screen(g.screens[0]).cfg.train.min_delta) for g in planned.groups]
 
 
 def screen_score(run_id: str, study_dir: Path) -> Score | None:
@@ -455,8 +436,7 @@ NOT_CELL = ("table", "seed", "cell", "group", "cell_seed")
 
 def cell_values(labels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The values that make the cell of a run of these labels, as the tracking sinks show them (lr=0.01, a budget
-    multiple, a screening run's rung and candidate): those all its labels agree on (a run two tables ask for is in
-    both), but `NOT_CELL`."""
+    multiple, a screening run's rung and candidate): those all its labels agree on, but `NOT_CELL`."""
     first, *rest = labels or [{}]
     return {k: v for k, v in first.items() if k not in NOT_CELL and all(other.get(k) == v for other in rest)}
 
@@ -475,10 +455,9 @@ def run_one(
 ) -> dict[str, Any]:
     """Train (or resume) one run of a study, analyse it if asked, and record a failure instead of raising.
 
-    Runs in a worker process or a Slurm job, so it takes plain data: `config` is {"config": the resolved config,
-    "request": its request}; `logger` and `grouping` are its `Tracking`'s. A run to be analysed keeps log-spaced
-    checkpoints (which change neither its results nor its id) and is analysed over them, so the report can show
-    when its heads form."""
+    It takes plain data, being sent to a worker process or a Slurm job: `config` is {"config": the resolved config,
+    "request": its request}. A run to be analysed keeps log-spaced checkpoints (which change neither its results
+    nor its id) and is analysed over them, so the report can show when its heads form."""
     if threads:
         torch.set_num_threads(threads)
     try:
@@ -501,9 +480,8 @@ def run_one(
         got = run.state()
         if got != "done":
             keep: KeepCheckpoints = "log" if analyze else "latest"
-            resume = got == "started"
             tracking = Tracking(logger, grouping=grouping)
-            train(cfg, run.path, resume=resume, progress=False, keep_checkpoints=keep, tracking=tracking)
+            train(cfg, run.path, resume=got == "started", progress=False, keep_checkpoints=keep, tracking=tracking)
         if analyze and not run.analysed:
             analyze_run(run.path, batch=32, over_time=True)
         if main:
@@ -524,8 +502,8 @@ def run_one(
 
 
 def _local_pool(jobs: Sequence[Job], pool: Pool, finished: Callable[[dict[str, Any]], None]) -> None:
-    """Run `jobs` on `pool.workers` spawned processes (`_start_worker`). Interrupted (Ctrl-C, or a SIGINT to this
-    process alone), it stops them (`_stop_pool`) rather than wait: each run resumes from its checkpoint next time."""
+    """Run `jobs` on `pool.workers` spawned processes. Interrupted (Ctrl-C, or a SIGINT to this process alone), it
+    stops them (`_stop_pool`) rather than wait: each run resumes from its checkpoint next time."""
     executor = concurrent.futures.ProcessPoolExecutor(
         pool.workers,
         mp_context=multiprocessing.get_context("spawn"),
@@ -552,16 +530,15 @@ def _start_worker(threads: int) -> None:
 
 
 def _end_with(study: multiprocessing.process.BaseProcess) -> None:
-    """End this worker once the study's process has ended (the kernel closes the pipe its sentinel is): safe at any
-    moment, since its run resumes from its checkpoint."""
+    """End this worker once the study's process has ended: safe at any moment, its run resumes from its checkpoint."""
     study.join()
     os._exit(1)
 
 
 def _run_in_worker(*job: Any) -> dict[str, Any]:
-    """`run_one` in a pool worker. A SIGTERM from the study (`_stop_pool`) during the run interrupts it as a Ctrl-C
-    would, so it closes its files; outside a run, a SIGTERM ends the worker as by default (nothing to close, and an
-    interrupt there would print the pool's traceback)."""
+    """`run_one` in a pool worker, where a SIGTERM from the study (`_stop_pool`) interrupts the run as a Ctrl-C would,
+    so it closes its files; outside a run a SIGTERM ends the worker as by default (an interrupt there would print
+    the pool's traceback)."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return run_one(*job)
@@ -570,8 +547,7 @@ def _run_in_worker(*job: Any) -> dict[str, Any]:
 
 
 def _stop_pool(executor: concurrent.futures.ProcessPoolExecutor, grace: float = 30.0) -> None:
-    """Stop `executor`'s workers, this process's children: a SIGTERM, then a SIGKILL for one still there after
-    `grace` s."""
+    """Stop `executor`'s workers, this process's children: a SIGTERM, then a SIGKILL after `grace` s."""
     workers = multiprocessing.active_children()
     for worker in workers:
         worker.terminate()
@@ -584,6 +560,8 @@ def _stop_pool(executor: concurrent.futures.ProcessPoolExecutor, grace: float = 
 
 
 # -- the submitit jobs and their parameters (--slurm KEY=VALUE) ---------------------------------------------------
+# submitit judges the keys and the types of its shared parameters itself (`_submitit_executor`); these three small
+# tables hold what it does not check, each compared with the installed submitit by tests/test_slurm.py.
 
 SLURM_NUMBERS: dict[str, tuple[int | float, str]] = {
     "timeout_min": (1, "a time limit in minutes"),
@@ -599,26 +577,23 @@ SLURM_NUMBERS: dict[str, tuple[int | float, str]] = {
     "array_parallelism": (1, "a number of jobs at once"),
     "mem_gb": (0.001, "memory in GB"),
 }
-"""The numbers (integers, but mem_gb) with their least value. Kept by hand because submitit checks no range, and types
-only its shared parameters: a bad number would reach Slurm, which refuses it only once the study is written, or runs
-jobs that end at once (under 1 MB is written as ``--mem=0MB``, a whole node's memory)."""
+"""The numbers (integers, but mem_gb) with their least value. submitit checks no range: a bad number would reach
+Slurm, which refuses it only once the study is written, or runs jobs that end at once (under 1 MB is written as
+``--mem=0MB``, a whole node's memory)."""
 
 SLURM_SHAPES: dict[str, type] = {"setup": list, "teardown": list, "srun_args": list, "additional_parameters": dict}
-"""The parameters of several values: lists (one ``--slurm KEY=ITEM`` per item; submitit takes a list, even of one),
-and sbatch options (one ``--slurm KEY.NAME=VALUE`` each). A string given for a list would reach submitit as one."""
+"""The lists (one ``--slurm KEY=ITEM`` per item: a string would reach submitit as one) and the mapping of sbatch
+options (one ``--slurm KEY.NAME=VALUE`` each)."""
 
 SLURM_SHARED = "name timeout_min mem_gb nodes cpus_per_task gpus_per_node tasks_per_node stderr_to_stdout".split()
-"""The parameters AutoExecutor shares between its clusters (as its update_parameters documents; submitit publishes no
-list); it takes the Slurm executor's own with a ``slurm_`` prefix. tests/test_slurm.py checks these three tables
-against the installed submitit."""
+"""The parameters AutoExecutor shares between its clusters (submitit publishes no list); the others take the
+``slurm_`` prefix."""
 
 
 def slurm_parameters(given: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of submitit's AutoExecutor.update_parameters for a study's jobs, from `given` (``--slurm
-    KEY=VALUE`` items, or a dict from Python), dashes read as underscores. Each value is read as `_slurm_value` says;
-    whether a key exists, and the type of the rest, are submitit's to judge (`_submitit_executor`). Where `given` does
-    not say: a time limit of 240 minutes (submitit's is 5), 2 CPUs per task, and one task per GPU, so that each GPU
-    trains one rank of the run (docs/scaling.md, "Slurm")."""
+    """The keyword arguments of submitit's AutoExecutor.update_parameters from `given` (``--slurm KEY=VALUE`` items,
+    or a dict from Python), dashes read as underscores. Defaults (docs/scaling.md, "Slurm"): a time limit of 240
+    minutes (submitit's is 5), 2 CPUs per task, and one task per GPU, so that each GPU trains one rank of the run."""
     params: dict[str, Any] = {}
     for raw, value in given.items():
         key = str(raw).replace("-", "_")
@@ -634,8 +609,8 @@ def slurm_parameters(given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _slurm_value(key: str, value: Any) -> Any:
-    """The value of --slurm `key`: a list of strings or a mapping where `SLURM_SHAPES` says so; a number of
-    `SLURM_NUMBERS`, typed and at least its least; else one value, true or false (any case) read as a bool."""
+    """The value of --slurm `key` as `SLURM_SHAPES` and `SLURM_NUMBERS` say; else one value, true or false (any
+    case) read as a bool."""
     shape = SLURM_SHAPES.get(key)
     if shape is list:
         items = value if isinstance(value, list) else [value]
@@ -655,9 +630,8 @@ def _slurm_value(key: str, value: Any) -> Any:
 
 
 def _submitit_executor(executor: str, folder: Path, slurm: Mapping[str, Any]) -> Any:
-    """submitit's executor for a study's jobs, writing into `folder`, its parameters set from `slurm`. What submitit
-    refuses or warns of (an unknown key, a value of the wrong type, nodes above 1 here, the deprecated num_gpus)
-    raises UsageError with submitit's own first line."""
+    """submitit's executor for a study's jobs, writing into `folder`. What submitit refuses or warns of (an unknown
+    key, a value of the wrong type, nodes above 1 here, the deprecated num_gpus) is one UsageError line."""
     import submitit  # there: `Pool.check_available`
 
     # The cluster is named, never detected: AutoExecutor's own choice falls back to this machine silently.
