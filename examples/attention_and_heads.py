@@ -117,8 +117,10 @@ fig.savefig(OUT / "head_scores.png", dpi=110)
 print(f"wrote {OUT / 'head_scores.png'}")
 
 for kind in kinds:
-    layer, head, value = strongest(scores[kind])
-    print(f"strongest {kind.replace('_', ' ')} head: layer {layer} head {head}, score {value:.2f}")
+    best = strongest(scores[kind])  # {"layer", "head", "score"}
+    print(
+        f"strongest {kind.replace('_', ' ')} head: layer {best['layer']} head {best['head']}, score {best['score']:.2f}"
+    )
 if scores["icl"] is not None:  # a classifier predicts no next tokens
     first, second = scores["icl"]["acc_first_copy"], scores["icl"]["acc_second_copy"]
     print(f"next-token accuracy on the first copy {first:.1%}, on the second {second:.1%}")

@@ -91,8 +91,9 @@ def export_run(run_dir: Path, to: Target = "hf", out: Path | None = None, push_t
 
     Args:
         run_dir: The run directory.
-        to: hf (a transformers LlamaForCausalLM, loadable without mixit; softmax variants at Llama's settings only)
-            or hub (any model, for mixit.load, Transformer.from_pretrained or AutoModel with trust_remote_code).
+        to: The format: hf (a transformers LlamaForCausalLM, loadable without mixit; softmax variants at Llama's
+            settings only) or hub (any model, for mixit.load, Transformer.from_pretrained or AutoModel with
+            trust_remote_code).
         out: The directory to write, absent or empty; null means RUN_DIR-hf or RUN_DIR-hub beside the run.
         push_to_hub: A Hub repo id (user/name) to upload it to, created private if absent. Checked before any work:
             refused offline (HF_HUB_OFFLINE), without a token, or when the Hub does not answer within 5 s or
