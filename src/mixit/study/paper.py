@@ -35,13 +35,15 @@ def paper_study(
     return protocol_study(
         f"paper-{preset}",
         scale,
-        lambda chosen: [spec for table in TABLES for spec in table.runs(scale, chosen)],
-        seeds,
-        first_seed,
-        max_runs,
-        f"preset {preset}",
-        lambda more, first: paper_study(preset, more, first, test_seed, max_runs),
-        lambda study: [part for table in TABLES for finding in table.checks for part in finding(study).undecided()],
+        runs=lambda chosen: [spec for table in TABLES for spec in table.runs(scale, chosen)],
+        seeds=seeds,
+        first_seed=first_seed,
+        max_runs=max_runs,
+        what=f"preset {preset}",
+        rebuild=lambda more, first: paper_study(preset, more, first, test_seed, max_runs),
+        undecided=lambda study: [
+            part for table in TABLES for finding in table.checks for part in finding(study).undecided()
+        ],
         description=scale.description,
         preset=preset,
         extras={
@@ -55,6 +57,7 @@ def paper_study(
 def protocol_study(
     name: str,
     scale: Scale,
+    *,
     runs: Callable[[range], list[RunSpec]],
     seeds: int | None,
     first_seed: int,
