@@ -40,17 +40,21 @@ def runs(study_dir: Path) -> list[dict]:
     return found
 
 
-def busy(spans: list[tuple[float, float]], workers: int) -> tuple[float, float, float]:
-    """(span of the study, seconds with every worker busy, seconds with fewer busy) from the runs' start and end."""
+def busy(spans: list[tuple[float, float]], workers: int) -> tuple[float, float, float, float]:
+    """(span of the study, seconds with every worker busy, with some but not all, with none) from the runs' start
+    and end. "None" is mostly the gaps between sessions; a run stopped at a session's end and finished in the next
+    spans its gap, so the gaps are a lower bound."""
     events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
-    running, full, short, last = 0, 0.0, 0.0, events[0][0]
+    running, full, some, none, last = 0, 0.0, 0.0, 0.0, events[0][0]
     for time, change in events:
         if running >= workers:
             full += time - last
+        elif running > 0:
+            some += time - last
         else:
-            short += time - last
+            none += time - last
         running, last = running + change, time
-    return events[-1][0] - events[0][0], full, short
+    return events[-1][0] - events[0][0], full, some, none
 
 
 def main() -> None:
@@ -68,11 +72,11 @@ def main() -> None:
     print("| table | role | runs | wall seconds | share |\n|---|---|---|---|---|")
     for (name, role), seconds in sorted(table.items()):
         print(f"| {name} | {role} | {len(seconds)} | {sum(seconds):.0f} | {sum(seconds) / total:.1%} |")
-    span, full, short = busy([r["span"] for r in found], args.workers)
+    span, full, some, none = busy([r["span"] for r in found], args.workers)
     print(
         f"\n{len(found)} runs, {total:.0f} s of training over a span of {span:.0f} s with {args.workers} workers: "
         f"{total / (span * args.workers):.1%} of the workers' time training; all {args.workers} busy for "
-        f"{full:.0f} s, fewer for {short:.0f} s"
+        f"{full:.0f} s, some but not all for {some:.0f} s, none for {none:.0f} s"
     )
 
 

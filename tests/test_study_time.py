@@ -11,9 +11,10 @@ study_time = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(study_time)
 
 
-def test_busy_counts_the_time_every_worker_trained_and_the_time_some_sat_idle():
-    assert study_time.busy([(0.0, 10.0), (5.0, 15.0)], 2) == (15.0, 5.0, 10.0)
-    assert study_time.busy([(0.0, 10.0), (0.0, 10.0), (10.0, 12.0)], 2) == (12.0, 10.0, 2.0)  # a tail of one
+def test_busy_counts_the_time_every_worker_trained_some_sat_idle_and_none_ran():
+    assert study_time.busy([(0.0, 10.0), (5.0, 15.0)], 2) == (15.0, 5.0, 10.0, 0.0)
+    assert study_time.busy([(0.0, 10.0), (0.0, 10.0), (10.0, 12.0)], 2) == (12.0, 10.0, 2.0, 0.0)  # a tail of one
+    assert study_time.busy([(0.0, 10.0), (0.0, 10.0), (30.0, 40.0)], 2) == (40.0, 10.0, 10.0, 20.0)  # a gap
 
 
 def test_runs_are_read_by_table_role_and_budget(tmp_path):
