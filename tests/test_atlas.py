@@ -222,3 +222,38 @@ def test_the_page_runs_as_written(tmp_path, monkeypatch, capsys):
             donor = Run.open(Path(r.config["transplant_from"]))
             assert donor.config.model.seed == r.labels[0]["seed"] == r.config["model"]["seed"]
             assert Path(r.config["transplant_from"]).parent == (Path("runs/atlas-smoke") / "runs").resolve()
+
+
+def test_the_sequential_design_adds_seeds_to_the_cells_of_undecided_words_only(monkeypatch):
+    """The atlas's `more_seeds` is the paper study's (docs/protocol.md) with the map's words as its parts: after the
+    first look, the two cells an undecided word reads (its regime and the standard model) get seeds 3 and 4; the
+    cells of decided words get none. Judged on hand-made results (no training)."""
+    from mixit.core.tasks import TASKS
+    from mixit.study import paper
+    from mixit.study.collect import Result, StudyResults
+
+    study = atlas_study(["addition"], "quick")
+    _, key, scale = TASKS["addition"].report_metric
+    undecided = {"regime": "frozen", "part": "mlp"}
+    results = []
+    for spec in study.specs:
+        labels, seed = spec.labels, spec.labels["seed"]
+        spread = all(labels.get(k) == v for k, v in undecided.items())
+        value = [99.0, 60.0, 99.0][seed] if spread else 99.0 + 0.01 * seed  # points of accuracy
+        results.append(
+            Result(
+                id=f"{labels['regime']}-{labels.get('part', '')}-{seed}",
+                labels=[dict(labels)],
+                config={"task": "addition", "task_params": {}, "train": {"steps": 100}},
+                state="done",
+                test={key: value / scale},
+                convergence={"metric": key, "converged": True, "reason": "plateau", "steps_trained": 100},
+            )
+        )
+    monkeypatch.setattr(paper, "collect", lambda study_dir: StudyResults(results))
+    assert study.more_seeds is not None
+    asked = study.more_seeds("unused")
+    added = {(s.labels["regime"], s.labels.get("part"), s.labels["seed"]) for s in asked if s.labels["seed"] >= 3}
+    assert added == {(r, p, seed) for r, p in (("standard", None), ("frozen", "mlp")) for seed in (3, 4)}
+    first = {(s.labels["regime"], s.labels.get("part"), s.labels["seed"]) for s in study.specs}
+    assert first <= {(s.labels["regime"], s.labels.get("part"), s.labels["seed"]) for s in asked}
