@@ -1,6 +1,7 @@
 """The atlas (docs/atlas.md): its grid freezes exactly the parts it names, a transplant joins the study a stage
 after its donor (searched like any cell), a study file may grid over transplant options, the map's words follow
-the paper's rule from the bounds, and every entry point refuses bad input in one line, exit 2, writing nothing."""
+the paper's rule from the bounds, seeds are added only where a word is undecided, and every entry point refuses bad
+input in one line, exit 2, writing nothing."""
 
 import json
 import re
