@@ -1,6 +1,7 @@
 """Plugins (`mixit.plugins`): a variant registered by a module of one's own is found by the command line and
 by a study's fresh worker processes once MIXIT_PLUGINS or an installed entry point names the module; a
-plugin that cannot be imported is refused in one line; a definition registered again replaces itself."""
+plugin that cannot be imported, or a plugin's task lacking what a task must have, is refused in one line; a
+definition registered again replaces itself."""
 
 import json
 import os
@@ -232,3 +233,36 @@ def test_the_same_definition_registered_again_replaces_itself_and_another_is_ref
         registry.add("a", Thing(2))
     with pytest.raises(ValueError, match="thing 'f' is registered twice"):
         registry.add("f", lambda: 2)
+
+
+INCOMPLETE = """
+from mixit.core.tasks.base import TASKS, SequenceTask
+
+
+@TASKS.register("shapeless")
+class Shapeless(SequenceTask):  # no seq_len: met when the run is resolved
+    name = "shapeless"
+    vocab_size = 5
+
+
+@TASKS.register("sampleless")
+class Sampleless(SequenceTask):  # no sample(): met when the run's data is first asked for
+    name = "sampleless"
+    vocab_size = 5
+    seq_len = 6
+"""
+
+
+@pytest.mark.parametrize(
+    "task, message",
+    [
+        ("shapeless", "mixit train: error: task 'shapeless' (Shapeless) must define seq_len: docs/extending.md"),
+        ("sampleless", "mixit train: error: task 'sampleless' (Sampleless) must implement sample(): docs/extending.md"),
+    ],
+)
+def test_a_plugin_task_lacking_what_a_task_must_have_is_refused_in_one_line_before_any_work(tmp_path, task, message):
+    (tmp_path / "incomplete.py").write_text(INCOMPLETE)
+    done = mixit(["train", "--task", task, "--steps", "3", "--out", "run"], tmp_path, MIXIT_PLUGINS="incomplete.py")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().startswith(message) and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "run").exists()

@@ -23,6 +23,11 @@ class UsageError(ValueError):
     """Invalid user input; the message names the problem and what is allowed."""
 
 
+class Unimplemented(UsageError, NotImplementedError):
+    """A task of one's own (a plugin's, say) lacks a member its base class asks for: refused as bad input, before any
+    work, and still a NotImplementedError to code that catches one."""
+
+
 class FaultRefused(UsageError):
     """A fault of the machine found by a check before any work (`faults_refused`); `damaged` adds nothing to it."""
 

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from mixit.core.config import DataConfig, TaskConfig, check, short_doc
+from mixit.errors import Unimplemented
 from mixit.registry import Registry
 
 IGNORE = -100
@@ -61,6 +62,12 @@ class Batch:
     def mask(self) -> torch.Tensor:
         """(N, L-1) bool: the scored positions."""
         return self.targets != IGNORE
+
+
+def missing(task: Task, what: str) -> Unimplemented:
+    """The refusal of a task class that lacks a member it must have: `what` it must do."""
+    name = getattr(task, "name", type(task).__name__)
+    return Unimplemented(f"task {name!r} ({type(task).__name__}) must {what}: docs/extending.md, 'A task: copying'")
 
 
 def make_batch(seq: np.ndarray, mask: np.ndarray) -> Batch:
@@ -181,12 +188,12 @@ class Task:
     @property
     def vocab_size(self) -> int:
         """Tokens the model embeds (and, with a language-model head, predicts): ids 0 .. vocab_size-1."""
-        raise NotImplementedError(f"{type(self).__name__} must define vocab_size")
+        raise missing(self, "define vocab_size")
 
     @property
     def input_len(self) -> int:
         """Length of the sequences the model reads (n_ctx must be at least this)."""
-        raise NotImplementedError(f"{type(self).__name__} must define input_len")
+        raise missing(self, "define input_len")
 
     @property
     def reference_len(self) -> int:
@@ -211,15 +218,15 @@ class Task:
     # -- data -------------------------------------------------------------------
     def train_batch(self, step: int, batch_size: int) -> Batch:
         """Training batch number `step` of `batch_size` examples, none of them a test or validation example."""
-        raise NotImplementedError(f"{type(self).__name__} must implement train_batch()")
+        raise missing(self, "implement train_batch()")
 
     def test_batch(self) -> Batch:
         """The fixed test set: the number a run reports."""
-        raise NotImplementedError(f"{type(self).__name__} must implement test_batch()")
+        raise missing(self, "implement test_batch()")
 
     def val_batch(self) -> Batch:
         """The fixed validation set: what settings are chosen and training is stopped on."""
-        raise NotImplementedError(f"{type(self).__name__} must implement val_batch()")
+        raise missing(self, "implement val_batch()")
 
     def save_artifacts(self, run_dir: Path) -> None:
         """Write what evaluating the run later needs besides its config (a tokenizer); nothing by default."""
@@ -264,7 +271,7 @@ class SequenceTask(Task):
     @property
     def seq_len(self) -> int:
         """Whole sequence length L; the model reads L-1 tokens."""
-        raise NotImplementedError(f"{type(self).__name__} must define seq_len")
+        raise missing(self, "define seq_len")
 
     @property
     def input_len(self) -> int:
@@ -278,7 +285,7 @@ class SequenceTask(Task):
 
     def sample(self, rng: np.random.Generator, n: int) -> Examples:
         """Draw n independent examples: (seq (n, L) int64, mask (n, L) bool)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement sample()")
+        raise missing(self, "implement sample()")
 
     # -- test set, validation set and training stream ---------------------------
     def build_held_out(self) -> tuple[Examples, Examples]:
@@ -363,7 +370,7 @@ class FixedSplitTask(SequenceTask):
 
     def build_tables(self) -> Tables:
         """The train, validation and test tables."""
-        raise NotImplementedError(f"{type(self).__name__} must implement build_tables()")
+        raise missing(self, "implement build_tables()")
 
     @functools.cached_property
     def tables(self) -> Tables:
