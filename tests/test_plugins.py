@@ -1,6 +1,6 @@
 """Plugins (`mixit.plugins`): a variant registered by a module of one's own is found by the command line and
 by a study's fresh worker processes once MIXIT_PLUGINS or an installed entry point names the module; a
-plugin that cannot be imported, or a plugin's task lacking what a task must have, is refused in one line; a
+plugin that cannot be imported, or a plugin's task breaking the task contract, is refused in one line; a
 definition registered again replaces itself."""
 
 import json
@@ -236,6 +236,8 @@ def test_the_same_definition_registered_again_replaces_itself_and_another_is_ref
 
 
 INCOMPLETE = """
+import numpy as np
+
 from mixit.core.tasks.base import TASKS, SequenceTask
 
 
@@ -250,6 +252,17 @@ class Sampleless(SequenceTask):  # no sample(): met when the run's data is first
     name = "sampleless"
     vocab_size = 5
     seq_len = 6
+
+
+@TASKS.register("wordy")
+class Wordy(SequenceTask):  # token ids past its vocabulary: an index error once the run was written
+    name = "wordy"
+    vocab_size = 5
+    seq_len = 6
+
+    def sample(self, rng, n):
+        seq = rng.integers(0, 9, size=(n, 6))
+        return seq, np.ones_like(seq, dtype=bool)
 """
 
 
@@ -258,9 +271,10 @@ class Sampleless(SequenceTask):  # no sample(): met when the run's data is first
     [
         ("shapeless", "mixit train: error: task 'shapeless' (Shapeless) must define seq_len: docs/extending.md"),
         ("sampleless", "mixit train: error: task 'sampleless' (Sampleless) must implement sample(): docs/extending.md"),
+        ("wordy", "mixit train: error: task 'wordy' (Wordy): token ids must be in 0..4 (its vocab_size), got 0..8"),
     ],
 )
-def test_a_plugin_task_lacking_what_a_task_must_have_is_refused_in_one_line_before_any_work(tmp_path, task, message):
+def test_a_plugin_task_breaking_the_task_contract_is_refused_in_one_line_before_any_work(tmp_path, task, message):
     (tmp_path / "incomplete.py").write_text(INCOMPLETE)
     done = mixit(["train", "--task", task, "--steps", "3", "--out", "run"], tmp_path, MIXIT_PLUGINS="incomplete.py")
     assert done.returncode == 2, done.stderr

@@ -15,7 +15,17 @@ import torch
 
 from mixit import run_config
 from mixit.core.config import DataConfig, TaskConfig, field_docs
-from mixit.core.tasks import IGNORE, TASKS, Batch, ParamCounts, Task, make_batch, make_task, task_parameters
+from mixit.core.tasks import (
+    IGNORE,
+    TASKS,
+    Batch,
+    ParamCounts,
+    Task,
+    check_batch,
+    make_batch,
+    make_task,
+    task_parameters,
+)
 from mixit.core.tasks.base import SequenceTask, binomial_se, ratio_se
 from mixit.core.tasks.text import TextTask
 from mixit.core.text.tokenizer import train_bpe
@@ -165,6 +175,27 @@ def test_every_task_meets_the_contract(name, text_params):
     if name != "memorization":
         seen = set().union(*(_examples(task, b) for b in train))
         assert not seen & (_examples(task, test) | _examples(task, val))
+
+
+def test_a_batch_the_model_cannot_read_is_refused_naming_the_task():
+    """`check_batch`, which a run applies to its first training batch before any work: the task's own batches
+    pass; token ids past the vocabulary, sequences past n_ctx and targets the head cannot predict are refused."""
+    cfg = run_config("addition", "standard", {"n_digits": 2})
+    task = make_task("addition", {"n_digits": 2})
+    good = task.train_batch(0, 8)
+    check_batch(task, good, cfg.model)
+    past = cfg.model.vocab_size
+    bad = {
+        "token ids must be in": Batch(good.inputs.clone().fill_(past), good.targets),
+        "its model reads": Batch(torch.zeros(8, cfg.model.n_ctx + 1, dtype=torch.int64), good.targets),
+        "scored targets must be in": Batch(good.inputs, torch.where(good.mask, past, IGNORE)),
+        "a batch must hold": Batch(good.inputs[:0], good.targets[:0]),
+    }
+    for message, batch in bad.items():
+        with pytest.raises(UsageError, match=f"^task 'addition' \\(Addition\\): {message}"):
+            check_batch(task, batch, cfg.model)
+    with pytest.raises(UsageError, match="sequences and loss mask must be arrays of one"):
+        make_batch(np.zeros((4, 6), dtype=np.int64), np.ones((4, 5), dtype=bool))
 
 
 @pytest.mark.parametrize("name", EVERY_TASK)

@@ -15,9 +15,19 @@ from typing import Any
 # Importing a task module registers its task: one line per task.
 from mixit.core.config import DataConfig
 from mixit.core.tasks import addition, dyck, induction, memorization, modular_addition, retrieval, text  # noqa: F401
-from mixit.core.tasks.base import IGNORE, TASKS, Batch, ParamCounts, Task, make_batch
+from mixit.core.tasks.base import IGNORE, TASKS, Batch, ParamCounts, Task, check_batch, make_batch
 
-__all__ = ["IGNORE", "TASKS", "Batch", "ParamCounts", "Task", "make_batch", "make_task", "task_parameters"]
+__all__ = [
+    "IGNORE",
+    "TASKS",
+    "Batch",
+    "ParamCounts",
+    "Task",
+    "check_batch",
+    "make_batch",
+    "make_task",
+    "task_parameters",
+]
 
 
 def task_parameters(name: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from mixit.core.config import DataConfig, TaskConfig, check, short_doc
+from mixit.core.config import DataConfig, ModelConfig, TaskConfig, check, short_doc
 from mixit.errors import Unimplemented
 from mixit.registry import Registry
 
@@ -64,14 +64,51 @@ class Batch:
         return self.targets != IGNORE
 
 
+def who(task: Task) -> str:
+    """A task as refusals name it: its registered name and its class."""
+    return f"task {getattr(task, 'name', type(task).__name__)!r} ({type(task).__name__})"
+
+
 def missing(task: Task, what: str) -> Unimplemented:
     """The refusal of a task class that lacks a member it must have: `what` it must do."""
-    name = getattr(task, "name", type(task).__name__)
-    return Unimplemented(f"task {name!r} ({type(task).__name__}) must {what}: docs/extending.md, 'A task: copying'")
+    return Unimplemented(f"{who(task)} must {what}: docs/extending.md, 'A task: copying'")
+
+
+def check_batch(task: Task, batch: Batch, model: ModelConfig) -> None:
+    """Refuse a batch of `task` that `model` cannot read, naming the task: an empty one, token ids outside the
+    vocabulary, sequences longer than n_ctx, or scored targets the head cannot predict. A task of one's own meets
+    this on its first training batch, before any work, rather than as an index error once the run is written."""
+    inputs, targets = batch.inputs, batch.targets
+    check(
+        inputs.dim() == 2 and inputs.numel() > 0,
+        f"{who(task)}: a batch must hold (examples, tokens), got {list(inputs.shape)}",
+    )
+    low, high = int(inputs.min()), int(inputs.max())
+    check(
+        0 <= low and high < model.vocab_size,
+        f"{who(task)}: token ids must be in 0..{model.vocab_size - 1} (its vocab_size), got {low}..{high}",
+    )
+    check(
+        inputs.shape[1] <= model.n_ctx,
+        f"{who(task)}: its model reads {inputs.shape[1]} tokens, more than n_ctx={model.n_ctx}",
+    )
+    outputs = model.n_classes if model.head == "classifier" else model.vocab_size
+    scored = targets[targets != IGNORE]
+    if scored.numel():
+        low, high = int(scored.min()), int(scored.max())
+        check(
+            0 <= low and high < outputs,
+            f"{who(task)}: scored targets must be in 0..{outputs - 1} (its {model.head} head), got {low}..{high}",
+        )
 
 
 def make_batch(seq: np.ndarray, mask: np.ndarray) -> Batch:
     """Turn whole sequences (N, L) and their loss mask (N, L) into a `Batch`."""
+    check(
+        seq.ndim == 2 and seq.shape == mask.shape,
+        f"a task's sequences and loss mask must be arrays of one (examples, length) shape, got {list(seq.shape)} "
+        f"and {list(mask.shape)}",
+    )
     seq_t = torch.from_numpy(np.ascontiguousarray(seq, dtype=np.int64))
     mask_t = torch.from_numpy(np.ascontiguousarray(mask, dtype=bool))
     targets = torch.where(mask_t[:, :-1], seq_t[:, 1:], torch.full_like(seq_t[:, 1:], IGNORE))

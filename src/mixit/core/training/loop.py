@@ -58,7 +58,7 @@ from mixit.core.models import Transformer
 from mixit.core.precision import Precision
 from mixit.core.resources import check_memory, training_parts
 from mixit.core.run import MetricsLog, Run
-from mixit.core.tasks import IGNORE, Batch, Task
+from mixit.core.tasks import IGNORE, Batch, Task, check_batch
 from mixit.core.training.convergence import Convergence, Selection
 from mixit.core.training.evaluate import evaluate
 from mixit.core.training.optim import build_optimizer
@@ -225,7 +225,8 @@ def _checked(
             # A resumed run's model comes from its latest checkpoint, unless it was stopped before the first.
             fresh = not resume or Run(run_dir).latest_checkpoint() is None
             built = build(cfg, run_dir if resume else None, fresh)
-            built[0].train_batch(0, tc.batch_size)  # a task that cannot make training data is refused before any write
+            task = built[0]  # a task that cannot make training data the model reads is refused before any write
+            check_batch(task, task.train_batch(0, tc.batch_size), cfg.model)
     except UsageError as e:
         refusal = str(e)
     refusal = broadcast(refusal, dist)
