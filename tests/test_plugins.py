@@ -280,3 +280,32 @@ def test_a_plugin_task_breaking_the_task_contract_is_refused_in_one_line_before_
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().startswith(message) and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "run").exists()
+
+
+FAILING = """
+import torch
+
+from mixit.core.models.attention import ATTENTION, Attention
+
+
+@ATTENTION.register("failing")
+class Failing(Attention):  # fails on any input: a bug in one's own attention kind
+    any_variant = True
+    learned_positions = True
+
+    def __init__(self, cfg, layer):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, x, valid=None):
+        raise RuntimeError("the failing kind fails")
+"""
+
+
+def test_an_attention_kind_failing_on_the_data_fails_with_its_traceback_before_the_run_is_written(tmp_path):
+    (tmp_path / "failing.py").write_text(FAILING)
+    done = mixit(["train", *TINY, "--attention", "failing", "--out", "run"], tmp_path, MIXIT_PLUGINS="failing.py")
+    assert done.returncode == 1, done.stderr
+    assert "RuntimeError: the failing kind fails" in done.stderr and "Traceback" in done.stderr
+    assert "the model failed on the task's first training example, before the run was written" in done.stderr
+    assert not (tmp_path / "run").exists()

@@ -201,8 +201,8 @@ def _checked(
     cfg: RunConfig, run_dir: Path, resume: bool, dist: Dist, dev: torch.device
 ) -> tuple[Run | None, int, tuple[Task, Transformer, FreezeReport]]:
     """Every check before anything is written (rank 0's verdict is every rank's): the run directory (locked
-    and returned on rank 0 when resuming), the memory, the task's data. Returns the run, the examples per
-    process and micro-batch, and the built task, model and freeze report."""
+    and returned on rank 0 when resuming), the memory, the task's data and the model's forward pass on it.
+    Returns the run, the examples per process and micro-batch, and the built task, model and freeze report."""
     tc = cfg.train
     run: Run | None = None
     refusal: str | None = None
@@ -225,16 +225,34 @@ def _checked(
             # A resumed run's model comes from its latest checkpoint, unless it was stopped before the first.
             fresh = not resume or Run(run_dir).latest_checkpoint() is None
             built = build(cfg, run_dir if resume else None, fresh)
-            task = built[0]  # a task that cannot make training data the model reads is refused before any write
-            check_batch(task, task.train_batch(0, tc.batch_size), cfg.model)
+            task, model = built[0], built[1]  # a task whose data the model cannot read is refused before any write
+            first = task.train_batch(0, tc.batch_size)
+            check_batch(task, first, cfg.model)
+            tried(model, first)
     except UsageError as e:
         refusal = str(e)
+    except BaseException:
+        if run is not None:
+            run.release()
+        raise
     refusal = broadcast(refusal, dist)
     if refusal is not None:
         if run is not None:
             run.release()
         raise UsageError(refusal)
     return run, per_rank, built
+
+
+def tried(model: Transformer, batch: Batch) -> None:
+    """The model's forward pass on the first example of `batch`, before anything is written: an attention kind or
+    task of one's own that fails on the run's data fails here with its own traceback, leaving no run directory
+    behind. Without gradients, and drawing nothing from the random number generators, so the run is unchanged."""
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(batch.inputs[:1])
+    except Exception as e:
+        e.add_note("mixit: the model failed on the task's first training example, before the run was written")
+        raise
 
 
 @dataclass(frozen=True)
