@@ -173,7 +173,6 @@ def train(
                 if dist.main and run is None:
                     run = Run.create(run_dir, cfg)  # created and locked; a fault here is a refusal, nothing left
                     task.save_artifacts(run.path)
-                model.to(dev)
                 check_identical(model, dist)
                 optimizer = build_optimizer(model, cfg.train, dev)
                 precision = Precision(cfg.train.dtype, dev)
@@ -228,7 +227,7 @@ def _checked(
             task, model = built[0], built[1]  # a task whose data the model cannot read is refused before any write
             first = task.train_batch(0, tc.batch_size)
             check_batch(task, first, cfg.model)
-            tried(model, first)
+            tried(model.to(dev), first)
     except UsageError as e:
         refusal = str(e)
     except BaseException:
@@ -246,10 +245,12 @@ def _checked(
 def tried(model: Transformer, batch: Batch) -> None:
     """The model's forward pass on the first example of `batch`, before anything is written: an attention kind or
     task of one's own that fails on the run's data fails here with its own traceback, leaving no run directory
-    behind. Without gradients, and drawing nothing from the random number generators, so the run is unchanged."""
+    behind. On the model's device, without gradients, and drawing nothing from the random number generators, so
+    the run is unchanged."""
+    device = next(model.parameters()).device
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model(batch.inputs[:1])
+        with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            model(batch.inputs[:1].to(device))
     except Exception as e:
         e.add_note("mixit: the model failed on the task's first training example, before the run was written")
         raise
