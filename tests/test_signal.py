@@ -146,9 +146,20 @@ def test_signal_propagation_shape_determinism_and_json():
     assert shaped["results"]["mixit"]["1"]["cosine_std"] == 0.0
 
 
+def test_a_sweep_from_another_first_seed_measures_other_initialisations():
+    first, later = sweep(["mixit"], [1], seeds=2), sweep(["mixit"], [1], seeds=2, first_seed=5)
+    assert (first["config"]["seeds"], later["config"]["seeds"]) == ([0, 1], [5, 6])
+    assert first["results"]["mixit"]["1"]["cosine"] != later["results"]["mixit"]["1"]["cosine"]
+    assert (
+        sweep(["mixit"], [1], seeds=1, first_seed=6)["results"]
+        == sweep(["mixit"], [1], seeds=1, first_seed=6)["results"]
+    )
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
+        ({"first_seed": -1}, "first_seed must be an integer >= 0, got -1"),
         ({"variants": ["mixit", "nope"]}, "unknown variant.*'nope'.*allowed: standard, frozen_qk"),
         ({"variants": "mixit"}, "variants must be a non-empty list"),
         ({"depths": [2, 0]}, "depths must be a non-empty list of positive integers"),

@@ -74,6 +74,13 @@ def test_a_second_study_takes_seeds_the_first_never_used():
         paper_study("smoke", seeds=0)
 
 
+def test_a_second_study_measures_signal_at_initialisation_from_its_own_first_seed():
+    assert all("first_seed" not in options for options in paper_study("smoke").extras.values())
+    later = paper_study("smoke", first_seed=100).extras
+    assert set(later) == {"signal", "signal-nosink"}
+    assert all(options["first_seed"] == 100 for options in later.values())
+
+
 def test_run_ids_are_stable_hashes_of_the_resolved_config():
     cfg = run_config("addition", "mixit", {"n_digits": 2}, d_model=16, n_heads=2)
     assert run_id(cfg) == run_id(run_config("addition", "mixit", {"n_digits": 2}, d_model=16, n_heads=2))

@@ -98,7 +98,10 @@ class SignalOptions:
     batch: int = 16
     """Random sequences per measurement."""
     seeds: int = 3
-    """Initialisations averaged per point (seeds 0 to seeds - 1); seed s also draws the inputs."""
+    """Initialisations averaged per point (seeds first_seed to first_seed + seeds - 1); seed s also draws the
+    inputs."""
+    first_seed: int = 0
+    """The first initialisation seed: a second study measures seeds no other did."""
     shaped: bool = False
     """Build every variant with the signal-propagation settings (`ModelConfig.shaped()`), not the standard ones."""
     mixing_sink: Literal["reference", "normalised", "off"] = "reference"
@@ -141,6 +144,10 @@ def _check(options: SignalOptions) -> None:
         value = getattr(options, name)
         check(typed(name, int, value) > 0, f"{name} must be a positive integer, got {value!r}")
     check(
+        typed("first_seed", int, options.first_seed) >= 0,
+        f"first_seed must be an integer >= 0, got {options.first_seed!r}",
+    )
+    check(
         typed("n_ctx", int, options.n_ctx) >= 2,
         f"n_ctx must be an integer >= 2 (similarity needs two tokens), got {options.n_ctx!r}",
     )
@@ -156,7 +163,8 @@ def signal_propagation(options: SignalOptions = SignalOptions()) -> dict[str, An
     Returns {"config": every setting, "results": {variant: {str(depth): `_measure`}}}, as JSON types.
     """
     _check(options)
-    variants, depths, seeds = list(options.variants), list(options.depths), list(range(options.seeds))
+    variants, depths = list(options.variants), list(options.depths)
+    seeds = list(range(options.first_seed, options.first_seed + options.seeds))
     # Validate the model settings of every variant before any work, and check that the deepest fits.
     example = {v: options.model(v, depths[0], 0) for v in variants}
     deepest = options.model(variants[0], max(depths), 0)

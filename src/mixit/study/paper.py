@@ -32,6 +32,7 @@ def paper_study(
         scale = replace(
             scale, tasks={name: {**request, "test_seed": test_seed} for name, request in scale.tasks.items()}
         )
+    cells = seed_range(scale.seeds if seeds is None else seeds, first_seed)
     return protocol_study(
         f"paper-{preset}",
         scale,
@@ -46,11 +47,7 @@ def paper_study(
         ],
         description=scale.description,
         preset=preset,
-        extras={
-            name: options
-            for table in TABLES
-            for name, options in table.extras(scale, scale.seeds if seeds is None else seeds).items()
-        },
+        extras={name: options for table in TABLES for name, options in table.extras(scale, cells).items()},
     )
 
 

@@ -51,9 +51,11 @@ def runs(scale: Scale, seeds: Seeds) -> list[RunSpec]:
 
 
 def extras(scale: Scale, seeds: Seeds) -> dict[str, dict[str, Any]]:
-    """The signal sweeps at initialisation, with and without the sink head."""
+    """The signal sweeps at initialisation, with and without the sink head, their initialisation seeds starting
+    at the study's first seed (a study from seed 0 records none: its sweeps as they always were)."""
     variants = ("standard", "mixit", "random")
-    return {name: {**scale.signal, "variants": variants, "mixing_sink": sink} for name, sink in SWEEPS.items()}
+    first = {} if isinstance(seeds, int) or seeds[0] == 0 else {"first_seed": seeds[0]}
+    return {name: {**scale.signal, "variants": variants, "mixing_sink": sink, **first} for name, sink in SWEEPS.items()}
 
 
 def signal_table(signal: dict[str, Any]) -> list[str]:
