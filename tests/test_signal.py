@@ -150,10 +150,6 @@ def test_a_sweep_from_another_first_seed_measures_other_initialisations():
     first, later = sweep(["mixit"], [1], seeds=2), sweep(["mixit"], [1], seeds=2, first_seed=5)
     assert (first["config"]["seeds"], later["config"]["seeds"]) == ([0, 1], [5, 6])
     assert first["results"]["mixit"]["1"]["cosine"] != later["results"]["mixit"]["1"]["cosine"]
-    assert (
-        sweep(["mixit"], [1], seeds=1, first_seed=6)["results"]
-        == sweep(["mixit"], [1], seeds=1, first_seed=6)["results"]
-    )
 
 
 @pytest.mark.parametrize(
