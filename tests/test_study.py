@@ -74,6 +74,11 @@ def test_a_second_study_takes_seeds_the_first_never_used():
         paper_study("smoke", seeds=0)
 
 
+def test_a_study_from_python_named_as_a_path_is_refused():
+    with pytest.raises(UsageError, match=r"study: name must be .* one directory name .*, got '\.\./x'"):
+        Study("../x", [])
+
+
 def test_a_second_study_measures_signal_at_initialisation_from_its_own_first_seed():
     assert all("first_seed" not in options for options in paper_study("smoke").extras.values())
     later = paper_study("smoke", first_seed=100).extras
@@ -182,6 +187,9 @@ def test_a_yaml_study_file_is_the_study_its_toml_twin_is(tmp_path):
         ("s.toml", 'name = "x"\nanalyze = "maybe"\n', ": analyze must be true or false"),
         ("s.YAML", "gird: {variant: [mixit]}\n", ": unknown key(s) gird; allowed: name, description, seeds, base"),
         ("s.yaml", b"name: \xff\n", "cannot be parsed: 'utf-8' codec can't decode byte 0xff"),
+        ("s.toml", 'name = "a/b"\n', ": name must be a non-empty string usable as one directory name"),
+        ("s.yaml", "name: ..\n", "one directory name (no '/' or '\\', not '.' or '..'), got '..'"),
+        ("s.toml", 'name = ""\n', ": name must be a non-empty string"),
     ],
 )
 def test_a_bad_study_file_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, name, text, wanted):

@@ -184,6 +184,16 @@ MAX_RUNS = 10_000
 of magnitude is refused before it is built, not when it has filled the memory."""
 
 
+def check_study_name(name: Any, where: str) -> None:
+    """Refuse a study name that is not one directory name: the study's default output directory is named after it
+    (runs/study-NAME, an atlas's runs/NAME), so "a/b" would nest it and "../x" would leave runs/."""
+    check(
+        isinstance(name, str) and bool(name) and not {"/", "\\"} & set(name) and name not in (".", ".."),
+        f"{where}: name must be a non-empty string usable as one directory name (no '/' or '\\', not '.' or '..'), "
+        f"got {name!r}",
+    )
+
+
 def check_size(runs: int, limit: int, what: str) -> None:
     """Refuse a study of `runs` final runs above `limit`."""
     check(
@@ -288,6 +298,7 @@ class Study:
     study runs in rounds until it returns nothing new; None: one round."""
 
     def __post_init__(self) -> None:
+        check_study_name(self.name, "study")
         self.extend = budget_multiples(self.extend)
 
     def grows(self, old: Any, search: bool = True) -> bool:
@@ -400,7 +411,7 @@ def load_study_file(path: Path, seeds: int | None = None, first_seed: int = 0, m
     unknown = sorted(set(data) - set(FILE_KEYS))
     check(not unknown, f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(FILE_KEYS)}")
     name = data.get("name", Path(path).stem)
-    check(isinstance(name, str) and bool(name), f"{where}: name must be a non-empty string")
+    check_study_name(name, where)
     if "atlas" in data:
         beside = sorted(set(data) - set(ATLAS_KEYS))
         check(not beside, f"{where}: an atlas takes only {', '.join(ATLAS_KEYS)}, not {', '.join(beside)}")
