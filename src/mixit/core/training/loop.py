@@ -227,7 +227,7 @@ def _checked(
             task, model = built[0], built[1]  # a task whose data the model cannot read is refused before any write
             first = task.train_batch(0, tc.batch_size)
             check_batch(task, first, cfg.model)
-            tried(model.to(dev), first)
+            tried(model.to(dev), first, dev)
     except UsageError as e:
         refusal = str(e)
     except BaseException:
@@ -242,15 +242,14 @@ def _checked(
     return run, per_rank, built
 
 
-def tried(model: Transformer, batch: Batch) -> None:
+def tried(model: Transformer, batch: Batch, dev: torch.device) -> None:
     """The model's forward pass on the first example of `batch`, before anything is written: an attention kind or
     task of one's own that fails on the run's data fails here with its own traceback, leaving no run directory
-    behind. On the model's device, without gradients, and drawing nothing from the random number generators, so
-    the run is unchanged."""
-    device = next(model.parameters()).device
+    behind. On `dev`, where the model is, without gradients, and drawing nothing from the random number
+    generators, so the run is unchanged."""
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            model(batch.inputs[:1].to(device))
+        with torch.no_grad(), torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            model(batch.inputs[:1].to(dev))
     except Exception as e:
         e.add_note("mixit: the model failed on the task's first training example, before the run was written")
         raise
