@@ -248,7 +248,7 @@ class Shapeless(SequenceTask):  # no seq_len: met when the run is resolved
 
 
 @TASKS.register("sampleless")
-class Sampleless(SequenceTask):  # no sample(): met when the run's data is first asked for
+class Sampleless(SequenceTask):  # no sample(): met when the run is resolved
     name = "sampleless"
     vocab_size = 5
     seq_len = 6
@@ -280,6 +280,20 @@ def test_a_plugin_task_breaking_the_task_contract_is_refused_in_one_line_before_
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().startswith(message) and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_study_of_a_plugin_task_lacking_sample_is_refused_before_any_run(tmp_path):
+    # Met when the study's runs are resolved, not by each run failing on its first batch.
+    (tmp_path / "incomplete.py").write_text(INCOMPLETE)
+    study = STUDY.replace('"addition"', '"sampleless"').replace("{n_digits = 2}", "{}").replace('"plugged", ', "")
+    (tmp_path / "grid.toml").write_text(study)
+    args = ["reproduce", "--study", "grid.toml", "--out", "study", "--no-progress"]
+    done = mixit(args, tmp_path, MIXIT_PLUGINS="incomplete.py")
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mixit reproduce: error: study run ("), lines
+    assert "task 'sampleless' (Sampleless) must implement sample(): docs/extending.md" in lines[0], lines
+    assert not (tmp_path / "study").exists()
 
 
 FAILING = """

@@ -26,7 +26,7 @@ from mixit.core.tasks import (
     make_task,
     task_parameters,
 )
-from mixit.core.tasks.base import SequenceTask, binomial_se, ratio_se
+from mixit.core.tasks.base import FixedSplitTask, SequenceTask, binomial_se, check_complete, ratio_se
 from mixit.core.tasks.text import TextTask
 from mixit.core.text.tokenizer import train_bpe
 from mixit.errors import UsageError
@@ -175,6 +175,41 @@ def test_every_task_meets_the_contract(name, text_params):
     if name != "memorization":
         seen = set().union(*(_examples(task, b) for b in train))
         assert not seen & (_examples(task, test) | _examples(task, val))
+
+
+@pytest.mark.parametrize("name", EVERY_TASK)
+def test_every_built_in_task_implements_what_a_task_must(name, text_params):
+    check_complete(_contract_task(name, text_params))
+
+
+def test_a_task_class_lacking_a_method_it_must_implement_is_refused():
+    """`check_complete`: a method is owed unless the base methods that call it are all overridden."""
+
+    class Bare(Task):  # none of the three batch methods
+        name = "bare"
+
+    class NoSample(SequenceTask):
+        name = "no_sample"
+
+    class OwnStream(SequenceTask):  # needs no sample(): it draws its held-out sets and stream itself
+        name = "own_stream"
+
+        def build_held_out(self):
+            raise AssertionError("not called")
+
+        def train_examples(self, step, n):
+            raise AssertionError("not called")
+
+    class HalfStream(OwnStream):  # the base's train_examples again, which calls sample()
+        train_examples = SequenceTask.train_examples
+
+    class NoTables(FixedSplitTask):
+        name = "no_tables"
+
+    for cls, owed in [(Bare, "train_batch"), (NoSample, "sample"), (HalfStream, "sample"), (NoTables, "build_tables")]:
+        with pytest.raises(UsageError, match=f"^task '{cls.name}' \\({cls.__name__}\\) must implement {owed}\\(\\)"):
+            check_complete(cls())
+    check_complete(OwnStream())
 
 
 def test_a_batch_the_model_cannot_read_is_refused_naming_the_task():

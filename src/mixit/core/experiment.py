@@ -36,6 +36,7 @@ from mixit.core.models.attention import ATTENTION
 from mixit.core.recipes import RECIPES
 from mixit.core.resources import check_memory
 from mixit.core.tasks import TASKS, Task
+from mixit.core.tasks.base import check_complete
 from mixit.errors import UsageError
 from mixit.version import __version__, git_commit
 
@@ -247,6 +248,7 @@ def resolve(request: Mapping[str, Any]) -> RunConfig:
         **data.to_dict(),
     )
     check_fits(cfg, task)
+    check_complete(task)
     if cfg.transplant_from is not None and cfg.transplant_donor is None:
         from mixit.core.transplant import identify  # the donor is a run, and mixit.core.run sits above this module
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -40,6 +40,8 @@ TASKS: Registry[type[Task]] = Registry("task")
 
 Examples = tuple[np.ndarray, np.ndarray]
 """Whole sequences (N, L) int64 and their loss mask (N, L) bool."""
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass
@@ -72,6 +74,29 @@ def who(task: Task) -> str:
 def missing(task: Task, what: str) -> Unimplemented:
     """The refusal of a task class that lacks a member it must have: `what` it must do."""
     return Unimplemented(f"{who(task)} must {what}: docs/extending.md, 'A task: copying'")
+
+
+def needed(*callers: str) -> Callable[[F], F]:
+    """Mark a base class's method that only refuses (`missing`) as one a subclass must override, unless it
+    overrides every one of `callers`, the base class's methods that call it (none: it must, always)."""
+
+    def mark(method: F) -> F:
+        method.needed_unless = callers  # type: ignore[attr-defined]
+        return method
+
+    return mark
+
+
+def check_complete(task: Task) -> None:
+    """Refuse `task` if its class lacks a method it must implement (`needed`): met when a run is resolved, so that a
+    study refuses it before any run starts, rather than each run failing on its first batch."""
+    for base in type(task).__mro__:
+        for name, method in vars(base).items():
+            callers = getattr(method, "needed_unless", None)
+            if callers is None or getattr(type(task), name) is not method:
+                continue
+            if not callers or any(getattr(type(task), caller) is vars(base)[caller] for caller in callers):
+                raise missing(task, f"implement {name}()")
 
 
 def check_batch(task: Task, batch: Batch, model: ModelConfig) -> None:
@@ -253,14 +278,17 @@ class Task:
         return [str(i) for i in range(self.vocab_size)]
 
     # -- data -------------------------------------------------------------------
+    @needed()
     def train_batch(self, step: int, batch_size: int) -> Batch:
         """Training batch number `step` of `batch_size` examples, none of them a test or validation example."""
         raise missing(self, "implement train_batch()")
 
+    @needed()
     def test_batch(self) -> Batch:
         """The fixed test set: the number a run reports."""
         raise missing(self, "implement test_batch()")
 
+    @needed()
     def val_batch(self) -> Batch:
         """The fixed validation set: what settings are chosen and training is stopped on."""
         raise missing(self, "implement val_batch()")
@@ -320,6 +348,7 @@ class SequenceTask(Task):
         (docs/fidelity.md)."""
         return self.seq_len
 
+    @needed("build_held_out", "train_examples")
     def sample(self, rng: np.random.Generator, n: int) -> Examples:
         """Draw n independent examples: (seq (n, L) int64, mask (n, L) bool)."""
         raise missing(self, "implement sample()")
@@ -405,6 +434,7 @@ class FixedSplitTask(SequenceTask):
     tables (``test_size`` does not apply; each task says how ``val_size`` does).
     """
 
+    @needed("build_held_out", "train_examples")
     def build_tables(self) -> Tables:
         """The train, validation and test tables."""
         raise missing(self, "implement build_tables()")
