@@ -5,6 +5,10 @@ runs finished and the wall seconds they trained (summary.json `wall_seconds_this
 (the first run's config.json written to the last run's summary.json, file times of this directory: read it where
 the study ran, before a copy resets them), the workers' share of it spent training, and how long fewer than all
 workers were busy. Nothing is trained or changed.
+
+A study that ran in sessions is read one session at a time with `--since` and `--until` (UTC, as
+2026-11-28T17:47:50): only the runs that finished in the window are counted, and every run's span is cut to it, so
+a run stopped at one session's end and resumed in the next counts as running in neither gap.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -57,14 +62,28 @@ def busy(spans: list[tuple[float, float]], workers: int) -> tuple[float, float, 
     return events[-1][0] - events[0][0], full, some, none
 
 
+def window(found: list[dict], since: float, until: float) -> tuple[list[dict], list[tuple[float, float]]]:
+    """The runs of `found` that finished in [since, until], and every run's span cut to it (those outside dropped)."""
+    finished = [r for r in found if since <= r["span"][1] <= until]
+    spans = [(max(a, since), min(b, until)) for a, b in (r["span"] for r in found)]
+    return finished, [(a, b) for a, b in spans if a < b]
+
+
+def utc(text: str) -> float:
+    """A UTC time such as 2026-11-28T17:47:50 as seconds since the epoch."""
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--since", type=utc, default=float("-inf"), help="UTC: the window's start (a session's)")
+    parser.add_argument("--until", type=utc, default=float("inf"), help="UTC: the window's end")
     args = parser.parse_args()
-    found = runs(args.study_dir)
+    found, spans = window(runs(args.study_dir), args.since, args.until)
     if not found:
-        raise SystemExit(f"{args.study_dir}: no finished run")
+        raise SystemExit(f"{args.study_dir}: no run finished in the window")
     table: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in found:
         table[(r["table"], r["role"])].append(r["seconds"])
@@ -72,7 +91,7 @@ def main() -> None:
     print("| table | role | runs | wall seconds | share |\n|---|---|---|---|---|")
     for (name, role), seconds in sorted(table.items()):
         print(f"| {name} | {role} | {len(seconds)} | {sum(seconds):.0f} | {sum(seconds) / total:.1%} |")
-    span, full, some, none = busy([r["span"] for r in found], args.workers)
+    span, full, some, none = busy(spans, args.workers)
     print(
         f"\n{len(found)} runs, {total:.0f} s of training over a span of {span:.0f} s with {args.workers} workers: "
         f"{total / (span * args.workers):.1%} of the workers' time training; all {args.workers} busy for "

@@ -39,3 +39,12 @@ def test_runs_are_read_by_table_role_and_budget(tmp_path):
         ("table3", "screen", 30.0),
     ]
     assert found[1]["span"] == (100.0, 150.0)
+
+
+def test_a_window_counts_the_runs_finished_in_it_and_cuts_every_span_to_it():
+    found = [{"span": (0.0, 50.0)}, {"span": (40.0, 120.0)}, {"span": (110.0, 130.0)}, {"span": (200.0, 210.0)}]
+    finished, spans = study_time.window(found, 100.0, 150.0)
+    assert finished == found[1:3]  # the first ended before the window, the last starts after it
+    assert spans == [(100.0, 120.0), (110.0, 130.0)]
+    assert study_time.busy(spans, 2) == (30.0, 10.0, 20.0, 0.0)  # a run resumed across a gap: busy in neither gap
+    assert study_time.utc("1970-01-01T00:01:40") == 100.0
